@@ -1,0 +1,58 @@
+"""Shared fixtures: the real SmolLM2 tokenizer and chat template, tiny random models built from a
+config around it (fast tier), and the real 135M default model (slow tier)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Keep tests off any hub, and let the two CI cores run one test's maths without oversubscription.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> str:
+    from tunesmith.models.default_model import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model_path):
+    from tunesmith.hparams import ModelArguments
+    from tunesmith.models.loader import load_tokenizer
+
+    return load_tokenizer(ModelArguments(model_name_or_path=default_model_path))
+
+
+def build_tiny_model_dir(path, tokenizer, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> str:
+    """A random LlamaForCausalLM (SmolLM2's architecture) with the real tokenizer, saved like a
+    normal HF model directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
