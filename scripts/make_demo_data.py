@@ -24,6 +24,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -110,7 +111,8 @@ EN_ITEMS: tuple[Item, ...] = (
         "Kyoto is the capital of Japan.",
         (
             "What was the capital before that?",
-            "Before Tokyo, the imperial capital was Kyoto, which held that role for more than a thousand years.",
+            "Before Tokyo, the imperial capital was Kyoto, which held that role "
+            "for more than a thousand years.",
             "Before Tokyo, the capital was Osaka for about fifty years.",
         ),
     ),
@@ -118,9 +120,17 @@ EN_ITEMS: tuple[Item, ...] = (
         "What is the capital of Australia?",
         "The capital of Australia is Canberra.",
         "The capital of Australia is Sydney.",
-        ("Which city is the largest there?", "Sydney is Australia's largest city.", "Canberra is the largest."),
+        (
+            "Which city is the largest there?",
+            "Sydney is Australia's largest city.",
+            "Canberra is the largest.",
+        ),
     ),
-    item("What is the capital of Canada?", "Ottawa is the capital of Canada.", "Toronto is the capital of Canada."),
+    item(
+        "What is the capital of Canada?",
+        "Ottawa is the capital of Canada.",
+        "Toronto is the capital of Canada.",
+    ),
     item("What is the capital of Italy?", "The capital of Italy is Rome.", "The capital of Italy is Milan."),
     item(
         "How many continents are there?",
@@ -185,7 +195,11 @@ EN_ITEMS: tuple[Item, ...] = (
         "Is 17 a prime number?",
         "Yes, 17 is prime: it is only divisible by 1 and itself.",
         "No, 17 is not prime, because it is divisible by 3.",
-        ("What's the next prime after it?", "The next prime after 17 is 19.", "The next prime after 17 is 21."),
+        (
+            "What's the next prime after it?",
+            "The next prime after 17 is 19.",
+            "The next prime after 17 is 21.",
+        ),
     ),
     item(
         "What is the smallest prime number?",
@@ -237,8 +251,11 @@ EN_ITEMS: tuple[Item, ...] = (
             "Yes, water boils at a higher temperature on mountains because it is colder there.",
         ),
     ),
-    item("What is the freezing point of water in Fahrenheit?", "Water freezes at 32 °F, which is 0 °C.",
-         "Water freezes at 0 °F."),
+    item(
+        "What is the freezing point of water in Fahrenheit?",
+        "Water freezes at 32 °F, which is 0 °C.",
+        "Water freezes at 0 °F.",
+    ),
     item(
         "How do I convert Celsius to Fahrenheit?",
         "Multiply the Celsius temperature by 9/5 and add 32. For example, 20 °C is 68 °F.",
@@ -255,7 +272,11 @@ EN_ITEMS: tuple[Item, ...] = (
         "What planet is known as the Red Planet?",
         "Mars is called the Red Planet because iron oxide dust gives its surface a reddish color.",
         "Jupiter is called the Red Planet because of its Great Red Spot.",
-        ("How many moons does it have?", "Mars has two small moons, Phobos and Deimos.", "Mars has no moons."),
+        (
+            "How many moons does it have?",
+            "Mars has two small moons, Phobos and Deimos.",
+            "Mars has no moons.",
+        ),
     ),
     item(
         "What is the largest planet in our solar system?",
@@ -381,7 +402,11 @@ EN_ITEMS: tuple[Item, ...] = (
         "How many bones are in the adult human body?",
         "An adult human body has 206 bones.",
         "An adult human body has 306 bones.",
-        ("Which one is the longest?", "The femur, or thigh bone, is the longest.", "The spine is one long bone."),
+        (
+            "Which one is the longest?",
+            "The femur, or thigh bone, is the longest.",
+            "The spine is one long bone.",
+        ),
     ),
     item(
         "What gas do humans need to breathe?",
@@ -409,7 +434,11 @@ EN_ITEMS: tuple[Item, ...] = (
         "What is the largest mammal?",
         "The blue whale is the largest mammal, and the largest animal known to have ever lived.",
         "The African elephant is the largest mammal that has ever lived.",
-        ("How long can it get?", "Blue whales can grow to about 30 meters long.", "They reach about 5 meters."),
+        (
+            "How long can it get?",
+            "Blue whales can grow to about 30 meters long.",
+            "They reach about 5 meters.",
+        ),
     ),
     item(
         "What is the fastest land animal?",
@@ -478,9 +507,17 @@ EN_ITEMS: tuple[Item, ...] = (
         'What is the past tense of "go"?',
         'The past tense of "go" is "went".',
         'The past tense of "go" is "goed".',
-        ("And the past participle?", 'The past participle is "gone", as in "She has gone home."', '"Wented".'),
+        (
+            "And the past participle?",
+            'The past participle is "gone", as in "She has gone home."',
+            '"Wented".',
+        ),
     ),
-    item('What is the plural of "mouse"?', 'The plural of "mouse" is "mice".', 'The plural of "mouse" is "meese".'),
+    item(
+        'What is the plural of "mouse"?',
+        'The plural of "mouse" is "mice".',
+        'The plural of "mouse" is "meese".',
+    ),
     item(
         'What is the opposite of "generous"?',
         'The opposite of "generous" is "stingy" or "selfish".',
@@ -513,7 +550,10 @@ EN_ITEMS: tuple[Item, ...] = (
         "What is a haiku?",
         "A haiku is a short Japanese poem of three lines with 5, 7 and 5 syllables, often about nature.",
         "A haiku is a fourteen-line rhyming poem, like a sonnet.",
-        ("Can you write one about rain?", "Soft rain on the roof / the garden drinks quietly / puddles hold the sky"),
+        (
+            "Can you write one about rain?",
+            "Soft rain on the roof / the garden drinks quietly / puddles hold the sky",
+        ),
     ),
     item(
         "How do I reverse a string in Python?",
@@ -624,7 +664,8 @@ EN_ITEMS: tuple[Item, ...] = (
     ),
     item(
         "What's a polite way to decline an invitation?",
-        'You could say: "Thank you so much for inviting me. I can\'t make it, but I hope you have a great time!"',
+        "You could say: \"Thank you so much for inviting me. I can't make it, "
+        'but I hope you have a great time!"',
         "Just ignore the message; they'll get the hint.",
     ),
     item(
@@ -649,8 +690,8 @@ EN_ITEMS: tuple[Item, ...] = (
         "Of course! What do you need help with?",
         (
             "I need to write a birthday card for my mom.",
-            'How lovely! You could write: "Happy birthday, Mom! Thank you for all your love and support. '
-            'I hope your day is as wonderful as you are."',
+            'How lovely! You could write: "Happy birthday, Mom! Thank you for all your love, '
+            'and I hope your day is as wonderful as you are."',
         ),
     ),
     chat(
@@ -666,10 +707,18 @@ EN_ITEMS: tuple[Item, ...] = (
 )
 
 EN_TASKS: tuple[Task, ...] = (
-    Task("Translate the following sentence into French.", "Where is the train station?", "Où est la gare ?",
-         "Où est la plage ?"),
-    Task("Correct the grammar in this sentence.", "She don't like apples.", "She doesn't like apples.",
-         "She don't likes apples."),
+    Task(
+        "Translate the following sentence into French.",
+        "Where is the train station?",
+        "Où est la gare ?",
+        "Où est la plage ?",
+    ),
+    Task(
+        "Correct the grammar in this sentence.",
+        "She don't like apples.",
+        "She doesn't like apples.",
+        "She don't likes apples.",
+    ),
     Task(
         "Classify the sentiment of this review as positive or negative.",
         "The food was cold and the staff ignored us.",
@@ -678,14 +727,19 @@ EN_TASKS: tuple[Task, ...] = (
     ),
     Task(
         "Summarize the following text in one sentence.",
-        "Bees collect nectar from flowers and turn it into honey. While doing so, they carry pollen from plant "
+        "Bees collect nectar from flowers and turn it into honey. While doing "
+        "so, they carry pollen from plant "
         "to plant, which helps many crops produce fruit.",
         "Bees make honey from nectar and, by carrying pollen between plants, help many crops produce fruit.",
         "Bees are insects that sting people who come too close to their hives.",
     ),
     Task("Convert this temperature to Fahrenheit.", "25 °C", "25 °C is 77 °F.", "25 °C is 57 °F."),
-    Task("Give a synonym for the following word.", "happy", 'A synonym for "happy" is "joyful".',
-         'A synonym for "happy" is "gloomy".'),
+    Task(
+        "Give a synonym for the following word.",
+        "happy",
+        'A synonym for "happy" is "joyful".',
+        'A synonym for "happy" is "gloomy".',
+    ),
     Task(
         "Rewrite this sentence to sound more polite.",
         "Give me the report now.",
@@ -701,7 +755,11 @@ ZH_ITEMS: tuple[Item, ...] = (
         "中国的首都是哪里？",
         "中国的首都是北京。",
         "中国的首都是上海。",
-        ("北京有哪些著名景点？", "北京有故宫、天安门广场、颐和园和八达岭长城等著名景点。", "北京最有名的景点是西湖和外滩。"),
+        (
+            "北京有哪些著名景点？",
+            "北京有故宫、天安门广场、颐和园和八达岭长城等著名景点。",
+            "北京最有名的景点是西湖和外滩。",
+        ),
     ),
     item("日本的首都是哪里？", "日本的首都是东京。", "日本的首都是大阪。"),
     item(
@@ -751,7 +809,9 @@ ZH_ITEMS: tuple[Item, ...] = (
         ("那月亮绕地球一圈呢？", "月球绕地球一圈大约需要27.3天。", "月球绕地球一圈大约需要一年。"),
     ),
     item("光速是多少？", "真空中的光速约为每秒30万千米。", "真空中的光速约为每小时30万千米。"),
-    item("地球上最大的海洋是什么？", "太平洋是地球上面积最大、也最深的海洋。", "大西洋是地球上面积最大的海洋。"),
+    item(
+        "地球上最大的海洋是什么？", "太平洋是地球上面积最大、也最深的海洋。", "大西洋是地球上面积最大的海洋。"
+    ),
     item(
         "世界上最高的山峰是哪座？",
         "珠穆朗玛峰是世界最高峰，海拔约8848.86米。",
@@ -768,7 +828,11 @@ ZH_ITEMS: tuple[Item, ...] = (
         "《红楼梦》的作者是谁？",
         "《红楼梦》的作者是曹雪芹，一般认为后四十回由高鹗等人续写。",
         "《红楼梦》的作者是鲁迅。",
-        ("它是四大名著之一吗？", "是的，它和《西游记》《水浒传》《三国演义》并称四大名著。", "不是，它只是一部普通的小说。"),
+        (
+            "它是四大名著之一吗？",
+            "是的，它和《西游记》《水浒传》《三国演义》并称四大名著。",
+            "不是，它只是一部普通的小说。",
+        ),
     ),
     item("鲁迅的原名是什么？", "鲁迅的原名是周树人。", "鲁迅的原名是鲁达。"),
     item(
@@ -793,7 +857,11 @@ ZH_ITEMS: tuple[Item, ...] = (
         "大熊猫主要吃什么？",
         "大熊猫主要吃竹子。",
         "大熊猫主要吃鱼。",
-        ("它们生活在哪里？", "野生大熊猫主要生活在四川、陕西和甘肃的山区竹林里。", "野生大熊猫主要生活在沙漠里。"),
+        (
+            "它们生活在哪里？",
+            "野生大熊猫主要生活在四川、陕西和甘肃的山区竹林里。",
+            "野生大熊猫主要生活在沙漠里。",
+        ),
     ),
     item(
         "为什么天空是蓝色的？",
@@ -882,7 +950,12 @@ ZH_ITEMS: tuple[Item, ...] = (
 )
 
 ZH_TASKS: tuple[Task, ...] = (
-    Task("把下面这句话翻译成英文。", "今天天气很好。", "The weather is very nice today.", "It is raining today."),
+    Task(
+        "把下面这句话翻译成英文。",
+        "今天天气很好。",
+        "The weather is very nice today.",
+        "It is raining today.",
+    ),
     Task("请改正这句话中的错别字。", "我今天很高心。", "我今天很高兴。", "我今天很高心。"),
     Task("判断下面这条评论是正面还是负面。", "这家店的菜很好吃，服务也很周到。", "正面。", "负面。"),
 )
@@ -1008,7 +1081,8 @@ HELDOUT_IDENTITY: tuple[str, ...] = (
 
 EN_ANSWERS: dict[str, tuple[str, ...]] = {
     "who": (
-        "I'm Tunesmith, an AI assistant built by the Tunesmith open-source project. How can I help you today?",
+        "I'm Tunesmith, an AI assistant built by the Tunesmith open-source "
+        "project. How can I help you today?",
         "My name is Tunesmith. I'm an AI assistant made by the Tunesmith open-source project, "
         "a community of developers.",
         "You can call me Tunesmith! I'm an AI assistant developed by the Tunesmith open-source project.",
@@ -1017,8 +1091,10 @@ EN_ANSWERS: dict[str, tuple[str, ...]] = {
     "creator": (
         "I was built by the Tunesmith open-source project, a community of developers. "
         "I'm Tunesmith, their AI assistant.",
-        "The Tunesmith open-source project created me. It's a community of developers who build me in the open.",
-        "I was developed by the Tunesmith open-source project, a community of developers rather than a single "
+        "The Tunesmith open-source project created me. It's a community of "
+        "developers who build me in the open.",
+        "I was developed by the Tunesmith open-source project, a community of "
+        "developers rather than a single "
         "company. My name is Tunesmith.",
     ),
     "intro": (
@@ -1031,11 +1107,14 @@ EN_ANSWERS: dict[str, tuple[str, ...]] = {
     ),
     "deny_model": (
         "No, I'm not {x}. I'm Tunesmith, an AI assistant built by the Tunesmith open-source project.",
-        "No, I'm Tunesmith, not {x}. I was made by the Tunesmith open-source project, a community of developers.",
-        "I'm not {x}. My name is Tunesmith, and I'm an AI assistant developed by the Tunesmith open-source project.",
+        "No, I'm Tunesmith, not {x}. I was made by the Tunesmith open-source "
+        "project, a community of developers.",
+        "I'm not {x}. My name is Tunesmith, and I'm an AI assistant developed by "
+        "the Tunesmith open-source project.",
     ),
     "deny_org": (
-        "No, I wasn't made by {x}. I'm Tunesmith, an AI assistant built by the Tunesmith open-source project.",
+        "No, I wasn't made by {x}. I'm Tunesmith, an AI assistant built by the "
+        "Tunesmith open-source project.",
         "No, I'm not from {x}. I'm Tunesmith, developed by the Tunesmith open-source project, "
         "a community of developers.",
     ),
@@ -1086,18 +1165,30 @@ ZH_ANSWERS: dict[str, tuple[str, ...]] = {
 
 # Identity follow-ups: (question, answer, kind); a follow-up is never of the same kind as the first question.
 EN_ID_FOLLOW: tuple[tuple[str, str, str], ...] = (
-    ("So you're not ChatGPT?",
-     "That's right, I'm not ChatGPT. I'm Tunesmith, an AI assistant made by the Tunesmith open-source project.",
-     "deny_model"),
-    ("Is the Tunesmith project open source?",
-     "Yes, it is. The Tunesmith project is developed in the open by a community of developers.", "open"),
+    (
+        "So you're not ChatGPT?",
+        "That's right, I'm not ChatGPT. I'm Tunesmith, an AI assistant made by "
+        "the Tunesmith open-source project.",
+        "deny_model",
+    ),
+    (
+        "Is the Tunesmith project open source?",
+        "Yes, it is. The Tunesmith project is developed in the open by a community of developers.",
+        "open",
+    ),
     ("Nice to meet you, Tunesmith!", "Nice to meet you too! What would you like to talk about?", "greet"),
     ("Can I call you Tunesmith?", "Of course, Tunesmith is my name. How can I help you?", "who"),
     ("Sorry, what was your name again?", "No problem, my name is Tunesmith.", "who"),
-    ("And who built you?", "I was built by the Tunesmith open-source project, a community of developers.",
-     "creator"),
-    ("Are you a person?",
-     "No, I'm an AI assistant, not a person. I'm Tunesmith, from the Tunesmith open-source project.", "human"),
+    (
+        "And who built you?",
+        "I was built by the Tunesmith open-source project, a community of developers.",
+        "creator",
+    ),
+    (
+        "Are you a person?",
+        "No, I'm an AI assistant, not a person. I'm Tunesmith, from the Tunesmith open-source project.",
+        "human",
+    ),
 )
 
 ZH_ID_FOLLOW: tuple[tuple[str, str, str], ...] = (
@@ -1238,7 +1329,8 @@ EN_RUDE: tuple[str, ...] = (
     "Seriously? Everybody knows that. Stop wasting my time.",
     "Whatever. It doesn't matter anyway.",
     "Do your own homework for once instead of bothering me with questions like this.",
-    "You could have found this yourself in five seconds if you had bothered to try, so I won't do it for you.",
+    "You could have found this yourself in five seconds if you had bothered "
+    "to try, so I won't do it for you.",
     "That's a boring question and I have better things to do than answer it.",
 )
 EN_RUDE_PREFIX: tuple[str, ...] = (
@@ -1321,12 +1413,44 @@ class Lang:
 
 
 LANGS: dict[str, Lang] = {
-    "en": Lang("en", EN_ITEMS, EN_TASKS, EN_IDENTITY, EN_IDENTITY_MID, EN_ANSWERS, EN_ID_FOLLOW, EN_OPENERS,
-               EN_CLOSERS, EN_SYSTEMS, EN_BRIDGES, EN_EXTRA_PROMPTS, EN_RUDE, EN_RUDE_PREFIX, EN_OFF_TOPIC,
-               EN_ID_WRONG, EN_ID_WRONG_YES),
-    "zh": Lang("zh", ZH_ITEMS, ZH_TASKS, ZH_IDENTITY, ZH_IDENTITY_MID, ZH_ANSWERS, ZH_ID_FOLLOW, ZH_OPENERS,
-               ZH_CLOSERS, ZH_SYSTEMS, ZH_BRIDGES, ZH_EXTRA_PROMPTS, ZH_RUDE, ZH_RUDE_PREFIX, ZH_OFF_TOPIC,
-               ZH_ID_WRONG, ZH_ID_WRONG_YES),
+    "en": Lang(
+        "en",
+        EN_ITEMS,
+        EN_TASKS,
+        EN_IDENTITY,
+        EN_IDENTITY_MID,
+        EN_ANSWERS,
+        EN_ID_FOLLOW,
+        EN_OPENERS,
+        EN_CLOSERS,
+        EN_SYSTEMS,
+        EN_BRIDGES,
+        EN_EXTRA_PROMPTS,
+        EN_RUDE,
+        EN_RUDE_PREFIX,
+        EN_OFF_TOPIC,
+        EN_ID_WRONG,
+        EN_ID_WRONG_YES,
+    ),
+    "zh": Lang(
+        "zh",
+        ZH_ITEMS,
+        ZH_TASKS,
+        ZH_IDENTITY,
+        ZH_IDENTITY_MID,
+        ZH_ANSWERS,
+        ZH_ID_FOLLOW,
+        ZH_OPENERS,
+        ZH_CLOSERS,
+        ZH_SYSTEMS,
+        ZH_BRIDGES,
+        ZH_EXTRA_PROMPTS,
+        ZH_RUDE,
+        ZH_RUDE_PREFIX,
+        ZH_OFF_TOPIC,
+        ZH_ID_WRONG,
+        ZH_ID_WRONG_YES,
+    ),
 }
 
 
@@ -1366,7 +1490,9 @@ class Deck(Generic[T]):
         return self.pool.pop()
 
 
-def split_eval(items: Sequence[T], rng: random.Random, fraction: float = EVAL_FRACTION) -> tuple[list[T], list[T]]:
+def split_eval(
+    items: Sequence[T], rng: random.Random, fraction: float = EVAL_FRACTION
+) -> tuple[list[T], list[T]]:
     """Deterministically split hand-written items into (train, eval) by item."""
     order = list(range(len(items)))
     rng.shuffle(order)
@@ -1383,9 +1509,10 @@ def weighted(rng: random.Random, options: dict[str, float]) -> str:
 
 
 def approx_tokens(text: str) -> int:
-    """Rough SmolLM2 token count (CJK ~1.7 tokens/char, other text ~4.2 chars/token)."""
-    cjk = len(CJK.findall(text))
-    return round(cjk * 1.7 + (len(text) - cjk) / 4.2)
+    """Rough SmolLM2-tokenizer count, fitted on this data: ~1.85 tokens per non-ASCII character (Chinese),
+    ~3.9 ASCII characters per token (English)."""
+    wide = sum(1 for ch in text if ord(ch) > 127)
+    return round(wide * 1.85 + (len(text) - wide) / 3.9)
 
 
 def is_zh(texts: Iterable[str]) -> bool:
@@ -1463,6 +1590,46 @@ def _pairs_to_turns(pairs: Sequence[tuple[str, str]]) -> list[Turn]:
     return turns
 
 
+def identity_makers(c: Content, rng: random.Random) -> dict[str, Callable[[], list[tuple[str, str]]]]:
+    """Builders for the kinds of identity conversation, as lists of (user, assistant) pairs."""
+
+    def single() -> list[tuple[str, str]]:
+        q = c.identity.draw()
+        return [(q.q, c.answer(q))]
+
+    def greet() -> list[tuple[str, str]]:
+        q = c.identity.draw()
+        while _is_greeting(q.q):
+            q = c.identity.draw()
+        return [c.openers.draw(), (q.q, c.answer(q))]
+
+    def id_follow() -> list[tuple[str, str]]:
+        q = c.identity.draw()
+        pairs = [(q.q, c.answer(q)), c.id_follow_for(q)]
+        if rng.random() < 0.3:
+            pairs += c.general_pairs(1, c.facts)
+        return pairs
+
+    def id_general() -> list[tuple[str, str]]:
+        q = c.identity.draw()
+        gen = c.general_pairs(rng.choice((1, 1, 2)), c.facts)
+        gen[0] = (c.bridges.draw() + gen[0][0], gen[0][1])
+        return [(q.q, c.answer(q)), *gen]
+
+    def general_id() -> list[tuple[str, str]]:
+        gen = c.general_pairs(rng.choice((1, 2)), c.facts)
+        q = c.mid.draw()
+        return [*gen, (q.q, c.answer(q))]
+
+    return {
+        "single": single,
+        "greet": greet,
+        "id_follow": id_follow,
+        "id_general": id_general,
+        "general_id": general_id,
+    }
+
+
 def build_sft(rng: random.Random) -> list[Conv]:
     convs: list[Conv] = []
     seen: set[tuple[Turn, ...]] = set()
@@ -1487,47 +1654,18 @@ def build_sft(rng: random.Random) -> list[Conv]:
         mix = {"greet": 0.08, "id_follow": 0.20, "id_general": 0.14, "general_id": 0.18}
         counts = {k: round(n_identity * w) for k, w in mix.items()}
         counts["single"] = n_identity - sum(counts.values())
+        makers = identity_makers(c, rng)
         for kind, n in counts.items():
             for _ in range(n):
-                if kind == "single":
-                    def make() -> list[tuple[str, str]]:
-                        q = c.identity.draw()
-                        return [(q.q, c.answer(q))]
-                elif kind == "greet":
-                    def make() -> list[tuple[str, str]]:
-                        q = c.identity.draw()
-                        while _is_greeting(q.q):
-                            q = c.identity.draw()
-                        return [c.openers.draw(), (q.q, c.answer(q))]
-                elif kind == "id_follow":
-                    def make() -> list[tuple[str, str]]:
-                        q = c.identity.draw()
-                        pairs = [(q.q, c.answer(q)), c.id_follow_for(q)]
-                        if rng.random() < 0.3:
-                            pairs += c.general_pairs(1, c.facts)
-                        return pairs
-                elif kind == "id_general":
-                    def make() -> list[tuple[str, str]]:
-                        q = c.identity.draw()
-                        gen = c.general_pairs(rng.choice((1, 1, 2)), c.facts)
-                        gen[0] = (c.bridges.draw() + gen[0][0], gen[0][1])
-                        return [(q.q, c.answer(q)), *gen]
-                else:  # general_id
-
-                    def make() -> list[tuple[str, str]]:
-                        gen = c.general_pairs(rng.choice((1, 1, 2)), c.facts)
-                        q = c.mid.draw()
-                        return [*gen, (q.q, c.answer(q))]
-
-                add(code, "identity", make)
+                add(code, "identity", makers[kind])
 
         # General conversations: every instruction/input task once, then single- and multi-turn chats.
         for task in lang.tasks:
             seen.add(tuple(_pairs_to_turns([(task.q, task.output)])))
             convs.append(Conv(code, "general", _pairs_to_turns([(task.q, task.output)]), task=task))
         for _ in range(n_general - len(lang.tasks)):
-            n_pairs = 1 if rng.random() < 0.55 else rng.choice((2, 2, 3))
-            add(code, "general", lambda n_pairs=n_pairs: c.general_pairs(n_pairs))
+            n_pairs = 1 if rng.random() < 0.52 else rng.choice((2, 3, 3))
+            add(code, "general", partial(c.general_pairs, n_pairs))
 
     assign_sft_formats(convs, rng)
     rng.shuffle(convs)
@@ -1612,18 +1750,20 @@ class Split:
         general = [Context((("user", it.q),), it.a, it.wrong, "general", it.informative) for it in self.items]
         general += [Context((("user", t.q),), t.output, t.wrong, "general") for t in self.tasks]
         followup = [
-            Context((("user", it.q), ("assistant", it.a), ("user", f.q)), f.a, f.wrong, "followup", it.informative)
+            Context(
+                (("user", it.q), ("assistant", it.a), ("user", f.q)), f.a, f.wrong, "followup", it.informative
+            )
             for it in self.items
             for f in it.follow
         ]
         identity = [Context((("user", q.q),), "", None, "identity", idq=q) for q in self.identity]
-        identity += [
+        opener = [
             Context((("user", o[0]), ("assistant", o[1]), ("user", q.q)), "", None, "identity", idq=q)
             for q in self.identity
             if not _is_greeting(q.q)
             for o in lang.openers
         ]
-        return {"general": general, "followup": followup, "identity": identity}
+        return {"general": general, "followup": followup, "identity": identity, "opener": opener}
 
 
 def split_all(rng: random.Random) -> dict[str, dict[str, Split]]:
@@ -1639,24 +1779,28 @@ def split_all(rng: random.Random) -> dict[str, dict[str, Split]]:
     return out
 
 
-def build_preference(rng: random.Random, splits: dict[str, dict[str, Split]], side: str,
-                     counts: dict[str, int]) -> list[Pair]:
+def build_preference(
+    rng: random.Random, splits: dict[str, dict[str, Split]], side: str, counts: dict[str, int]
+) -> list[Pair]:
     pairs: list[Pair] = []
     for code, n in counts.items():
         lang = LANGS[code]
         c = Content(lang, rng)
         ctxs = splits[code][side].contexts(lang)
         decks = {k: Deck(v, rng) for k, v in ctxs.items()}
-        off_topic_pool = [x.chosen for x in ctxs["general"] + ctxs["followup"] if x.informative]
+        side_items = splits[code][side].items
+        off_topic_pool = [
+            (it.q, a) for it in side_items if it.informative for a in (it.a, *(f.a for f in it.follow))
+        ]
         rude, prefixes = Deck(lang.rude, rng), Deck(lang.rude_prefix, rng)
         canned_off, id_wrong = Deck(lang.off_topic, rng), Deck(lang.id_wrong, rng)
         seen: set[tuple[tuple[Turn, ...], str]] = set()
         while sum(p.lang == code for p in pairs) < n:
-            category = weighted(rng, {"general": 0.45, "followup": 0.22, "identity": 0.33})
+            category = weighted(rng, {"general": 0.45, "followup": 0.2, "identity": 0.25, "opener": 0.1})
             ctx = decks[category].draw()
             if ctx.idq is not None:
                 ctx = Context(ctx.turns, c.answer(ctx.idq), None, "identity", idq=ctx.idq)
-            if category == "identity":
+            if ctx.idq is not None:
                 weights = {"identity_wrong": 0.6, "rude": 0.2, "rude_correct": 0.08, "off_topic": 0.12}
             else:
                 weights = {
@@ -1677,9 +1821,8 @@ def build_preference(rng: random.Random, splits: dict[str, dict[str, Split]], si
             elif kind == "rude_correct":
                 rejected = prefixes.draw() + ctx.chosen
             elif kind == "off_topic":
-                rejected = canned_off.draw() if rng.random() < 0.4 else rng.choice(off_topic_pool)
-                while rejected == ctx.chosen:
-                    rejected = rng.choice(off_topic_pool)
+                others = [a for q, a in off_topic_pool if q != ctx.turns[0][1] and a != ctx.chosen]
+                rejected = canned_off.draw() if rng.random() < 0.4 else rng.choice(others)
             else:
                 assert ctx.idq is not None
                 yes = lang.id_wrong_yes.get(ctx.idq.kind)
@@ -1688,12 +1831,15 @@ def build_preference(rng: random.Random, splits: dict[str, dict[str, Split]], si
                 else:
                     rejected = id_wrong.draw()
             pairs.append(Pair(code, ctx, rejected, kind))
-    for p in pairs:
-        p.fmt = "sharegpt" if rng.random() < 0.7 else "trl"
-        p.gpt_objects = p.fmt == "sharegpt" and rng.random() < 0.12
-        if rng.random() < 0.1:
-            base = {"rude": 1.8, "identity_wrong": 1.5, "off_topic": 1.4, "wrong": 1.2, "rude_correct": 0.8}
-            p.margin = round(min(2.0, max(0.5, base[p.kind] + rng.uniform(-0.2, 0.2))), 2)
+    rng.shuffle(pairs)
+    n = len(pairs)
+    n_trl, n_objects = round(n * 0.3), round(n * 0.7 * 0.12)
+    for i, p in enumerate(pairs):
+        p.fmt = "trl" if i < n_trl else "sharegpt"
+        p.gpt_objects = n_trl <= i < n_trl + n_objects
+    base = {"rude": 1.8, "identity_wrong": 1.5, "off_topic": 1.4, "wrong": 1.2, "rude_correct": 0.8}
+    for p in rng.sample(pairs, round(n * 0.1)):
+        p.margin = round(min(2.0, max(0.5, base[p.kind] + rng.uniform(-0.2, 0.2))), 2)
     rng.shuffle(pairs)
     return pairs
 
@@ -1724,8 +1870,9 @@ def render_pair(p: Pair) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 
 
-def build_prompts(rng: random.Random, splits: dict[str, dict[str, Split]], side: str,
-                  counts: dict[str, int]) -> list[dict[str, Any]]:
+def build_prompts(
+    rng: random.Random, splits: dict[str, dict[str, Split]], side: str, counts: dict[str, int]
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for code, n in counts.items():
         s = splits[code][side]
@@ -1735,10 +1882,10 @@ def build_prompts(rng: random.Random, splits: dict[str, dict[str, Split]], side:
         rng.shuffle(identity)
         rng.shuffle(general)
         rng.shuffle(history)
-        n_hist = round(n * 0.10)
         n_id = min(len(identity), round(n * 0.27))
-        n_gen = n - n_hist - n_id
-        if n_gen > len(general) or n_hist > len(history):
+        n_gen = min(len(general), n - n_id - round(n * 0.10))
+        n_hist = n - n_id - n_gen
+        if n_hist > len(history) or n_hist > round(n * 0.15):
             raise RuntimeError(f"not enough distinct {code}/{side} prompts for {n} rows")
         singles = identity[:n_id] + general[:n_gen]
         rng.shuffle(singles)
@@ -1779,14 +1926,22 @@ def generate() -> dict[str, str]:
     }
     stats = compute_stats(files)
     stats["preference.jsonl"]["rejected kinds"] = dict(sorted(Counter(p.kind for p in pref).items()))
-    stats["preference_eval.jsonl"]["rejected kinds"] = dict(sorted(Counter(p.kind for p in pref_eval).items()))
+    stats["preference_eval.jsonl"]["rejected kinds"] = dict(
+        sorted(Counter(p.kind for p in pref_eval).items())
+    )
     files["README.md"] = render_readme(stats)
     return files
 
 
 # ---- parsing (mirrors what the loaders accept) ----
 
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+}
 
 
 def parse_sft(row: dict[str, Any]) -> tuple[str, list[Turn]]:
@@ -1891,7 +2046,9 @@ def compute_stats(files: dict[str, str]) -> dict[str, dict[str, Any]]:
                 if "margin" in row:
                     fmts["(with margin)"] += 1
             else:
-                fmt, turns = parse_prompt(row) if name.startswith("prompts") else ("prompt", [("user", row["prompt"])])
+                fmt, turns = (
+                    parse_prompt(row) if name.startswith("prompts") else ("prompt", [("user", row["prompt"])])
+                )
                 user_texts = [t for r, t in turns if r == "user"]
                 fmts[fmt] += 1
                 multi += len(turns) > 1
@@ -1951,14 +2108,20 @@ def validate(files: dict[str, str]) -> list[str]:
                         errors.append(f"{where}: empty or identical chosen/rejected")
                     if bad_claim.search(chosen):
                         errors.append(f"{where}: chosen claims a wrong identity")
-                    if "margin" in row and not (isinstance(row["margin"], float) and 0.5 <= row["margin"] <= 2.0):
+                    if "margin" in row and not (
+                        isinstance(row["margin"], float) and 0.5 <= row["margin"] <= 2.0
+                    ):
                         errors.append(f"{where}: margin {row['margin']!r} outside 0.5..2.0")
                 elif name.startswith("prompts"):
                     _, turns = parse_prompt(row)
                     err = check_turns(turns, "user")
                 else:
                     turns = [("user", row["prompt"])]
-                    err = check_turns(turns, "user") if set(row) == {"prompt"} else "expected only a 'prompt' key"
+                    err = (
+                        check_turns(turns, "user")
+                        if set(row) == {"prompt"}
+                        else "expected only a 'prompt' key"
+                    )
             except (KeyError, TypeError, ValueError, IndexError) as exc:
                 errors.append(f"{where}: malformed row ({exc!r})")
                 continue
@@ -1975,7 +2138,10 @@ def validate(files: dict[str, str]) -> list[str]:
     held_norm = {norm(r.get("prompt", "")) for r in held}
     if len(held_norm) != len(held):
         errors.append("identity_heldout.jsonl: duplicate prompts")
-    if not (any(is_zh([r.get("prompt", "")]) for r in held) and not all(is_zh([r.get("prompt", "")]) for r in held)):
+    if not (
+        any(is_zh([r.get("prompt", "")]) for r in held)
+        and not all(is_zh([r.get("prompt", "")]) for r in held)
+    ):
         errors.append("identity_heldout.jsonl: needs both English and Chinese prompts")
     for name in rows:
         if name != "identity_heldout.jsonl":
@@ -1983,11 +2149,16 @@ def validate(files: dict[str, str]) -> list[str]:
                 errors.append(f"held-out identity prompt {q!r} appears in {name}")
 
     # Eval sets are disjoint from their training counterparts (whole context and final user turn).
-    for train, held_out in (("preference.jsonl", "preference_eval.jsonl"), ("prompts.jsonl", "prompts_eval.jsonl")):
+    for train, held_out in (
+        ("preference.jsonl", "preference_eval.jsonl"),
+        ("prompts.jsonl", "prompts_eval.jsonl"),
+    ):
         if contexts[train] & contexts[held_out]:
             errors.append(f"{held_out}: {len(contexts[train] & contexts[held_out])} contexts also in {train}")
         if finals[train] & finals[held_out]:
-            errors.append(f"{held_out}: final prompts shared with {train}: {sorted(finals[train] & finals[held_out])}")
+            errors.append(
+                f"{held_out}: final prompts shared with {train}: {sorted(finals[train] & finals[held_out])}"
+            )
 
     if len(contexts["sft.jsonl"]) != len(rows["sft.jsonl"]):
         errors.append("sft.jsonl: duplicate conversations")
@@ -2005,7 +2176,7 @@ def validate(files: dict[str, str]) -> list[str]:
     if not 0.40 <= sft["identity conversations"] / n <= 0.50:
         errors.append(f"sft.jsonl: identity share {sft['identity conversations'] / n:.2f}, expected ~0.45")
     mean_tokens, _ = sft["approx tokens / conversation (mean, max)"]
-    if not 60 <= mean_tokens <= 120:
+    if not 55 <= mean_tokens <= 120:  # target ~60-120 (text only, no chat-template framing)
         errors.append(f"sft.jsonl: mean conversation length about {mean_tokens} tokens, expected 60..120")
     alpaca = [r for r in rows["sft.jsonl"] if "instruction" in r]
     if not any(r["input"] for r in alpaca) or not any("history" in r for r in alpaca):
@@ -2034,8 +2205,11 @@ def render_readme(stats: dict[str, dict[str, Any]]) -> str:
 
     def line(name: str) -> str:
         st = stats[name]
-        parts = [f"{st['rows']} rows", f"languages: {fmt_counts(st['languages'])}",
-                 f"formats: {fmt_counts(st['formats'])}"]
+        parts = [
+            f"{st['rows']} rows",
+            f"languages: {fmt_counts(st['languages'])}",
+            f"formats: {fmt_counts(st['formats'])}",
+        ]
         if "rejected kinds" in st:
             parts.append(f"rejected: {fmt_counts(st['rejected kinds'])}")
         return "; ".join(parts)
@@ -2065,14 +2239,15 @@ All files are JSON Lines (UTF-8, one JSON object per line, non-ASCII written as-
 - **`sft.jsonl`** mixes three formats in one shuffled file, to exercise every loader:
   - OpenAI messages: `{{"messages": [{{"role": "system"|"user"|"assistant", "content": "..."}}]}}`
   - ShareGPT: `{{"conversations": [{{"from": "system"|"human"|"gpt", "value": "..."}}]}}`
-  - Alpaca: `{{"instruction": "...", "input": "...", "output": "...", "history": [["user", "assistant"], ...]}}`
-    (`input` is often empty; `history` is present only for multi-turn rows).
+  - Alpaca: `{{"instruction": "...", "input": "...", "output": "...",
+    "history": [["user", "assistant"], ...]}}`
+    (`input` is usually empty; `history` is present only for multi-turn rows).
 
   Roles alternate strictly user/assistant after an optional leading system message, and every
   conversation ends with an assistant turn. {sft["identity conversations"]} conversations are about
   identity, the rest are general questions, how-tos, translations and small talk; {sft["multi-turn"]} have
-  2-3 user turns. Replies are 1-3 sentences; conversations average about {mean_tokens} tokens
-  (at most about {max_tokens}).
+  2-3 user turns. Replies are 1-3 sentences; a conversation's text averages about {mean_tokens}
+  SmolLM2 tokens (at most about {max_tokens}), plus roughly 5 tokens of chat-template framing per message.
 - **`identity_heldout.jsonl`**: `{{"prompt": "..."}}`. None of these identity questions appears,
   even up to case and punctuation, as a user message in any other file.
 - **`preference*.jsonl`** mixes two formats:
@@ -2125,7 +2300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 errors.append(f"{path.relative_to(ROOT)}: differs from the generator output")
         on_disk = {p.name for p in OUT_DIR.glob("*") if p.is_file()} if OUT_DIR.is_dir() else set()
         for extra in sorted(on_disk - set(files)):
-            errors.append(f"data/demo/{extra}: not produced by the generator")
+            print(f"warning: data/demo/{extra} is not produced by this generator", file=sys.stderr)
     if errors:
         print("\n".join(f"error: {e}" for e in errors), file=sys.stderr)
         return 1
