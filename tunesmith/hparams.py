@@ -125,3 +125,21 @@ class TrainingArguments(_HFTrainingArguments):
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most N checkpoints."})
     # Our collators consume the tokenized columns; the Trainer must not drop the ones it doesn't know.
     remove_unused_columns: bool = field(default=False, metadata={"help": "Leave False for tunesmith datasets."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.deepspeed and self.use_cpu:
+            _bind_deepspeed_comm_to_torch_distributed(self)
+
+
+def _bind_deepspeed_comm_to_torch_distributed(args: TrainingArguments) -> None:
+    """On CPU, accelerate starts torch.distributed (gloo) itself but never initializes
+    deepspeed.comm (it does so only on accelerators), so DeepSpeed's config sees a world of one
+    process and rejects the batch size the Trainer computed for all ranks ("4 != 2 * 1 * 1").
+    Binding deepspeed.comm to the process group accelerate already made fixes that."""
+    if args.world_size <= 1:  # also sets up the process group, through accelerate's PartialState
+        return
+    import deepspeed.comm as ds_comm
+
+    if torch.distributed.is_initialized() and not ds_comm.is_initialized():
+        ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)

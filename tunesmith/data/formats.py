@@ -188,7 +188,7 @@ def check_role_order(row: Row, messages: list[Message], field: str, ends_with: s
             raise row.error(f"wrong role order: {role!r} cannot come {after}", f"{field}[{i}].role")
         previous = role
     if ends_with is not None and previous != ends_with:
-        raise row.error(f"wrong role order: the conversation must end with a {ends_with} turn, not {previous!r}", field)
+        raise row.error(f"wrong role order: the last turn must be {ends_with!r}, not {previous!r}", field)
 
 
 def conversation_from_row(row: Row, fmt: str) -> Conversation:

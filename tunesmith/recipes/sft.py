@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from transformers import set_seed
+
 from ..checks import check_compatibility
 from ..config import parse_args
 from ..data.collator import PaddingCollator
@@ -31,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> LoraTrainer:
     tokenizer = load_tokenizer(model_args)
     with training_args.main_process_first(desc="tokenize"):
         train_dataset, eval_dataset = build_sft_datasets(tokenizer, data_args, training_args.seed)
+    set_seed(training_args.seed)  # before the model: LoRA's initial weights are random too
     model = load_model(model_args, finetuning_args, training_args)
 
     trainer = LoraTrainer(

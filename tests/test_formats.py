@@ -1,0 +1,104 @@
+"""Each data format reads into the same messages; bad rows name file, line and field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunesmith.data.formats import DataError, load_conversations
+
+EXPECTED = [
+    {"role": "system", "content": "Be kind."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows))
+    return str(path)
+
+
+def test_three_formats_read_alike(tmp_path):
+    rows = [
+        {"messages": EXPECTED},
+        {"conversations": [{"from": "system", "value": "Be kind."}, {"from": "human", "value": "Hi"},
+                           {"from": "gpt", "value": "Hello!"}]},
+        {"instruction": "Hi", "input": "", "output": "Hello!", "system": "Be kind."},
+    ]
+    path = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    convs = load_conversations([path])
+    assert [c.messages for c in convs] == [EXPECTED] * 3
+    assert [c.row.line for c in convs] == [1, 2, 3]
+
+
+def test_json_array_and_several_files_and_max_samples(tmp_path):
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps([{"messages": EXPECTED[1:]}] * 2))
+    b = write_jsonl(tmp_path / "b.jsonl", [{"messages": EXPECTED}])
+    convs = load_conversations([str(a), b])
+    assert len(convs) == 3 and convs[2].row.path == b
+    assert len(load_conversations([str(a), b], max_samples=2)) == 2
+
+
+def test_alpaca_history(tmp_path):
+    path = write_jsonl(tmp_path / "h.jsonl", [{"instruction": "q2", "output": "a2", "history": [["q1", "a1"]]}])
+    (conv,) = load_conversations([path])
+    assert [m["content"] for m in conv.messages] == ["q1", "a1", "q2", "a2"]
+
+
+def test_loss_flag_is_kept(tmp_path):
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "loss": False},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    (conv,) = load_conversations([write_jsonl(tmp_path / "f.jsonl", [{"messages": msgs}])])
+    assert conv.messages[1]["loss"] is False and "loss" not in conv.messages[3]
+
+
+GOOD = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
+
+
+@pytest.mark.parametrize(
+    "bad_row, message",
+    [
+        ({"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]},
+         r"line 2: field `messages\[0\]`: missing `content`"),
+        ({"messages": [{"role": "assistant", "content": "x"}]},
+         r"line 2: field `messages\[0\].role`: wrong role order: 'assistant' cannot come first"),
+        ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                       {"role": "assistant", "content": "c"}]},
+         r"line 2: field `messages\[1\].role`: wrong role order: 'user' cannot come after 'user'"),
+        ({"messages": [{"role": "user", "content": "a"}]},
+         r"line 2: field `messages`: wrong role order: the last turn must be 'assistant', not 'user'"),
+        ({"messages": []}, r"line 2: field `messages`: empty conversation"),
+        ({"conversations": [{"from": "robot", "value": "a"}]},
+         r"line 2: field `conversations\[0\].from`: unknown speaker 'robot'"),
+        ({"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]},
+         r"line 2: field `messages\[0\].content`: expected a string, got int"),
+        ({"instruction": "q"}, r"line 2: field `output`: missing"),
+        ({"text": "hello"}, r"line 2: unknown format"),
+        ("{not json", r"line 2: not valid JSON"),
+        ("[1, 2]", r"line 2: expected a JSON object, got list"),
+        ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "loss": "no"}]},
+         r"line 2: field `messages\[1\].loss`: expected true or false"),
+    ],
+    ids=["missing-field", "assistant-first", "two-users", "ends-with-user", "empty", "unknown-speaker",
+         "not-string", "alpaca-missing-output", "unknown-format", "not-json", "not-object", "bad-loss-flag"],
+)
+def test_bad_rows_name_file_line_and_field(tmp_path, bad_row, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [GOOD, bad_row])
+    with pytest.raises(DataError, match=message) as err:
+        load_conversations([path])
+    assert str(err.value).startswith(f"{path}:line 2")
+
+
+def test_bad_json_array_names_row(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([GOOD, {"messages": []}]))
+    with pytest.raises(DataError, match=rf"{path}:row 2: field `messages`: empty conversation"):
+        load_conversations([str(path)])
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DataError, match="no such data file"):
+        load_conversations([str(tmp_path / "nope.jsonl")])

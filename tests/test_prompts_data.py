@@ -1,0 +1,82 @@
+"""RLHF prompt files: formats, errors that name file/line/field, encoding and left padding."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from tunesmith.data.formats import DataError
+from tunesmith.data.prompts import encode_prompts, left_pad, load_prompts
+from tunesmith.data.template import encode_prompt
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def test_every_prompt_format_becomes_messages_ending_with_user(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [
+        {"prompt": "What is 2+2?"},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
+        {"conversations": [{"from": "human", "value": "Q1"}, {"from": "gpt", "value": "A1"},
+                           {"from": "human", "value": "Q2"}]},
+        {"prompt": [{"role": "user", "content": "list form"}]},
+    ])
+    prompts = load_prompts([path])
+    assert [p.messages for p in prompts] == [
+        [{"role": "user", "content": "What is 2+2?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}],
+        [{"role": "user", "content": "list form"}],
+    ]
+    assert [p.row.line for p in prompts] == [1, 2, 3, 4]
+    assert len(load_prompts([path], max_samples=2)) == 2
+
+
+@pytest.mark.parametrize("row, match", [
+    ({"text": "hello"}, r"p.jsonl:line 2: unknown prompt format \(keys: \['text'\]\)"),
+    ({"prompt": "   "}, r"p.jsonl:line 2: field `prompt`: empty prompt"),
+    ({"prompt": 3}, r"p.jsonl:line 2: field `prompt`: expected a string or a list .* got int"),
+    ({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]},
+     r"p.jsonl:line 2: field `messages`: wrong role order: .*'user'.*not 'assistant'"),
+    ({"conversations": [{"from": "gpt", "value": "A"}]},
+     r"p.jsonl:line 2: field `conversations\[0\].role`: wrong role order: 'assistant' cannot come first"),
+    ({"messages": [{"role": "user"}]}, r"p.jsonl:line 2: field `messages\[0\]`: missing `content`"),
+    ({"prompt": [{"role": "robot", "content": "x"}]}, r"p.jsonl:line 2: field `prompt\[0\].role`: unknown role 'robot'"),
+    ({"messages": []}, r"p.jsonl:line 2: field `messages`: empty conversation"),
+])
+def test_bad_prompt_rows_name_file_line_and_field(tmp_path, row, match):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "fine"}, row])
+    with pytest.raises(DataError, match=match):
+        load_prompts([path])
+
+
+def test_empty_prompt_file_is_an_error(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"empty.jsonl: no prompts found"):
+        load_prompts([str(tmp_path / "empty.jsonl")])
+
+
+def test_encode_uses_the_chat_template_and_drops_prompts_that_are_too_long(tmp_path, tokenizer, caplog):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "short"}, {"prompt": "long " * 200}])
+    prompts = load_prompts([path])
+    limit = len(encode_prompt(tokenizer, prompts[0].messages))
+    with caplog.at_level(logging.WARNING, logger="tunesmith"):
+        kept = encode_prompts(tokenizer, prompts, max_length=limit)
+    assert [p.row.line for p in kept] == [1]
+    assert list(kept[0].input_ids) == encode_prompt(tokenizer, prompts[0].messages)
+    assert tokenizer.decode(kept[0].input_ids).endswith("<|im_start|>assistant\n")
+    assert "1 of 2 prompts are longer than max_prompt_length" in caplog.text
+    with pytest.raises(DataError, match=r"every prompt is longer than max_prompt_length=3 tokens"):
+        encode_prompts(tokenizer, prompts, max_length=3)
+
+
+def test_left_pad_puts_every_prompt_end_at_the_same_column():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert ids.dtype == mask.dtype == torch.long

@@ -1,0 +1,109 @@
+"""A few SFT steps on a tiny random Llama with the real tokenizer: full, LoRA, QLoRA 4-bit and 8-bit;
+loss is finite, trainable weights move, frozen ones stay bit-identical; resume continues the run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tunesmith.recipes.sft import main as sft_main
+
+CONVERSATIONS = [
+    [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a} plus {b} is {a + b}."},
+     {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "You're welcome."}]
+    for a in range(4) for b in range(4)
+]
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "sft.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVERSATIONS))
+    return str(path)
+
+
+def run_sft(model_dir, data, out, *extra: str):
+    return sft_main([
+        "--model_name_or_path", model_dir, "--data_path", data, "--output_dir", str(out),
+        "--max_steps", "3", "--per_device_train_batch_size", "4", "--learning_rate", "1e-2",
+        "--save_strategy", "no", "--plot_loss", "false", "--seed", "0", *extra,
+    ])
+
+
+def losses(trainer) -> list[float]:
+    return [r["loss"] for r in trainer.state.log_history if "loss" in r]
+
+
+def test_lora_moves_adapters_and_keeps_base(tiny_model_dir, sft_data, tmp_path):
+    base = load_file(f"{tiny_model_dir}/model.safetensors")
+    trainer = run_sft(tiny_model_dir, sft_data, tmp_path / "out")
+    assert all(math.isfinite(x) for x in losses(trainer)) and len(losses(trainer)) == 3
+    state = trainer.model.state_dict()
+    lora_b = {k: v for k, v in state.items() if "lora_B" in k}
+    assert lora_b and all(v.abs().sum() > 0 for v in lora_b.values())  # B starts at zero
+    frozen = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+              for k, v in state.items() if "lora_" not in k}
+    compared = [k for k in base if k in frozen]
+    assert len(compared) == len(base) - ("lm_head.weight" in base)
+    for key in compared:
+        assert torch.equal(frozen[key], base[key]), key
+    saved = load_file(str(tmp_path / "out" / "adapter_model.safetensors"))
+    assert saved and all(t.numel() > 0 for t in saved.values())
+    assert (tmp_path / "out" / "tunesmith_config.json").exists()
+    assert trainer.state.log_history[0]["trained_tokens"] > 0
+
+
+def test_full_finetune_moves_every_weight(tiny_model_dir, sft_data, tmp_path):
+    base = load_file(f"{tiny_model_dir}/model.safetensors")
+    trainer = run_sft(tiny_model_dir, sft_data, tmp_path / "out", "--finetuning_type", "full")
+    state = trainer.model.state_dict()
+    moved = [k for k in base if not torch.equal(state[k], base[k])]
+    assert len(moved) == len(base)
+    reloaded = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert torch.equal(reloaded["model.norm.weight"], state["model.norm.weight"])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_qlora_trains_adapters_on_quantized_base(tiny_model_dir, sft_data, tmp_path, bits):
+    import bitsandbytes as bnb
+
+    trainer = run_sft(tiny_model_dir, sft_data, tmp_path / "out", "--quantization_bit", str(bits))
+    assert all(math.isfinite(x) for x in losses(trainer))
+    quantized = bnb.nn.Linear4bit if bits == 4 else bnb.nn.Linear8bitLt
+    assert any(isinstance(m, quantized) for m in trainer.model.modules())
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert all(v.abs().sum() > 0 for k, v in trainer.model.state_dict().items() if "lora_B" in k)
+
+
+def test_resume_continues_the_same_trajectory(tiny_model_dir, sft_data, tmp_path, monkeypatch):
+    from tunesmith.train.sft_trainer import LoraTrainer
+
+    common = ("--max_steps", "4", "--lr_scheduler_type", "constant", "--save_strategy", "steps", "--save_steps", "2",
+              "--per_device_train_batch_size", "2", "--lora_dropout", "0.0")
+    straight = run_sft(tiny_model_dir, sft_data, tmp_path / "straight", *common)
+    # A run "killed" after its step-2 checkpoint: same command with max_steps 2 ...
+    run_sft(tiny_model_dir, sft_data, tmp_path / "resumed", *common, "--max_steps", "2")
+    # ... then the same command again, which finds checkpoint-2 and continues from it: it computes
+    # only steps 3 and 4, and they match the uninterrupted run.
+    computed = []
+    original = LoraTrainer.compute_loss
+    monkeypatch.setattr(LoraTrainer, "compute_loss", lambda self, *a, **k: computed.append(1) or original(self, *a, **k))
+    resumed = run_sft(tiny_model_dir, sft_data, tmp_path / "resumed", *common)
+    assert len(computed) == 2
+    assert [r["step"] for r in resumed.state.log_history if "loss" in r] == [1, 2, 3, 4]
+    assert losses(resumed) == pytest.approx(losses(straight), rel=1e-4)
+
+
+def test_incomplete_checkpoint_is_not_resumed(tiny_model_dir, sft_data, tmp_path):
+    from tunesmith.train.checkpoints import last_complete_checkpoint
+
+    out = tmp_path / "out"
+    run_sft(tiny_model_dir, sft_data, out, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1")
+    assert last_complete_checkpoint(str(out)).endswith("checkpoint-2")
+    (out / "checkpoint-2" / "trainer_state.json").unlink()  # as if killed while saving
+    assert last_complete_checkpoint(str(out)).endswith("checkpoint-1")

@@ -1,0 +1,203 @@
+"""The three models PPO needs (policy, value model, reference) behind one nn.Module.
+
+With LoRA (the default) there is ONE base model in memory:
+
+* the policy is the PEFT adapter "default" (the SFT adapter, loaded trainable, when one is given;
+  else a fresh LoRA whose zero-initialised B makes it equal to the base);
+* the value model is a second adapter, "value", on the same PeftModel, plus a small nn.Linear
+  value head on the last hidden state;
+* the reference is the policy at step 0. Without an SFT adapter that is the bare base, reached
+  with `disable_adapter()`. With one it is the SFT policy, so a frozen second copy of the SFT
+  adapter, "reference", is loaded beside the trainable one. We keep the SFT adapter as an adapter
+  rather than merging it into the base in memory, so that the saved policy adapter holds the
+  whole SFT + PPO change relative to the base: chat, merge and eval load it like any other adapter
+  of that base, and a quantized (QLoRA) base works too. The cost is one frozen LoRA copy.
+
+With `--finetuning_type full` the policy, the value model and the reference are three copies."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..hparams import FinetuningArguments, ModelArguments
+from ..models.loader import load_model, resolve_model_path
+
+POLICY, VALUE, REFERENCE = "default", "value", "reference"
+VALUE_DIR = "value"  # where the value adapter (or full value model) is saved, inside an output folder
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+def response_logits(causal_lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    position_ids: torch.Tensor, context_length: int) -> torch.Tensor:
+    """Logits that predict the response tokens (positions context_length ... end), without
+    computing the vocabulary projection for the prompt."""
+    response_length = input_ids.size(1) - context_length
+    out = causal_lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    logits_to_keep=response_length + 1, use_cache=False)
+    return out.logits[:, :-1]
+
+
+class ActorCritic(nn.Module):
+    """Policy, value model (+ head) and frozen reference. `forward` is the training forward (policy
+    logits and values), so DDP/DeepSpeed see one module; rollouts call the pieces directly."""
+
+    def __init__(self, policy: nn.Module, value_head: nn.Linear, temperature: float = 1.0,
+                 value_model: nn.Module | None = None, reference: nn.Module | None = None) -> None:
+        super().__init__()
+        self.policy = policy
+        self.value_head = value_head
+        self.value_model = value_model
+        self.reference = reference
+        self.temperature = temperature
+        self.is_lora = hasattr(policy, "peft_config")
+        if self.is_lora == (value_model is not None):
+            raise ValueError("pass value_model and reference for full fine-tuning, and only then")
+        self._trainable = {id(p) for p in self.parameters() if p.requires_grad}
+
+    # ------------------------------------------------------------------ adapters
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if id(p) in self._trainable]
+
+    def frozen_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return ((n, p) for n, p in self.named_parameters() if id(p) not in self._trainable)
+
+    @contextmanager
+    def adapter(self, name: str) -> Iterator[None]:
+        """Run the shared base with adapter `name`. PEFT's set_adapter also flips requires_grad to
+        the active adapter only; the trainable set is put back each time, so the optimizer (and
+        DeepSpeed, which looks at requires_grad) always see the same parameters."""
+        self.policy.set_adapter(name)
+        self._restore_requires_grad()
+        try:
+            yield
+        finally:
+            self.policy.set_adapter(POLICY)
+            self._restore_requires_grad()
+
+    def _restore_requires_grad(self) -> None:
+        for p in self.parameters():
+            p.requires_grad_(id(p) in self._trainable)
+
+    def _causal_lm(self) -> nn.Module:
+        return self.policy.get_base_model() if self.is_lora else self.policy
+
+    # ------------------------------------------------------------------ forwards
+
+    def policy_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                      context_length: int) -> torch.Tensor:
+        """Temperature-scaled logits of the policy for the response positions."""
+        logits = response_logits(self.policy, input_ids, attention_mask, position_ids, context_length)
+        return logits / self.temperature
+
+    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                         context_length: int) -> torch.Tensor:
+        args = (input_ids, attention_mask, position_ids, context_length)
+        if not self.is_lora:
+            logits = response_logits(self.reference, *args)
+        elif REFERENCE in self.policy.peft_config:
+            with self.adapter(REFERENCE):
+                logits = response_logits(self.policy, *args)
+        else:
+            with self.policy.disable_adapter():
+                logits = response_logits(self.policy, *args)
+        return logits / self.temperature
+
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+               context_length: int) -> torch.Tensor:
+        """V(s_t) for every response position: the value head on the hidden state that precedes
+        response token t (float32)."""
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                  "use_cache": False}
+        if self.is_lora:
+            with self.adapter(VALUE):
+                hidden = self._causal_lm().get_decoder()(**kwargs).last_hidden_state
+        else:
+            hidden = self.value_model.get_decoder()(**kwargs).last_hidden_state
+        hidden = hidden[:, context_length - 1:-1]
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                context_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        args = (input_ids, attention_mask, position_ids, context_length)
+        return self.policy_logits(*args), self.values(*args)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.policy.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    # ------------------------------------------------------------------ saving
+
+    def save(self, directory: str) -> None:
+        """The policy as a loadable adapter (or full model) in `directory`, the value adapter (or
+        model) in `directory/value`, the value head in `directory/value_head.safetensors`."""
+        from safetensors.torch import save_file
+
+        if self.is_lora:
+            self.policy.save_pretrained(directory, selected_adapters=[POLICY])
+            self.policy.save_pretrained(directory, selected_adapters=[VALUE])  # PEFT puts it in directory/value
+        else:
+            self.policy.save_pretrained(directory)
+            self.value_model.save_pretrained(os.path.join(directory, VALUE_DIR))
+        head = {k: v.detach().float().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
+        save_file(head, os.path.join(directory, VALUE_HEAD_FILE))
+
+
+def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningArguments, training_args: Any,
+                       temperature: float = 1.0, resume_from: str | None = None) -> ActorCritic:
+    """Load the policy, value model and reference for a run, starting from the SFT adapter (or the
+    base), or from the trainable weights in the checkpoint `resume_from`."""
+    base = resolve_model_path(model_args)
+    if finetuning_args.finetuning_type == "lora":
+        sft_adapter = model_args.adapter_name_or_path
+        start = dataclasses.replace(model_args, adapter_name_or_path=resume_from or sft_adapter)
+        policy = load_model(start, finetuning_args, training_args)
+        if resume_from:
+            policy.load_adapter(os.path.join(resume_from, VALUE_DIR), adapter_name=VALUE, is_trainable=True)
+        else:
+            # Same shape as the policy adapter; zero-initialised B, so it starts as the base.
+            value_config = copy.deepcopy(policy.peft_config[POLICY])
+            value_config.inference_mode = False
+            policy.add_adapter(VALUE, value_config)
+        if sft_adapter:
+            policy.load_adapter(sft_adapter, adapter_name=REFERENCE, is_trainable=False)
+        policy.set_adapter(POLICY)
+        policy.set_requires_grad([POLICY, VALUE], requires_grad=True)
+        if sft_adapter:
+            policy.set_requires_grad(REFERENCE, requires_grad=False)
+        value_model = reference = None
+        hidden_size = policy.get_base_model().config.get_text_config().hidden_size
+    else:
+        def full(path: str, trainable: bool) -> nn.Module:
+            return load_model(dataclasses.replace(model_args, model_name_or_path=path), finetuning_args,
+                              training_args, is_trainable=trainable)
+
+        policy = full(resume_from or base, True)
+        value_model = full(os.path.join(resume_from, VALUE_DIR) if resume_from else base, True)
+        reference = full(base, False)
+        if training_args is not None and training_args.gradient_checkpointing:
+            policy.gradient_checkpointing_enable()
+            value_model.gradient_checkpointing_enable()
+        hidden_size = policy.config.get_text_config().hidden_size
+
+    value_head = nn.Linear(hidden_size, 1)
+    # Zero: every value starts at 0, the natural guess before any reward is seen.
+    nn.init.zeros_(value_head.weight)
+    nn.init.zeros_(value_head.bias)
+    if resume_from:
+        from safetensors.torch import load_file
+
+        value_head.load_state_dict(load_file(os.path.join(resume_from, VALUE_HEAD_FILE)))
+    model = ActorCritic(policy, value_head, temperature, value_model=value_model, reference=reference)
+    # PPO's ratio compares the rollout's log-probs with the update's: dropout would make them differ
+    # before any weight has changed. eval() switches it off; gradients still flow.
+    model.eval()
+    return model

@@ -1,0 +1,158 @@
+"""Rollouts: sample replies to left-padded prompts, score them, and record what the PPO update
+needs (log-probs under the policy and the reference, values, per-token rewards, advantages).
+
+Layout: `query` is [B, P] left-padded (every prompt ends where generation starts), `response`
+is [B, R] right-padded and cut after the first EOS; the model sees cat(query, response)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import GenerationConfig
+
+from ..constants import ASSISTANT
+from ..data.prompts import Prompt
+from ..data.template import render_text
+from ..ppo_core import entropy_from_logits, logprobs_from_logits, truncate_after_eos
+
+# reward_fn(prompts_ids, responses_ids) -> one score per reply. Responses hold the reply tokens up to
+# and including the first EOS (when the reply ended).
+RewardFn = Callable[[list[list[int]], list[list[int]]], Sequence[float] | torch.Tensor]
+
+
+def eos_token_ids(tokenizer: Any, model: nn.Module | None = None) -> list[int]:
+    """The tokenizer's EOS plus any extra end tokens in the model's generation config."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def generation_config(tokenizer: Any, eos_ids: list[int], max_new_tokens: int, temperature: float = 1.0,
+                      top_k: int = 0, top_p: float = 1.0, greedy: bool = False) -> GenerationConfig:
+    """Every sampling field set explicitly: generate() fills unset ones from the model's own
+    generation_config (which may carry a repetition penalty or top_k=50)."""
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=not greedy, temperature=temperature,
+        top_k=top_k, top_p=top_p, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
+        eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, use_cache=True,
+    )
+
+
+def sequence_inputs(query_ids: torch.Tensor, query_mask: torch.Tensor, response_ids: torch.Tensor,
+                    response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids) of prompt + reply. Positions count real tokens
+    only, as generate() does with left padding, so a reply is scored where it was sampled."""
+    input_ids = torch.cat([query_ids, response_ids], dim=1)
+    attention_mask = torch.cat([query_mask, response_mask.to(query_mask.dtype)], dim=1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+@torch.no_grad()
+def generate_responses(model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor,
+                       config: GenerationConfig, pad_token_id: int, synced_gpus: bool = False,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(response_ids, response_mask, ended): sampled with the KV cache, cut after the first EOS."""
+    out = model.generate(input_ids=query_ids, attention_mask=query_mask, generation_config=config,
+                         synced_gpus=synced_gpus)
+    return truncate_after_eos(out[:, query_ids.size(1):], config.eos_token_id, pad_token_id)
+
+
+def reply_tokens(response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
+    return [ids[mask.bool()].tolist() for ids, mask in zip(response_ids, response_mask)]
+
+
+class RewardModelScorer:
+    """Scores replies with a sequence-classification reward model on the chat-template rendering of
+    prompt + reply, re-rendered with the reward model's own tokenizer (which may differ from the
+    policy's) -- the same rendering the reward stage trained on."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, policy_tokenizer: Any, batch_size: int = 8) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.policy_tokenizer = policy_tokenizer
+        self.batch_size = batch_size
+        self.eos_ids = set(eos_token_ids(policy_tokenizer))
+
+    def texts(self, prompts: Sequence[Prompt], responses: Sequence[Sequence[int]]) -> list[str]:
+        texts = []
+        for prompt, reply in zip(prompts, responses):
+            reply = list(reply)
+            if reply and reply[-1] in self.eos_ids:
+                reply = reply[:-1]  # the template adds the end-of-turn token itself
+            content = self.policy_tokenizer.decode(reply, skip_special_tokens=False)
+            texts.append(render_text(self.tokenizer, [*prompt.messages, {"role": ASSISTANT, "content": content}]))
+        return texts
+
+    @torch.no_grad()
+    def __call__(self, prompts: Sequence[Prompt], responses: Sequence[Sequence[int]]) -> torch.Tensor:
+        device = next(self.model.parameters()).device
+        encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in self.texts(prompts, responses)]
+        scores = []
+        for start in range(0, len(encoded), self.batch_size):
+            chunk = encoded[start:start + self.batch_size]
+            longest = max(len(ids) for ids in chunk)
+            # Right padding with the pad id: the classifier reads the last non-pad token of each row.
+            input_ids = torch.full((len(chunk), longest), self.tokenizer.pad_token_id, dtype=torch.long)
+            attention_mask = torch.zeros_like(input_ids)
+            for i, ids in enumerate(chunk):
+                input_ids[i, :len(ids)] = torch.as_tensor(ids)
+                attention_mask[i, :len(ids)] = 1
+            out = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
+            scores.append(out.logits[:, 0].float())
+        return torch.cat(scores).cpu()
+
+
+@dataclass
+class Rollout:
+    """One batch of episodes. Per-token tensors are [B, R] over the response positions."""
+
+    query_ids: torch.Tensor
+    query_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    ended: torch.Tensor
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    entropy: torch.Tensor
+    scores: torch.Tensor  # reward model / reward_fn score, before the missing-EOS penalty
+    rewards: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    @property
+    def context_length(self) -> int:
+        return self.query_ids.size(1)
+
+    def inputs(self, rows: torch.Tensor | slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return sequence_inputs(self.query_ids[rows], self.query_mask[rows], self.response_ids[rows],
+                               self.response_mask[rows])
+
+
+@torch.no_grad()
+def policy_statistics(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor, context_length: int, response_ids: torch.Tensor,
+                      chunk_size: int) -> dict[str, torch.Tensor]:
+    """Log-probs of the sampled replies under the policy and the reference, per-token entropy of
+    the policy, and the values -- in chunks of chunk_size rows to bound activation memory."""
+    parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
+    for start in range(0, input_ids.size(0), chunk_size):
+        rows = slice(start, start + chunk_size)
+        args = (input_ids[rows], attention_mask[rows], position_ids[rows], context_length)
+        logits = model.policy_logits(*args)
+        parts["logprobs"].append(logprobs_from_logits(logits, response_ids[rows]).float())
+        parts["entropy"].append(entropy_from_logits(logits).float())
+        del logits
+        ref_logits = model.reference_logits(*args)
+        parts["ref_logprobs"].append(logprobs_from_logits(ref_logits, response_ids[rows]).float())
+        del ref_logits
+        parts["values"].append(model.values(*args))
+    return {k: torch.cat(v) for k, v in parts.items()}

@@ -1,0 +1,364 @@
+"""PPOTrainer: the RLHF loop on top of accelerate. Each step samples replies to a batch of prompts
+(rollout), scores them, and runs a few PPO epochs of clipped policy and value updates over
+shuffled mini-batches of that batch. The maths is in tunesmith.ppo_core."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from transformers import get_scheduler
+
+from ..checks import zero_stage
+from ..config import save_run_config
+from ..data.prompts import Prompt, left_pad
+from ..ppo_core import (
+    AdaptiveKLController,
+    FixedKLController,
+    compute_gae,
+    compute_rewards,
+    logprobs_from_logits,
+    masked_mean,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
+from ..train.checkpoints import COMPLETE_MARKER
+from ..utils.io import atomic_write_json, atomic_write_jsonl
+from .args import PPOArguments
+from .models import ActorCritic
+from .rollout import (
+    RewardFn,
+    RewardModelScorer,
+    Rollout,
+    eos_token_ids,
+    generate_responses,
+    generation_config,
+    policy_statistics,
+    reply_tokens,
+)
+
+logger = logging.getLogger(__name__)
+
+LOG_FILE = "ppo_log.jsonl"
+CHECKPOINT_PREFIX = "checkpoint"
+
+
+class PPOTrainer:
+    """PPO for a causal LM against a reward model (or a python reward_fn, for tests and rule-based
+    rewards). `train()` runs to max_steps (or num_train_epochs over the prompts), logging every
+    logging_steps and checkpointing every save_steps; `resume_from` continues a checkpoint with its
+    step, optimizer, scheduler, KL coefficient and random state."""
+
+    def __init__(self, model: ActorCritic, tokenizer: Any, prompts: list[Prompt], ppo_args: PPOArguments,
+                 training_args: Any, reward_model: RewardModelScorer | None = None,
+                 reward_fn: RewardFn | None = None, run_configs: tuple = (), resume_from: str | None = None) -> None:
+        if (reward_model is None) == (reward_fn is None):
+            raise ValueError("PPOTrainer needs exactly one of reward_model or reward_fn")
+        if not prompts or not prompts[0].input_ids:
+            raise ValueError("PPOTrainer needs encoded prompts (tunesmith.data.prompts.encode_prompts)")
+        self.args, self.ppo = training_args, ppo_args
+        self.tokenizer, self.prompts = tokenizer, prompts
+        self.reward_model, self.reward_fn = reward_model, reward_fn
+        self.run_configs = run_configs
+        self.accelerator = Accelerator(
+            cpu=training_args.use_cpu,
+            mixed_precision="bf16" if training_args.bf16 else "no",
+            gradient_accumulation_steps=training_args.gradient_accumulation_steps,
+            deepspeed_plugin=getattr(training_args, "deepspeed_plugin", None),
+        )
+        torch.manual_seed(training_args.seed)
+
+        self.batch_size = training_args.per_device_train_batch_size
+        self.global_batch = self.batch_size * self.accelerator.num_processes
+        self.mini_batch = self.batch_size // ppo_args.num_mini_batches
+        self.micro_batch = self.mini_batch // training_args.gradient_accumulation_steps
+        if training_args.max_steps > 0:
+            self.total_steps = training_args.max_steps
+        else:
+            self.total_steps = math.ceil(training_args.num_train_epochs * len(prompts) / self.global_batch)
+
+        self.trainable = model.trainable_parameters()
+        optimizer = torch.optim.AdamW(
+            self.trainable, lr=training_args.learning_rate, weight_decay=training_args.weight_decay,
+            betas=(training_args.adam_beta1, training_args.adam_beta2), eps=training_args.adam_epsilon,
+        )
+        updates = self.total_steps * ppo_args.ppo_epochs * ppo_args.num_mini_batches
+        # Stepped by hand after each real optimizer step: accelerate's prepared scheduler would step
+        # once per process.
+        self.scheduler = get_scheduler(training_args.lr_scheduler_type, optimizer,
+                                       num_warmup_steps=training_args.get_warmup_steps(updates),
+                                       num_training_steps=updates)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        if reward_model is not None:
+            reward_model.model.to(self.accelerator.device)
+
+        self.kl_ctl = (AdaptiveKLController(ppo_args.kl_coef, ppo_args.kl_target, ppo_args.kl_horizon)
+                       if ppo_args.adaptive_kl else FixedKLController(ppo_args.kl_coef))
+        self.eos_ids = eos_token_ids(tokenizer, self.unwrapped.policy)
+        self.generation_config = generation_config(tokenizer, self.eos_ids, ppo_args.max_new_tokens,
+                                                   ppo_args.temperature, ppo_args.top_k, ppo_args.top_p)
+        self.step = 0
+        self.log_history: list[dict[str, Any]] = []
+        self._perms: dict[int, torch.Tensor] = {}
+        if resume_from:
+            self._load_state(resume_from)
+
+    @property
+    def unwrapped(self) -> ActorCritic:
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def kl_coef(self) -> float:
+        return self.kl_ctl.value
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self) -> list[dict[str, Any]]:
+        if self.accelerator.is_main_process:
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            atomic_write_jsonl(os.path.join(self.args.output_dir, LOG_FILE), self.log_history)
+        while self.step < self.total_steps:
+            self.train_step()
+        self.save_model(self.args.output_dir)
+        return self.log_history
+
+    def train_step(self) -> dict[str, Any]:
+        """One PPO step: a rollout batch, its updates, the KL controller, then logging/saving."""
+        times = {}
+        start = time.perf_counter()
+        rollout = self.rollout(self.batch_prompts(self.step), times)
+        mid = time.perf_counter()
+        update_stats = self.update(rollout)
+        times["time_train"] = time.perf_counter() - mid
+        times["time_generate"] = times.pop("generate")
+        times["time_score"] = mid - start - times["time_generate"]
+
+        kl_per_reply = rollout.kl.sum(1)
+        mean_kl = self.accelerator.reduce(kl_per_reply.mean(), reduction="mean")
+        kl_coef_used = self.kl_ctl.value
+        self.kl_ctl.update(mean_kl, n_steps=self.global_batch)
+        self.step += 1
+
+        stats = self._rollout_stats(rollout) | update_stats | times
+        stats |= {"kl": float(mean_kl), "kl_coef": kl_coef_used, "lr": self.scheduler.get_last_lr()[0]}
+        row = {"step": self.step, **{k: round(float(v), 6) for k, v in stats.items()}}
+        if self.step % max(1, int(self.args.logging_steps)) == 0 or self.step == self.total_steps:
+            self._log(row, rollout)
+        save_steps = int(self.args.save_steps)
+        if self.args.save_strategy == "steps" and save_steps > 0 and self.step % save_steps == 0:
+            self.save_checkpoint()
+        return row
+
+    def batch_prompts(self, step: int) -> list[Prompt]:
+        """This process's prompts for a step: a fresh seeded shuffle for every pass over the data,
+        a function of the step alone, so a resumed run sees the same batches."""
+        picked = []
+        for k in range(self.global_batch):
+            epoch, position = divmod(step * self.global_batch + k, len(self.prompts))
+            if epoch not in self._perms:
+                gen = torch.Generator().manual_seed(self.args.seed + epoch)
+                self._perms[epoch] = torch.randperm(len(self.prompts), generator=gen)
+            picked.append(self.prompts[int(self._perms[epoch][position])])
+        rank = self.accelerator.process_index
+        return picked[rank * self.batch_size:(rank + 1) * self.batch_size]
+
+    # ------------------------------------------------------------------ rollout
+
+    @torch.no_grad()
+    def rollout(self, prompts: list[Prompt], times: dict[str, float] | None = None) -> Rollout:
+        device = self.accelerator.device
+        model = self.unwrapped
+        query_ids, query_mask = (t.to(device) for t in left_pad([p.input_ids for p in prompts],
+                                                                  self.tokenizer.pad_token_id))
+        start = time.perf_counter()
+        response_ids, response_mask, ended = generate_responses(
+            model, query_ids, query_mask, self.generation_config, self.tokenizer.pad_token_id,
+            synced_gpus=zero_stage(self.args) == 3,
+        )
+        if times is not None:
+            times["generate"] = time.perf_counter() - start
+        r = Rollout(query_ids, query_mask, response_ids, response_mask, ended,
+                    logprobs=None, ref_logprobs=None, values=None, entropy=None,
+                    scores=self.score(prompts, response_ids, response_mask).to(device))
+        stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.micro_batch)
+        r.logprobs, r.ref_logprobs, r.values, r.entropy = (stats[k] for k in ("logprobs", "ref_logprobs",
+                                                                               "values", "entropy"))
+        # Replies that hit max_new_tokens lose missing_eos_penalty: otherwise the policy may learn to
+        # ramble past the point where the reward model can judge a finished answer.
+        penalised = r.scores - self.ppo.missing_eos_penalty * (~ended).float()
+        r.rewards, _, r.kl = compute_rewards(penalised, r.logprobs, r.ref_logprobs, response_mask,
+                                             self.kl_ctl.value, self.ppo.kl_estimator)
+        if self.ppo.whiten_rewards:
+            r.rewards = masked_whiten(r.rewards, response_mask, shift_mean=False)
+        advantages, r.returns = compute_gae(r.values, r.rewards, response_mask, self.ppo.gamma, self.ppo.lam)
+        r.advantages = masked_whiten(advantages, response_mask)
+        return r
+
+    def score(self, prompts: list[Prompt], response_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+        responses = reply_tokens(response_ids, response_mask)
+        if self.reward_fn is not None:
+            scores = self.reward_fn([list(p.input_ids) for p in prompts], responses)
+            return torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
+        return self.reward_model(prompts, responses)
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, r: Rollout) -> dict[str, float]:
+        """ppo_epochs passes over the rollout in shuffled mini-batches, one optimizer step each."""
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(self.ppo.ppo_epochs):
+            order = torch.randperm(r.query_ids.size(0)).to(r.query_ids.device)
+            for micro_rows in order.split(self.micro_batch):
+                with self.accelerator.accumulate(self.model):
+                    stats = self._micro_step(r, micro_rows)
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                count += 1
+        return {k: v / count for k, v in sums.items()}
+
+    def _micro_step(self, r: Rollout, rows: torch.Tensor) -> dict[str, float]:
+        logits, values = self.model(*r.inputs(rows), r.context_length)
+        logprobs = logprobs_from_logits(logits, r.response_ids[rows])
+        mask = r.response_mask[rows]
+        pg_loss, pg_stats = policy_loss(logprobs, r.logprobs[rows], r.advantages[rows], mask, self.ppo.cliprange)
+        vf_loss, vf_stats = value_loss(values, r.values[rows], r.returns[rows], mask, self.ppo.cliprange_value)
+        # Policy and value weights are disjoint, so one backward of the sum gives each its own gradient.
+        self.accelerator.backward(pg_loss + self.ppo.vf_coef * vf_loss)
+        stats = {"policy_loss": pg_loss.item(), "value_loss": vf_loss.item()}
+        if self.accelerator.sync_gradients:
+            grad_norm = self.accelerator.clip_grad_norm_(self.trainable, self.args.max_grad_norm)
+            if grad_norm is not None:
+                stats["grad_norm"] = float(grad_norm)
+        self.optimizer.step()
+        if self.accelerator.sync_gradients and not self.accelerator.optimizer_step_was_skipped:
+            self.scheduler.step()
+        self.optimizer.zero_grad()
+        stats |= {k: float(v) for k, v in (pg_stats | vf_stats).items()}
+        return stats
+
+    # ------------------------------------------------------------------ logging
+
+    def _rollout_stats(self, r: Rollout) -> dict[str, float]:
+        acc = self.accelerator
+        scores = acc.gather(r.scores)
+        lengths = r.response_mask.sum(1).float()
+        return {
+            "score": scores.mean(),
+            "score_std": scores.std() if scores.numel() > 1 else torch.zeros(()),
+            "reward": acc.reduce(r.rewards.sum(1).mean(), reduction="mean"),
+            "entropy": acc.reduce(masked_mean(r.entropy, r.response_mask), reduction="mean"),
+            "reply_length": acc.reduce(lengths.mean(), reduction="mean"),
+            "eos_rate": acc.reduce(r.ended.float().mean(), reduction="mean"),
+            "value_mean": acc.reduce(masked_mean(r.values, r.response_mask), reduction="mean"),
+        }
+
+    def _log(self, row: dict[str, Any], r: Rollout) -> None:
+        self.log_history.append(row)
+        if not self.accelerator.is_main_process:
+            return
+        with open(os.path.join(self.args.output_dir, LOG_FILE), "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(
+            f"step {row['step']}/{self.total_steps} | score {row['score']:.3f} ± {row['score_std']:.3f} | "
+            f"kl {row['kl']:.3f} (coef {row['kl_coef']:.3g}) | entropy {row['entropy']:.2f} | "
+            f"clipfrac {row['clipfrac']:.3f} | approx_kl {row['approx_kl']:.4f} | value_loss {row['value_loss']:.4f} | "
+            f"reply {row['reply_length']:.1f} tok (eos {row['eos_rate']:.2f}) | "
+            f"gen {row['time_generate']:.1f}s score {row['time_score']:.1f}s train {row['time_train']:.1f}s",
+            flush=True,
+        )
+        for i in range(min(self.ppo.rollout_log_samples, r.response_ids.size(0))):
+            reply = self.tokenizer.decode(reply_tokens(r.response_ids[i:i + 1], r.response_mask[i:i + 1])[0],
+                                          skip_special_tokens=True)
+            logger.info("sample (score %.3f): %r", float(r.scores[i]), reply)
+
+    # ------------------------------------------------------------------ saving
+
+    def save_model(self, output_dir: str) -> None:
+        """The policy adapter (or model), the value adapter and head, the tokenizer and the run
+        config in output_dir. Written to a temporary folder first, then moved into place file by
+        file, so no reader sees a half-written file."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            tmp = Path(output_dir) / ".save.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._write_weights(tmp)
+            for entry in tmp.iterdir():
+                target = Path(output_dir) / entry.name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                os.replace(entry, target)
+            tmp.rmdir()
+        acc.wait_for_everyone()
+
+    def _write_weights(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.unwrapped.save(str(directory))
+        self.tokenizer.save_pretrained(str(directory))
+        if self.run_configs:
+            save_run_config(str(directory), *self.run_configs)
+
+    def save_checkpoint(self) -> str:
+        """output_dir/checkpoint-<step>: weights, optimizer (one file per process: under DeepSpeed
+        each holds its own shard), scheduler, random state, KL coefficient and log. Built in a
+        temporary folder whose last file is the completion marker, then renamed into place."""
+        acc = self.accelerator
+        final = Path(self.args.output_dir) / f"{CHECKPOINT_PREFIX}-{self.step}"
+        tmp = Path(self.args.output_dir) / f".{final.name}.tmp"
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        rank = acc.process_index
+        torch.save(self.optimizer.state_dict(), tmp / f"optimizer-rank{rank}.pt")
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, tmp / f"rng-rank{rank}.pt")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            self._write_weights(tmp)
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            atomic_write_json(tmp / COMPLETE_MARKER, {"step": self.step, "total_steps": self.total_steps,
+                                                      "kl_coef": self.kl_ctl.value, "log_history": self.log_history})
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            self._rotate_checkpoints()
+            logger.info("saved %s", final)
+        acc.wait_for_everyone()
+        return str(final)
+
+    def _rotate_checkpoints(self) -> None:
+        limit = self.args.save_total_limit
+        if not limit:
+            return
+        found = sorted((int(p.name.rsplit("-", 1)[1]), p) for p in Path(self.args.output_dir).glob(f"{CHECKPOINT_PREFIX}-*")
+                       if p.name.rsplit("-", 1)[1].isdigit())
+        for _, path in found[:-limit]:
+            shutil.rmtree(path)
+
+    def _load_state(self, checkpoint: str) -> None:
+        ckpt = Path(checkpoint)
+        state = json.loads((ckpt / COMPLETE_MARKER).read_text(encoding="utf-8"))
+        self.step = int(state["step"])
+        self.kl_ctl.value = float(state["kl_coef"])
+        self.log_history = list(state["log_history"])
+        rank = self.accelerator.process_index
+        self.optimizer.load_state_dict(torch.load(ckpt / f"optimizer-rank{rank}.pt", map_location="cpu"))
+        self.scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
+        rng = torch.load(ckpt / f"rng-rank{rank}.pt")
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        logger.info("resumed from %s at step %d (kl_coef %.4g)", ckpt, self.step, self.kl_ctl.value)
