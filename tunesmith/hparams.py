@@ -3,6 +3,7 @@ which is what `--help` prints."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -127,6 +128,11 @@ class TrainingArguments(_HFTrainingArguments):
     remove_unused_columns: bool = field(default=False, metadata={"help": "Leave False for tunesmith datasets."})
 
     def __post_init__(self) -> None:
+        if isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
+            from .config import ConfigError
+
+            raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, "
+                              "configs/ds_zero3.json and their _offload variants)")
         super().__post_init__()
         if self.deepspeed and self.use_cpu:
             _bind_deepspeed_comm_to_torch_distributed(self)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import zero_stage
 from ..data.template import apply_chat_template_override
 from ..hparams import FinetuningArguments, ModelArguments
 from .default_model import ensure_default_model
@@ -120,8 +121,11 @@ def load_model(
     quant = quantization_config(model_args, dtype)
     if quant is not None:
         kwargs["quantization_config"] = quant
-        # bitsandbytes places weights as they load; each rank takes its own device.
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))} if torch.cuda.is_available() else {"": "cpu"}
+        # bitsandbytes places weights as they load, each rank on its own device; under ZeRO-3,
+        # deepspeed.zero.Init places them instead and refuses a device_map.
+        if training_args is None or zero_stage(training_args) != 3:
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            kwargs["device_map"] = {"": local if torch.cuda.is_available() else "cpu"}
     if task == "reward":
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
     else:

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The main job, with no set-up beyond this script: LoRA SFT of the embedded SmolLM2-135M-Instruct
+# on the shipped demo conversations (a new identity: Tunesmith), then the base model's and the
+# fine-tuned model's answers to held-out identity questions, side by side.
+# Extra arguments go to sft/train.py (e.g. --max_steps 20 for a shorter run).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup.sh
+PY=.venv/bin/python
+OUT="${OUT:-outputs/sft_demo}"
+echo "== 1/3 which tokens are trained (first 2 demo conversations)"
+"$PY" -m tunesmith.data.inspect --data_path data/demo/sft.jsonl --max_samples 2 --show 2
+echo "== 2/3 LoRA fine-tune on data/demo/sft.jsonl -> $OUT"
+time "$PY" sft/train.py configs/sft_lora_demo.yaml --output_dir "$OUT" "$@"
+echo "== 3/3 held-out identity questions: base vs fine-tuned"
+"$PY" -m tunesmith.evaluation.compare --adapter "$OUT" --prompts data/demo/identity_heldout.jsonl
+echo
+echo "Loss curve: $OUT/loss.png. Next: python merge/merge_lora.py --adapter $OUT --output_dir outputs/sft_demo_merged"

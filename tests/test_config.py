@@ -1,0 +1,115 @@
+"""Run configs and flags: every shipped config loads, flags override files, and combinations that
+cannot work stop before any weight is loaded with a message that says what to change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tunesmith.checks import check_compatibility
+from tunesmith.config import ConfigError, parse_args
+from tunesmith.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
+
+ROOT = Path(__file__).resolve().parents[1]
+SFT_TYPES = (ModelArguments, DataArguments, FinetuningArguments, TrainingArguments)
+
+
+def parse_sft(*argv: str):
+    model, data, finetuning, training = parse_args(SFT_TYPES, list(argv))
+    return {"model": model, "data": data, "finetuning": finetuning, "training": training}
+
+
+def stage_types(config: Path) -> tuple:
+    """The dataclasses of the stage a run config belongs to (its file name says which)."""
+    name = config.name
+    if name.startswith("reward"):
+        from tunesmith.recipes.reward import ARGUMENT_TYPES
+    elif name.startswith("ppo"):
+        from tunesmith.recipes.ppo import ARGUMENT_TYPES
+    else:
+        ARGUMENT_TYPES = SFT_TYPES
+    return ARGUMENT_TYPES
+
+
+RUN_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*") if p.suffix in (".yaml", ".yml"))
+DS_CONFIGS = sorted((ROOT / "configs").rglob("ds_*.json"))
+
+
+def test_configs_are_found():
+    assert len(RUN_CONFIGS) >= 3 and len(DS_CONFIGS) == 4
+
+
+@pytest.mark.parametrize("config", RUN_CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_run_config_loads(config):
+    parsed = parse_args(stage_types(config), [str(config)])
+    for path in getattr(parsed[1], "data_path", []) or []:
+        assert Path(path).exists(), f"{config.name}: data_path {path} does not exist"
+
+
+@pytest.mark.parametrize("config", DS_CONFIGS, ids=lambda p: p.name)
+def test_every_deepspeed_config_is_accepted_by_the_trainer(config):
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    ds = HfTrainerDeepSpeedConfig(str(config))
+    stage = json.loads(config.read_text())["zero_optimization"]["stage"]
+    assert ds.get_value("zero_optimization.stage") == stage
+    if stage == 3:
+        assert ds.get_value("zero_optimization.stage3_gather_16bit_weights_on_model_save") is True
+
+
+def test_flags_after_the_config_file_win(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("data_path: [a.jsonl, b.jsonl]\nlora_r: 8\nlearning_rate: 1.0e-3\ngradient_checkpointing: true\n")
+    args = parse_sft(str(config), "--lora_r", "4")
+    assert args["finetuning"].lora_r == 4
+    assert args["training"].learning_rate == 1e-3 and args["training"].gradient_checkpointing is True
+    assert args["data"].data_path == ["a.jsonl", "b.jsonl"]
+
+
+def test_json_config_and_bad_config(tmp_path):
+    good = tmp_path / "run.json"
+    good.write_text(json.dumps({"data_path": ["x.jsonl"], "max_seq_length": 64}))
+    assert parse_sft(str(good))["data"].max_seq_length == 64
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        parse_sft(str(bad))
+
+
+def test_cpu_default_and_training_defaults():
+    import torch
+
+    args = parse_sft("--data_path", "x.jsonl")
+    assert args["training"].use_cpu is (not torch.cuda.is_available())
+    assert args["training"].remove_unused_columns is False
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--quantization_bit", "3"), r"--quantization_bit must be 4 or 8 \(got 3\)"),
+        (("--quantization_bit", "4", "--finetuning_type", "full"), r"use --finetuning_type lora"),
+        (("--quantization_bit", "8", "--deepspeed", str(ROOT / "configs/ds_zero3.json")),
+         r"ZeRO-3 cannot partition 8-bit bitsandbytes weights: use --quantization_bit 4"),
+        (("--deepspeed", "nope.json"), r"--deepspeed nope.json: no such file \(shipped: configs/ds_zero2.json"),
+        (("--eval_split_ratio", "1.5"), r"--eval_split_ratio must be in \[0, 1\) \(got 1.5\)"),
+        (("--lora_r", "0"), r"--lora_r must be a positive rank"),
+        (("--attn_implementation", "flash_attention_2"), r"needs a CUDA GPU and the flash-attn package"),
+        (("--adapter_name_or_path", "a", "--finetuning_type", "full"), r"continues a LoRA run"),
+    ],
+)
+def test_incompatible_combinations_stop_early(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        check_compatibility(**parse_sft("--data_path", "x.jsonl", *argv))
+
+
+def test_missing_data_path():
+    with pytest.raises(ConfigError, match="--data_path is required"):
+        check_compatibility(**parse_sft())
+
+
+def test_qlora_4bit_with_zero3_is_allowed():
+    check_compatibility(**parse_sft("--data_path", "x.jsonl", "--quantization_bit", "4",
+                                    "--deepspeed", str(ROOT / "configs/ds_zero3.json")))
