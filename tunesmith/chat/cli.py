@@ -54,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     interactive = sys.stdin.isatty()
     notes = sys.stdout if interactive else sys.stderr
     if interactive:
+        import readline  # noqa: F401  (line editing and history for input())
+
         print(f"Chatting with {model_args.adapter_name_or_path or model_args.model_name_or_path}.\n"
               f"Commands: {COMMANDS}.", file=notes)
     printer = AnswerPrinter(interactive)

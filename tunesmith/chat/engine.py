@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 from transformers import TextStreamer
 
+from ..config import ConfigError
 from ..constants import ASSISTANT, SYSTEM, USER
 from ..data.formats import Message
 from ..data.template import encode_prompt
@@ -33,6 +34,17 @@ class GenerationArguments:
     top_k: int = field(default=50, metadata={"help": "Sample from the k most likely tokens (0: no limit)."})
     repetition_penalty: float = field(default=1.0, metadata={"help": "Above 1 discourages repeating earlier tokens."})
     max_new_tokens: int = field(default=512, metadata={"help": "Longest reply, in tokens."})
+
+    def __post_init__(self) -> None:
+        problems = [
+            (self.do_sample and self.temperature <= 0, f"--temperature must be above 0 when sampling (got "
+             f"{self.temperature}); for deterministic replies pass --do_sample false instead"),
+            (not 0 < self.top_p <= 1, f"--top_p must be in (0, 1] (got {self.top_p})"),
+            (self.max_new_tokens < 1, f"--max_new_tokens must be at least 1 (got {self.max_new_tokens})"),
+        ]
+        for broken, message in problems:
+            if broken:
+                raise ConfigError(message)
 
     def generate_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"do_sample": self.do_sample, "max_new_tokens": self.max_new_tokens,
@@ -133,7 +145,7 @@ class ChatSession:
         # config may not list.
         configured = self.model.generation_config.eos_token_id
         ids = configured if isinstance(configured, list) else [configured] if configured is not None else []
-        return sorted(set(ids) | {self.tokenizer.eos_token_id})
+        return sorted({i for i in [*ids, self.tokenizer.eos_token_id] if i is not None})
 
     def clear(self) -> None:
         self.messages = []
