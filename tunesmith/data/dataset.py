@@ -8,8 +8,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from datasets import Dataset, load_from_disk
 
 from ..hparams import DataArguments
 from ..models.default_model import cache_root
+from ..utils.io import atomic_directory
 from .formats import Conversation, load_conversations
 from .template import encode_conversation, trained_token_count, truncate
 
@@ -90,11 +89,8 @@ def build_sft_dataset(tokenizer: Any, paths: list[str], data_args: DataArguments
     if not records:
         raise ValueError(f"{name}: no example has a trained token within --max_seq_length {data_args.max_seq_length}")
     dataset = Dataset.from_list(records)
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{cache_dir.name}.", dir=cache_dir.parent)
-    dataset.save_to_disk(tmp)
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    os.replace(tmp, cache_dir)
+    with atomic_directory(cache_dir) as tmp:
+        dataset.save_to_disk(str(tmp))
     return load_from_disk(str(cache_dir))
 
 

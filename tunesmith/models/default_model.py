@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from filelock import FileLock
+
+from ..utils.io import atomic_directory
 
 logger = logging.getLogger(__name__)
 
@@ -76,16 +76,9 @@ def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
-        os.chmod(tmp, 0o755)
+    with atomic_directory(output_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def ensure_default_model() -> Path:

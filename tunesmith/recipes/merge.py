@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -32,6 +28,7 @@ from ..models.loader import (
     is_adapter_dir,
     load_for_inference,
 )
+from ..utils.io import atomic_directory
 from ..utils.logging import setup_logging
 
 # Merging changes the order of float operations (W x + B A x vs (W + B A) x) and, in half precision,
@@ -122,28 +119,6 @@ def _load_saved(path: str, task: str, dtype: str) -> Any:
     return auto.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
 
 
-@contextmanager
-def staged_output(output_dir: str) -> Iterator[Path]:
-    """A temporary sibling folder that becomes output_dir only if the block finishes; a failure
-    leaves neither it nor a half-written output_dir behind (an old output is kept until then)."""
-    target = Path(output_dir).resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        os.chmod(tmp, 0o755)
-        yield tmp
-        if target.is_dir() and any(target.iterdir()):
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-            os.replace(target, old / target.name)
-            os.replace(tmp, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def merge(args: MergeArguments) -> MergeResult:
     if not is_adapter_dir(args.adapter):
         raise ConfigError(f"--adapter {args.adapter}: no {ADAPTER_CONFIG} there; give a LoRA output directory")
@@ -159,7 +134,7 @@ def merge(args: MergeArguments) -> MergeResult:
         tolerance = RELATIVE_TOLERANCES[args.dtype] * max(expected.abs().max().item(), 1.0)
     merged = model.merge_and_unload(safe_merge=True)
 
-    with staged_output(args.output_dir) as tmp:
+    with atomic_directory(args.output_dir) as tmp:
         merged.save_pretrained(tmp, max_shard_size=args.max_shard_size)  # with generation_config.json
         tokenizer.save_pretrained(tmp)  # with the chat template that training used
         save_run_config(str(tmp), args)

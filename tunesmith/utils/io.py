@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,3 +31,27 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def atomic_write_jsonl(path: str | os.PathLike, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling folder that becomes `path` only if the block finishes; a failure leaves
+    neither it nor a half-written `path` behind (an existing `path` is kept until the swap)."""
+    target = Path(path).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        yield tmp
+        if target.is_dir() and any(target.iterdir()):
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / target.name)
+            os.replace(tmp, target)
+            shutil.rmtree(old)
+        else:
+            if target.is_dir():
+                target.rmdir()
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
