@@ -82,6 +82,11 @@ RULES: list[Rule] = [
          and a.finetuning.finetuning_type == "full",
          "--adapter_name_or_path continues a LoRA run: use --finetuning_type lora, or merge the adapter first "
          "(merge/merge_lora.py) and fully fine-tune the merged model."),
+    Rule("liger_kernel_missing",
+         lambda a: _has(a, "training") and a.training.use_liger_kernel
+         and (importlib.util.find_spec("liger_kernel") is None or not torch.cuda.is_available()),
+         "--use_liger_kernel needs a CUDA GPU and the liger-kernel package (pip install liger-kernel; its kernels "
+         "are Triton, GPU only): drop the flag on CPU."),
 ]
 
 

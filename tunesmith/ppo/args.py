@@ -67,7 +67,7 @@ class PPOArguments:
         default=6.0, metadata={"help": "With adaptive_kl: the KL (nats per reply) to steer towards."}
     )
     kl_horizon: float = field(
-        default=10000, metadata={"help": "With adaptive_kl: episodes over which kl_coef may change by about 20%."}
+        default=10000, metadata={"help": "With adaptive_kl: episodes over which kl_coef may change by about a fifth."}
     )
     kl_estimator: Literal["k1", "abs", "mse", "k3"] = field(
         default="k1",
@@ -85,17 +85,27 @@ class PPOArguments:
     )
 
 
-def check_ppo_args(ppo: PPOArguments, finetuning: FinetuningArguments, training: Any,
-                   has_reward_fn: bool = False) -> None:
+def check_ppo_args(ppo: PPOArguments, finetuning: FinetuningArguments, training: Any) -> None:
     """Raise ConfigError for PPO settings that cannot work, naming the flag and the fix."""
     if not ppo.data_path:
         raise ConfigError("--data_path is required: one or more prompt files (e.g. data/demo/prompts.jsonl).")
-    if not has_reward_fn:
-        if not ppo.reward_model:
-            raise ConfigError("--reward_model is required: the output directory of reward/train.py "
-                              "(e.g. outputs/rm_demo), a merged model or an adapter.")
-        if not os.path.isdir(ppo.reward_model):
-            raise ConfigError(f"--reward_model {ppo.reward_model}: no such directory (train one with reward/train.py).")
+    if not ppo.reward_model:
+        raise ConfigError("--reward_model is required: the output directory of reward/train.py "
+                          "(e.g. outputs/rm_demo), a merged model or an adapter.")
+    if not os.path.isdir(ppo.reward_model):
+        raise ConfigError(f"--reward_model {ppo.reward_model}: no such directory (train one with reward/train.py).")
+    if training.gradient_checkpointing and finetuning.finetuning_type == "lora":
+        raise ConfigError("--gradient_checkpointing cannot be used with LoRA PPO: the policy and value adapters "
+                          "share one model and the recomputed forward would run the wrong adapter; drop it "
+                          "(or use --finetuning_type full).")
+    if zero_stage(training) == 3:
+        raise ConfigError("PPO supports DeepSpeed ZeRO-2 (configs/ds_zero2.json), not ZeRO-3: the adapters are "
+                          "saved and generation runs unsharded.")
+    check_batch_settings(ppo, training)
+
+
+def check_batch_settings(ppo: PPOArguments, training: Any) -> None:
+    """The checks PPOTrainer itself needs (it may be built without the recipe)."""
     batch = training.per_device_train_batch_size
     if ppo.num_mini_batches < 1 or batch % ppo.num_mini_batches:
         raise ConfigError(f"--num_mini_batches {ppo.num_mini_batches} must divide --per_device_train_batch_size "
@@ -109,12 +119,5 @@ def check_ppo_args(ppo: PPOArguments, finetuning: FinetuningArguments, training:
     if ppo.max_new_tokens < 1 or ppo.ppo_epochs < 1:
         raise ConfigError(f"--max_new_tokens ({ppo.max_new_tokens}) and --ppo_epochs ({ppo.ppo_epochs}) "
                           "must be at least 1.")
-    if training.gradient_checkpointing and finetuning.finetuning_type == "lora":
-        raise ConfigError("--gradient_checkpointing cannot be used with LoRA PPO: the policy and value adapters "
-                          "share one model and the recomputed forward would run the wrong adapter; drop it "
-                          "(or use --finetuning_type full).")
-    if zero_stage(training) == 3:
-        raise ConfigError("PPO supports DeepSpeed ZeRO-2 (configs/ds_zero2.json), not ZeRO-3: the adapters are "
-                          "saved and generation runs unsharded.")
     if training.max_steps <= 0 and training.num_train_epochs <= 0:
         raise ConfigError("set --max_steps (PPO steps, one rollout batch each) or --num_train_epochs.")

@@ -18,6 +18,7 @@ from ..constants import ASSISTANT
 from ..data.prompts import Prompt
 from ..data.template import render_text
 from ..ppo_core import entropy_from_logits, logprobs_from_logits, truncate_after_eos
+from ..train.reward_trainer import sequence_scores
 
 # reward_fn(prompts_ids, responses_ids) -> one score per reply. Responses hold the reply tokens up to
 # and including the first EOS (when the reply ended).
@@ -71,7 +72,8 @@ def reply_tokens(response_ids: torch.Tensor, response_mask: torch.Tensor) -> lis
 class RewardModelScorer:
     """Scores replies with a sequence-classification reward model on the chat-template rendering of
     prompt + reply, re-rendered with the reward model's own tokenizer (which may differ from the
-    policy's) -- the same rendering the reward stage trained on."""
+    policy's) -- the rendering the reward stage trained on -- and read where the reward stage reads
+    scores (tunesmith.train.reward_trainer.sequence_scores: the last attended token)."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, policy_tokenizer: Any, batch_size: int = 8) -> None:
         self.model = model
@@ -96,17 +98,19 @@ class RewardModelScorer:
         encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in self.texts(prompts, responses)]
         scores = []
         for start in range(0, len(encoded), self.batch_size):
-            chunk = encoded[start:start + self.batch_size]
-            longest = max(len(ids) for ids in chunk)
-            # Right padding with the pad id: the classifier reads the last non-pad token of each row.
-            input_ids = torch.full((len(chunk), longest), self.tokenizer.pad_token_id, dtype=torch.long)
-            attention_mask = torch.zeros_like(input_ids)
-            for i, ids in enumerate(chunk):
-                input_ids[i, :len(ids)] = torch.as_tensor(ids)
-                attention_mask[i, :len(ids)] = 1
-            out = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
-            scores.append(out.logits[:, 0].float())
+            input_ids, attention_mask = right_pad(encoded[start:start + self.batch_size], self.tokenizer.pad_token_id)
+            scores.append(sequence_scores(self.model, input_ids.to(device), attention_mask.to(device)).float())
         return torch.cat(scores).cpu()
+
+
+def right_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), longest), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, s in enumerate(sequences):
+        input_ids[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        attention_mask[i, :len(s)] = 1
+    return input_ids, attention_mask
 
 
 @dataclass
@@ -123,6 +127,7 @@ class Rollout:
     values: torch.Tensor
     entropy: torch.Tensor
     scores: torch.Tensor  # reward model / reward_fn score, before the missing-EOS penalty
+    generate_seconds: float = 0.0
     rewards: torch.Tensor | None = None
     kl: torch.Tensor | None = None
     advantages: torch.Tensor | None = None

@@ -33,7 +33,7 @@ from ..ppo_core import (
 )
 from ..train.checkpoints import COMPLETE_MARKER
 from ..utils.io import atomic_write_json, atomic_write_jsonl
-from .args import PPOArguments
+from .args import PPOArguments, check_batch_settings
 from .models import ActorCritic
 from .rollout import (
     RewardFn,
@@ -65,6 +65,7 @@ class PPOTrainer:
             raise ValueError("PPOTrainer needs exactly one of reward_model or reward_fn")
         if not prompts or not prompts[0].input_ids:
             raise ValueError("PPOTrainer needs encoded prompts (tunesmith.data.prompts.encode_prompts)")
+        check_batch_settings(ppo_args, training_args)
         self.args, self.ppo = training_args, ppo_args
         self.tokenizer, self.prompts = tokenizer, prompts
         self.reward_model, self.reward_fn = reward_model, reward_fn
@@ -106,6 +107,9 @@ class PPOTrainer:
         self.eos_ids = eos_token_ids(tokenizer, self.unwrapped.policy)
         self.generation_config = generation_config(tokenizer, self.eos_ids, ppo_args.max_new_tokens,
                                                    ppo_args.temperature, ppo_args.top_k, ppo_args.top_p)
+        # Under ZeRO-3 every rank must keep stepping generate() until all are done (weights are gathered
+        # collectively); check_ppo_args refuses ZeRO-3 for now, a PPOTrainer built by hand may not.
+        self.synced_gpus = zero_stage(training_args) == 3
         self.step = 0
         self.log_history: list[dict[str, Any]] = []
         self._perms: dict[int, torch.Tensor] = {}
@@ -133,14 +137,12 @@ class PPOTrainer:
 
     def train_step(self) -> dict[str, Any]:
         """One PPO step: a rollout batch, its updates, the KL controller, then logging/saving."""
-        times = {}
         start = time.perf_counter()
-        rollout = self.rollout(self.batch_prompts(self.step), times)
+        rollout = self.rollout(self.batch_prompts(self.step))
         mid = time.perf_counter()
         update_stats = self.update(rollout)
-        times["time_train"] = time.perf_counter() - mid
-        times["time_generate"] = times.pop("generate")
-        times["time_score"] = mid - start - times["time_generate"]
+        times = {"time_generate": rollout.generate_seconds, "time_score": mid - start - rollout.generate_seconds,
+                 "time_train": time.perf_counter() - mid}
 
         kl_per_reply = rollout.kl.sum(1)
         mean_kl = self.accelerator.reduce(kl_per_reply.mean(), reduction="mean")
@@ -174,7 +176,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------ rollout
 
     @torch.no_grad()
-    def rollout(self, prompts: list[Prompt], times: dict[str, float] | None = None) -> Rollout:
+    def rollout(self, prompts: list[Prompt]) -> Rollout:
         device = self.accelerator.device
         model = self.unwrapped
         query_ids, query_mask = (t.to(device) for t in left_pad([p.input_ids for p in prompts],
@@ -182,12 +184,11 @@ class PPOTrainer:
         start = time.perf_counter()
         response_ids, response_mask, ended = generate_responses(
             model, query_ids, query_mask, self.generation_config, self.tokenizer.pad_token_id,
-            synced_gpus=zero_stage(self.args) == 3,
+            synced_gpus=self.synced_gpus,
         )
-        if times is not None:
-            times["generate"] = time.perf_counter() - start
         r = Rollout(query_ids, query_mask, response_ids, response_mask, ended,
                     logprobs=None, ref_logprobs=None, values=None, entropy=None,
+                    generate_seconds=time.perf_counter() - start,
                     scores=self.score(prompts, response_ids, response_mask).to(device))
         stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.micro_batch)
         r.logprobs, r.ref_logprobs, r.values, r.entropy = (stats[k] for k in ("logprobs", "ref_logprobs",

@@ -31,11 +31,12 @@ def policy_tokenizer(model_args: ModelArguments):
     return load_tokenizer(model_args)
 
 
+ARGUMENT_TYPES = (ModelArguments, FinetuningArguments, PPOArguments, TrainingArguments)
+
+
 def main(argv: Sequence[str] | None = None) -> PPOTrainer:
     setup_logging()
-    model_args, finetuning_args, ppo_args, training_args = parse_args(
-        (ModelArguments, FinetuningArguments, PPOArguments, TrainingArguments), argv
-    )
+    model_args, finetuning_args, ppo_args, training_args = parse_args(ARGUMENT_TYPES, argv)
     check_compatibility(model=model_args, finetuning=finetuning_args, training=training_args)
     check_ppo_args(ppo_args, finetuning_args, training_args)
 

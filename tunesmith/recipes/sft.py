@@ -13,8 +13,8 @@ from transformers import set_seed
 
 from ..checks import check_compatibility
 from ..config import parse_args
-from ..data.collator import PaddingCollator
 from ..data.dataset import build_sft_datasets
+from ..data.packing import sft_collator
 from ..hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> LoraTrainer:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=PaddingCollator(tokenizer.pad_token_id),
+        data_collator=sft_collator(model, tokenizer, data_args, training_args),
         callbacks=[LossPlotCallback()] if finetuning_args.plot_loss else [],
         run_configs=(model_args, data_args, finetuning_args, training_args),
     )

@@ -1,0 +1,120 @@
+"""Did PPO help? Held-out prompts, answered by the SFT policy and by the PPO policy (greedy by default,
+or sampled with a fixed seed), scored by the reward model; plus KL(ppo || sft), the mean over
+prompts of the summed log-probability difference on the PPO policy's replies.
+
+    python scripts/eval_ppo.py --sft outputs/sft_demo --ppo outputs/ppo_demo --reward_model outputs/rm_demo
+    python scripts/eval_ppo.py ... --data_path data/demo/prompts_eval.jsonl --sample true --seed 0
+
+prints e.g. `mean reward: sft 0.123 -> ppo 0.456   KL(ppo||sft): 1.234 nats/reply`. --sft and --ppo are
+adapter directories (their base comes from adapter_config.json) or full model directories.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from tunesmith.config import parse_args
+from tunesmith.data.prompts import Prompt, encode_prompts, left_pad, load_prompts
+from tunesmith.models.loader import inference_model_args, load_for_inference
+from tunesmith.ppo.models import response_logits
+from tunesmith.ppo.rollout import (
+    RewardModelScorer,
+    eos_token_ids,
+    generate_responses,
+    generation_config,
+    reply_tokens,
+    sequence_inputs,
+)
+from tunesmith.ppo_core import logprobs_from_logits
+from tunesmith.utils.io import atomic_write_jsonl
+from tunesmith.utils.logging import setup_logging
+
+
+@dataclass
+class EvalArguments:
+    sft: str = field(metadata={"help": "The SFT policy: an adapter directory or a model directory."})
+    ppo: str = field(metadata={"help": "The PPO policy (output_dir of ppo/train.py)."})
+    reward_model: str = field(metadata={"help": "The reward model (output_dir of reward/train.py)."})
+    data_path: list[str] = field(default_factory=lambda: ["data/demo/prompts_eval.jsonl"],
+                                 metadata={"help": "Held-out prompt files."})
+    max_samples: int | None = field(default=None, metadata={"help": "Use only the first N prompts."})
+    max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts are skipped."})
+    max_new_tokens: int = field(default=48, metadata={"help": "Longest reply."})
+    sample: bool = field(default=False, metadata={"help": "Sample replies (fixed seed) instead of greedy decoding."})
+    temperature: float = field(default=1.0, metadata={"help": "With --sample: sampling temperature."})
+    seed: int = field(default=0, metadata={"help": "With --sample: the seed each policy starts from."})
+    batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch."})
+    output_file: str | None = field(default=None, metadata={"help": "Write each prompt, both replies and scores "
+                                                                    "here (JSONL)."})
+
+
+@torch.no_grad()
+def answer(model: nn.Module, tokenizer: Any, prompts: list[Prompt], args: EvalArguments,
+           ) -> tuple[list[list[int]], list[tuple[torch.Tensor, ...]]]:
+    """Replies (token lists), and per batch the (query ids, query mask, response ids, response mask)."""
+    config = generation_config(tokenizer, eos_token_ids(tokenizer, model), args.max_new_tokens,
+                               temperature=args.temperature, greedy=not args.sample)
+    torch.manual_seed(args.seed)
+    replies, batches = [], []
+    for start in range(0, len(prompts), args.batch_size):
+        chunk = prompts[start:start + args.batch_size]
+        query_ids, query_mask = left_pad([p.input_ids for p in chunk], tokenizer.pad_token_id)
+        response_ids, response_mask, _ = generate_responses(model, query_ids, query_mask, config,
+                                                            tokenizer.pad_token_id)
+        replies += reply_tokens(response_ids, response_mask)
+        batches.append((query_ids, query_mask, response_ids, response_mask))
+    return replies, batches
+
+
+@torch.no_grad()
+def reply_logprobs(model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, response_ids: torch.Tensor,
+                   response_mask: torch.Tensor) -> torch.Tensor:
+    """Summed log-probability (temperature 1) of each reply under `model`."""
+    input_ids, attention_mask, position_ids = sequence_inputs(query_ids, query_mask, response_ids, response_mask)
+    logits = response_logits(model, input_ids, attention_mask, position_ids, query_ids.size(1))
+    logprobs = logprobs_from_logits(logits.float(), response_ids)
+    return torch.where(response_mask.bool(), logprobs, 0.0).sum(1)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    setup_logging()
+    (args,) = parse_args((EvalArguments,), argv)
+    sft, tokenizer = load_for_inference(inference_model_args(args.sft))
+    ppo, _ = load_for_inference(inference_model_args(args.ppo))
+    reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.reward_model), task="reward")
+    scorer = RewardModelScorer(reward_model, reward_tokenizer, tokenizer, batch_size=args.batch_size)
+    prompts = encode_prompts(tokenizer, load_prompts(args.data_path, args.max_samples), args.max_prompt_length)
+
+    sft_replies, _ = answer(sft, tokenizer, prompts, args)
+    ppo_replies, ppo_batches = answer(ppo, tokenizer, prompts, args)
+    sft_scores, ppo_scores = scorer(prompts, sft_replies), scorer(prompts, ppo_replies)
+    kl = torch.cat([reply_logprobs(ppo, *b) - reply_logprobs(sft, *b) for b in ppo_batches])
+    result = {"prompts": len(prompts), "sft_reward": sft_scores.mean().item(), "ppo_reward": ppo_scores.mean().item(),
+              "kl_ppo_sft": kl.mean().item(),
+              "ppo_win_rate": (ppo_scores > sft_scores).float().mean().item(),
+              "sft_reply_length": float(sum(len(r) for r in sft_replies) / len(sft_replies)),
+              "ppo_reply_length": float(sum(len(r) for r in ppo_replies) / len(ppo_replies))}
+    if args.output_file:
+        atomic_write_jsonl(args.output_file, [
+            {"source": f"{p.row.path}:{p.row.line}", "prompt": p.messages[-1]["content"],
+             "sft": tokenizer.decode(s, skip_special_tokens=True), "sft_score": float(ss),
+             "ppo": tokenizer.decode(q, skip_special_tokens=True), "ppo_score": float(qs), "kl": float(k)}
+            for p, s, ss, q, qs, k in zip(prompts, sft_replies, sft_scores, ppo_replies, ppo_scores, kl)
+        ])
+    decoding = f"sampled (seed {args.seed})" if args.sample else "greedy"
+    print(f"{len(prompts)} prompts, {decoding} replies; "
+          f"PPO scores higher on {100 * result['ppo_win_rate']:.0f}% of prompts; mean reply length "
+          f"sft {result['sft_reply_length']:.1f} -> ppo {result['ppo_reply_length']:.1f} tokens")
+    print(f"mean reward: sft {result['sft_reward']:.3f} -> ppo {result['ppo_reward']:.3f}   "
+          f"KL(ppo||sft): {result['kl_ppo_sft']:.3f} nats/reply")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

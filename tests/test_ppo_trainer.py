@@ -1,0 +1,353 @@
+"""PPOTrainer on tiny random models: the policy equals the reference at step 0, rollouts are scored
+where they were sampled, reward rises under a known reward, only adapter weights move, resume
+continues the same run, the recipe and the eval script run end to end, and bad settings fail
+with messages that say what to change."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_tiny_model_dir
+from torch import nn
+
+from tunesmith.config import ConfigError, parse_args
+from tunesmith.data.formats import Row
+from tunesmith.data.prompts import Prompt, encode_prompts, left_pad
+from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArguments
+from tunesmith.models.loader import inference_model_args, load_for_inference
+from tunesmith.ppo import PPOArguments, PPOTrainer, RewardModelScorer, build_actor_critic, check_ppo_args
+from tunesmith.ppo.rollout import sequence_inputs
+from tunesmith.ppo_core import logprobs_from_logits
+from tunesmith.train.reward_trainer import sequence_scores
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = ["cat", "blue sky", "seven", "a long walk home", "tea", "why not", "rivers and lakes", "ok"]
+TIME_KEYS = {"time_generate", "time_score", "time_train"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # PPO on a tiny model is many small ops: on two shared cores a second thread only adds
+    # synchronisation (measured 6x slower under load).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build_even_token_model(path: Path, tokenizer, bias: float = 1.0) -> str:
+    """A tiny random Llama (untied output layer) with one hidden direction that raises every even
+    token id at once. With ~49k near-uniform tokens a reward for one token would almost never be
+    sampled; a reward for the share of even tokens is dense, and learnable through that direction."""
+    from transformers import LlamaForCausalLM
+
+    build_tiny_model_dir(path, tokenizer)
+    model = LlamaForCausalLM.from_pretrained(path)
+    model.config.tie_word_embeddings = False
+    head = model.get_input_embeddings().weight.detach().clone()
+    head[:, 0] = torch.where(torch.arange(head.size(0)) % 2 == 0, bias, -bias)
+    model.lm_head.weight = nn.Parameter(head)
+    model.save_pretrained(path)
+    return str(path)
+
+
+def even_share(prompts_ids: list[list[int]], responses_ids: list[list[int]]) -> list[float]:
+    return [sum(t % 2 == 0 for t in r) / len(r) for r in responses_ids]
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory, tokenizer) -> str:
+    return build_even_token_model(tmp_path_factory.mktemp("even-llama"), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[Prompt]:
+    raw = [Prompt(Row("words.jsonl", i, {}), [{"role": "user", "content": f"Say {w}."}]) for i, w in enumerate(WORDS, 1)]
+    return encode_prompts(tokenizer, raw, max_length=512)
+
+
+@pytest.fixture(scope="module")
+def sft_adapter(tmp_path_factory, policy_dir) -> str:
+    """A LoRA adapter with random (nonzero) B, so the SFT policy differs from the base."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(1)
+    model = get_peft_model(LlamaForCausalLM.from_pretrained(policy_dir),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.5)
+    path = tmp_path_factory.mktemp("sft-adapter")
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory, tokenizer) -> str:
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(2)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, num_labels=1,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    path = tmp_path_factory.mktemp("tiny-rm")
+    LlamaForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def make_trainer(output_dir, model_dir, tokenizer, prompts, *, adapter=None, finetuning_type="lora",
+                 resume_from=None, ppo=None, training=None) -> PPOTrainer:
+    model_args = ModelArguments(model_name_or_path=model_dir, adapter_name_or_path=adapter)
+    finetuning_args = FinetuningArguments(finetuning_type=finetuning_type, lora_r=8, lora_alpha=16)
+    training_args = TrainingArguments(**{
+        "output_dir": str(output_dir), "report_to": [], "per_device_train_batch_size": 8, "learning_rate": 1e-2,
+        "lr_scheduler_type": "constant", "save_strategy": "no", "max_steps": 1, "seed": 0, **(training or {})})
+    ppo_args = PPOArguments(**{"max_new_tokens": 8, "ppo_epochs": 2, "num_mini_batches": 2,
+                               "rollout_log_samples": 0, **(ppo or {})})
+    torch.manual_seed(0)
+    model = build_actor_critic(model_args, finetuning_args, training_args, ppo_args.temperature, resume_from)
+    return PPOTrainer(model, tokenizer, prompts, ppo_args, training_args, reward_fn=even_share,
+                      resume_from=resume_from)
+
+
+# --------------------------------------------------------------------------- step 0
+
+
+@pytest.mark.parametrize("with_sft", [False, True], ids=["base", "sft-adapter"])
+def test_policy_equals_reference_before_the_first_update(tmp_path, policy_dir, sft_adapter, tokenizer, prompts,
+                                                         with_sft):
+    trainer = make_trainer(tmp_path, policy_dir, tokenizer, prompts, adapter=sft_adapter if with_sft else None)
+    rollout = trainer.rollout(trainer.batch_prompts(0))
+    assert torch.equal(rollout.logprobs, rollout.ref_logprobs)
+    assert torch.count_nonzero(rollout.kl) == 0
+    if with_sft:
+        # The reference is the SFT policy, not the bare base under it.
+        with trainer.unwrapped.policy.disable_adapter():
+            base = trainer.unwrapped.policy_logits(*rollout.inputs(), rollout.context_length)
+        assert not torch.allclose(logprobs_from_logits(base, rollout.response_ids), rollout.ref_logprobs, atol=1e-2)
+    assert trainer.train_step()["kl"] == 0.0
+
+
+def test_rollout_logprobs_are_the_ones_the_replies_were_sampled_with(tmp_path, policy_dir, tokenizer, prompts):
+    trainer = make_trainer(tmp_path, policy_dir, tokenizer, prompts, ppo={"temperature": 0.7})
+    batch = trainer.batch_prompts(0)
+    assert len({len(p.input_ids) for p in batch}) > 1, "prompts of different lengths exercise left padding"
+    query_ids, query_mask = left_pad([p.input_ids for p in batch], tokenizer.pad_token_id)
+    out = trainer.unwrapped.policy.generate(input_ids=query_ids, attention_mask=query_mask, output_scores=True,
+                                            return_dict_in_generate=True, generation_config=trainer.generation_config)
+    response_ids = out.sequences[:, query_ids.size(1):]
+    sampled = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    response_mask = torch.ones_like(response_ids)
+    inputs = sequence_inputs(query_ids, query_mask, response_ids, response_mask)
+    logits = trainer.unwrapped.policy_logits(*inputs, query_ids.size(1))
+    torch.testing.assert_close(logprobs_from_logits(logits, response_ids), sampled, atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- training
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, policy_dir, tokenizer, prompts):
+    out = tmp_path_factory.mktemp("ppo-run")
+    # A small KL coefficient: the optimum of share-of-even-tokens minus the KL penalty is then close
+    # to all-even replies (with 0.05 it is near 85%, reached only slowly).
+    trainer = make_trainer(out, policy_dir, tokenizer, prompts, ppo={"kl_coef": 0.01}, training={"max_steps": 16})
+    before = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
+    log = trainer.train()
+    return trainer, before, log, out
+
+
+def test_mean_reward_rises_under_a_known_reward(trained):
+    _, _, log, _ = trained
+    scores = [row["score"] for row in log]
+    first, last = sum(scores[:4]) / 4, sum(scores[-4:]) / 4
+    assert last > first + 0.15 and last > 0.85, scores
+
+
+def test_policy_and_value_weights_change_and_the_base_does_not(trained):
+    trainer, before, _, _ = trained
+    model = trainer.unwrapped
+    trainable = {id(p) for p in model.trainable_parameters()}
+    names = {"policy": 0, "value": 0, "head": 0}
+    for name, p in model.named_parameters():
+        if id(p) in trainable:
+            assert not torch.equal(p, before[name]), f"{name} did not change"
+            names["policy" if ".default." in name else "value" if ".value." in name else "head"] += 1
+        else:
+            assert torch.equal(p, before[name]), f"frozen {name} changed"
+    assert all(names.values()), names
+
+
+def test_saved_policy_adapter_reproduces_the_trained_policy(trained, tokenizer):
+    trainer, _, log, out = trained
+    for name in ("adapter_config.json", "adapter_model.safetensors", "value/adapter_model.safetensors",
+                 "value_head.safetensors", "tokenizer_config.json"):
+        assert (out / name).is_file(), name
+    assert [json.loads(line)["step"] for line in (out / "ppo_log.jsonl").read_text().splitlines()] == list(range(1, 17))
+    assert not list(out.glob(".*tmp"))
+    loaded, _ = load_for_inference(inference_model_args(str(out)))
+    rollout = trainer.rollout(trainer.batch_prompts(0))
+    inputs = rollout.inputs()
+    expected = trainer.unwrapped.policy_logits(*inputs, rollout.context_length)
+    got = loaded(input_ids=inputs[0], attention_mask=inputs[1], position_ids=inputs[2]).logits
+    torch.testing.assert_close(got[:, rollout.context_length - 1:-1], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_resume_continues_the_same_run(tmp_path, policy_dir, tokenizer, prompts):
+    settings = {"ppo": {"adaptive_kl": True, "kl_target": 0.1, "kl_horizon": 10},
+                "training": {"max_steps": 4, "save_strategy": "steps", "save_steps": 2}}
+    straight = make_trainer(tmp_path / "a", policy_dir, tokenizer, prompts, **settings)
+    straight_log = straight.train()
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["kl_coef"] != pytest.approx(0.05)
+    assert {p.name for p in (tmp_path / "a").iterdir() if p.name.startswith(("checkpoint", ".check"))} == {
+        "checkpoint-2", "checkpoint-4"}
+
+    resumed = make_trainer(tmp_path / "b", policy_dir, tokenizer, prompts, resume_from=str(checkpoint), **settings)
+    assert resumed.step == 2 and resumed.kl_coef == state["kl_coef"]
+    resumed_log = resumed.train()
+    assert [r["step"] for r in resumed_log] == [1, 2, 3, 4]
+    for a, b in zip(straight_log, resumed_log):
+        assert {k: v for k, v in a.items() if k not in TIME_KEYS} == pytest.approx(
+            {k: v for k, v in b.items() if k not in TIME_KEYS}, rel=1e-4, abs=1e-5)
+
+
+def test_full_finetuning_keeps_a_separate_frozen_reference(tmp_path, policy_dir, tokenizer, prompts):
+    trainer = make_trainer(tmp_path, policy_dir, tokenizer, prompts, finetuning_type="full",
+                           ppo={"ppo_epochs": 1}, training={"learning_rate": 1e-4})
+    model = trainer.unwrapped
+    reference = {n: p.detach().clone() for n, p in model.reference.named_parameters()}
+    policy_before = model.policy.lm_head.weight.detach().clone()
+    assert trainer.train_step()["kl"] == 0.0
+    assert not torch.equal(model.policy.lm_head.weight, policy_before)
+    assert all(torch.equal(p, reference[n]) for n, p in model.reference.named_parameters())
+
+
+# --------------------------------------------------------------------------- reward model
+
+
+def test_reward_model_scores_the_chat_rendering_of_prompt_and_reply(reward_model_dir, tokenizer, prompts):
+    from tunesmith.data.template import render_text
+
+    rm, rm_tokenizer = load_for_inference(inference_model_args(reward_model_dir), task="reward")
+    scorer = RewardModelScorer(rm, rm_tokenizer, tokenizer, batch_size=2)
+    reply = tokenizer("Blue sky.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    unfinished = tokenizer("A long", add_special_tokens=False)["input_ids"]
+    texts = scorer.texts(prompts[:2], [reply, unfinished])
+    assert texts[0] == render_text(tokenizer, [*prompts[0].messages, {"role": "assistant", "content": "Blue sky."}])
+    # Same tokenizer: the scored tokens are exactly prompt + reply (+ the template's newline after EOS).
+    ids = rm_tokenizer(texts[0], add_special_tokens=False)["input_ids"]
+    assert ids == [*prompts[0].input_ids, *reply, *tokenizer("\n", add_special_tokens=False)["input_ids"]]
+    scores = scorer(prompts[:3], [reply, unfinished, reply])
+    alone = [torch.tensor([rm_tokenizer(t, add_special_tokens=False)["input_ids"]])
+             for t in scorer.texts(prompts[:3], [reply, unfinished, reply])]
+    direct = torch.cat([sequence_scores(rm, ids, torch.ones_like(ids)) for ids in alone])
+    # Batched with right padding, each score is the one its sequence gets alone.
+    torch.testing.assert_close(scores, direct, atol=1e-5, rtol=1e-5)
+
+
+def load_eval_script():
+    spec = importlib.util.spec_from_file_location("eval_ppo", ROOT / "scripts" / "eval_ppo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_model_dir, capsys):
+    from tunesmith.recipes.ppo import main
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in WORDS), encoding="utf-8")
+    out = tmp_path / "ppo"
+    flags = ["--model_name_or_path", policy_dir, "--reward_model", reward_model_dir, "--data_path", str(data),
+             "--output_dir", str(out), "--per_device_train_batch_size", "4", "--max_new_tokens", "6",
+             "--ppo_epochs", "1", "--save_steps", "2", "--report_to", "none", "--lora_r", "4"]
+    main([*flags, "--max_steps", "2"])
+    assert re.search(r"^step 2/2 \| score -?\d+\.\d{3} ± \d+\.\d{3} \| kl ", capsys.readouterr().out, re.M)
+    first = (out / "ppo_log.jsonl").read_text().splitlines()
+    assert (out / "checkpoint-2" / "trainer_state.json").is_file() and (out / "tunesmith_config.json").is_file()
+    assert {"score", "score_std", "kl", "entropy", "clipfrac", "value_loss", "approx_kl", "reply_length",
+            "time_generate", "time_train"} <= set(json.loads(first[0]))
+
+    # Running the same command with more steps continues from the last checkpoint.
+    trainer = main([*flags, "--max_steps", "3"])
+    log = (out / "ppo_log.jsonl").read_text().splitlines()
+    assert trainer.step == 3 and log[:2] == first and json.loads(log[2])["step"] == 3
+
+    eval_ppo = load_eval_script()
+    common = ["--reward_model", reward_model_dir, "--data_path", str(data), "--max_new_tokens", "6"]
+    same = eval_ppo.main(["--sft", str(out), "--ppo", str(out), *common])
+    assert same["kl_ppo_sft"] == 0.0 and same["sft_reward"] == same["ppo_reward"]
+    result = eval_ppo.main(["--sft", policy_dir, "--ppo", str(out), *common, "--output_file", str(tmp_path / "e.jsonl")])
+    assert result["kl_ppo_sft"] != 0.0 and result["prompts"] == len(WORDS)
+    assert re.search(r"mean reward: sft -?\d+\.\d{3} -> ppo -?\d+\.\d{3}   KL\(ppo\|\|sft\): -?\d+\.\d{3} nats/reply",
+                     capsys.readouterr().out)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def ppo_settings(**overrides):
+    ppo = {"data_path": ["p.jsonl"], "reward_model": str(ROOT)}
+    training = {"output_dir": "unused", "per_device_train_batch_size": 8, "max_steps": 1, "report_to": []}
+    finetuning = {}
+    for key, value in overrides.items():
+        target = ppo if key in PPOArguments.__dataclass_fields__ else finetuning if key == "finetuning_type" else training
+        target[key] = value
+    return PPOArguments(**ppo), FinetuningArguments(**finetuning), TrainingArguments(**training)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"data_path": []}, r"--data_path is required"),
+    ({"reward_model": None}, r"--reward_model is required: the output directory of reward/train.py"),
+    ({"reward_model": "no/such/rm"}, r"--reward_model no/such/rm: no such directory"),
+    ({"num_mini_batches": 3}, r"--num_mini_batches 3 must divide --per_device_train_batch_size 8"),
+    ({"num_mini_batches": 2, "gradient_accumulation_steps": 3},
+     r"--gradient_accumulation_steps 3 must divide the mini-batch of 4 rows"),
+    ({"temperature": 0.0}, r"--temperature must be positive \(got 0.0\)"),
+    ({"max_new_tokens": 0}, r"--max_new_tokens \(0\) and --ppo_epochs \(2\) must be at least 1"),
+    ({"gradient_checkpointing": True}, r"--gradient_checkpointing cannot be used with LoRA PPO"),
+    ({"max_steps": -1, "num_train_epochs": 0}, r"set --max_steps .* or --num_train_epochs"),
+])
+def test_bad_ppo_settings_say_what_to_change(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        check_ppo_args(*ppo_settings(**overrides))
+
+
+def test_zero3_is_refused():
+    ppo, finetuning, training = ppo_settings()
+    training.deepspeed = str(ROOT / "configs" / "ds_zero3.json")
+    with pytest.raises(ConfigError, match=r"PPO supports DeepSpeed ZeRO-2 \(configs/ds_zero2.json\), not ZeRO-3"):
+        check_ppo_args(ppo, finetuning, training)
+
+
+def test_trainer_needs_exactly_one_reward(tmp_path, tokenizer, prompts):
+    with pytest.raises(ValueError, match="exactly one of reward_model or reward_fn"):
+        PPOTrainer(None, tokenizer, prompts, PPOArguments(), TrainingArguments(output_dir=str(tmp_path)))
+
+
+def test_demo_config_parses():
+    model, finetuning, ppo, training = parse_args(
+        (ModelArguments, FinetuningArguments, PPOArguments, TrainingArguments), [str(ROOT / "configs" / "ppo_lora_demo.yaml")])
+    assert ppo.data_path == ["data/demo/prompts.jsonl"] and ppo.reward_model and model.adapter_name_or_path
+    assert training.max_steps > 0 and training.per_device_train_batch_size % ppo.num_mini_batches == 0
+
+
+def test_help_documents_every_ppo_flag(capsys):
+    from tunesmith.recipes.ppo import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(f"--{name} " in out for name in PPOArguments.__dataclass_fields__)

@@ -1,0 +1,216 @@
+"""Reward model: where the score is read, the pairwise loss, training through the recipe (LoRA and
+full), and scores that survive a save/load round trip through reward/score.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import EvalPrediction
+
+from tunesmith.config import ConfigError, parse_args
+from tunesmith.data.preference import encode_reply
+from tunesmith.hparams import FinetuningArguments, ModelArguments
+from tunesmith.models.loader import inference_model_args, load_for_inference, load_model
+from tunesmith.recipes import reward, score
+from tunesmith.train.reward_trainer import (
+    RewardArguments,
+    pairwise_loss,
+    preference_metrics,
+    score_head,
+    sequence_scores,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_rm(tiny_model_dir):
+    return load_model(ModelArguments(model_name_or_path=tiny_model_dir), FinetuningArguments(finetuning_type="full"),
+                      is_trainable=False, task="reward")
+
+
+def _sequences(tokenizer, drop_last: int = 0) -> list[list[int]]:
+    context = [{"role": "user", "content": "Hi there"}]
+    replies = ["Hello!", "Go away, I do not want to talk to anyone today.", "Hm."]
+    return [encode_reply(tokenizer, context, [{"role": "assistant", "content": r}])[0][: -drop_last or None]
+            for r in replies]
+
+
+def _alone(model, ids: list[int]) -> float:
+    return sequence_scores(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).item()
+
+
+@pytest.mark.parametrize("drop_last", [0, 1], ids=["as_rendered", "ending_with_eos_eq_pad"])
+def test_padding_side_does_not_change_scores(tiny_rm, tokenizer, drop_last):
+    sequences = _sequences(tokenizer, drop_last)
+    alone = [_alone(tiny_rm, ids) for ids in sequences]
+    for side in ("right", "left"):
+        batch = tokenizer.pad({"input_ids": sequences}, padding_side=side, return_tensors="pt")
+        batched = sequence_scores(tiny_rm, batch["input_ids"], batch["attention_mask"])
+        assert batched.tolist() == pytest.approx(alone, abs=1e-5), side
+
+
+def test_the_score_is_read_at_the_last_real_token(tiny_rm, tokenizer):
+    # Ending with eos (== pad), where transformers' own pooling would read the token before it.
+    ids = _sequences(tokenizer, drop_last=1)[1]
+    assert ids[-1] == tokenizer.pad_token_id
+    with torch.no_grad():
+        hidden = tiny_rm(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1]
+    expected = (hidden[0, -1] @ tiny_rm.score.weight[0]).item()
+    assert _alone(tiny_rm, ids) == pytest.approx(expected, abs=1e-5)
+
+
+def test_score_head_is_required(tiny_model_dir):
+    lm = load_model(ModelArguments(model_name_or_path=tiny_model_dir), FinetuningArguments(finetuning_type="full"),
+                    is_trainable=False)
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM has no `score` head: load reward models with"):
+        score_head(lm)
+
+
+def test_pairwise_loss_margin_and_centring():
+    chosen, rejected = torch.tensor([2.0, 0.0]), torch.tensor([0.0, 1.0])
+    plain = (math.log1p(math.exp(-2.0)) + math.log1p(math.exp(1.0))) / 2
+    assert pairwise_loss(chosen, rejected).item() == pytest.approx(plain)
+    with_margin = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(1.0))) / 2
+    assert pairwise_loss(chosen, rejected, torch.tensor([1.0, 0.0])).item() == pytest.approx(with_margin)
+    centred = plain + 0.1 * (2.0**2 + 1.0**2) / 2
+    assert pairwise_loss(chosen, rejected, None, 0.1).item() == pytest.approx(centred)
+
+
+def test_preference_metrics():
+    metrics = preference_metrics(EvalPrediction(predictions=[[1.0, 0.0], [0.0, 2.0], [3.0, 3.0], [2.0, 1.0]],
+                                                label_ids=[0, 0, 0, 0]))
+    assert metrics == pytest.approx({"accuracy": 0.5, "margin": 0.0, "chosen_score": 1.5, "rejected_score": 1.5})
+
+
+def test_negative_centring_coefficient_is_refused():
+    with pytest.raises(ConfigError, match=r"--center_rewards_coefficient must be >= 0 \(got -0.5\)"):
+        RewardArguments(center_rewards_coefficient=-0.5)
+
+
+def test_shipped_config_parses_and_points_at_the_demo_data():
+    config = REPO / "configs" / "reward_lora_demo.yaml"
+    _, data, _, finetuning, training = parse_args(reward.ARGUMENT_TYPES, [str(config)])
+    assert finetuning.finetuning_type == "lora"
+    assert all(os.path.isfile(p) for p in data.data_path + data.eval_data_path)
+    assert training.output_dir == "outputs/rm_demo"
+
+
+# ---- training through the recipe, then scoring the saved result ----
+
+POLITE = ["Sure! Here is a clear and friendly answer for you.", "Happy to help: the answer is four.",
+          "Of course, thank you for asking. It is Paris."]
+RUDE = ["No.", "Figure it out yourself.", "Stop asking me things."]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def preference_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("prefs")
+    questions = ["What is 2 + 2?", "Capital of France?", "Can you help me?", "Say something nice."]
+    train = []
+    for i, q in enumerate(questions * 3):
+        good, bad = POLITE[i % 3], RUDE[i % 3]
+        if i % 2:
+            train.append({"conversations": [{"from": "human", "value": q}], "chosen": good, "rejected": bad})
+        else:
+            train.append({"prompt": [{"role": "user", "content": q}], "chosen": [{"role": "assistant", "content": good}],
+                          "rejected": [{"role": "assistant", "content": bad}], "margin": 0.5})
+    evaluation = [{"conversations": [{"from": "human", "value": "How are you?"}], "chosen": POLITE[0], "rejected": RUDE[1]},
+                  {"prompt": "Tell me a joke.", "chosen": POLITE[2], "rejected": RUDE[2], "margin": 1.0},
+                  {"conversations": [{"from": "human", "value": "Hello"}], "chosen": {"from": "gpt", "value": POLITE[1]},
+                   "rejected": {"from": "gpt", "value": RUDE[0]}}]
+    conversations = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": POLITE[0]}]},
+                     {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": RUDE[1]}]}]
+    return {"train": _write_jsonl(folder / "train.jsonl", train),
+            "eval": _write_jsonl(folder / "eval.jsonl", evaluation),
+            "mixed": _write_jsonl(folder / "mixed.jsonl", [evaluation[0], *conversations, evaluation[1]])}
+
+
+def _train(model_dir: str, files: dict, output_dir: Path, finetuning_type: str):
+    lr = "5e-3" if finetuning_type == "lora" else "1e-3"
+    return reward.main([
+        "--model_name_or_path", model_dir, "--data_path", files["train"], "--eval_data_path", files["eval"],
+        "--output_dir", str(output_dir), "--finetuning_type", finetuning_type, "--lora_r", "8", "--lora_alpha", "16",
+        "--max_seq_length", "64", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
+        "--num_train_epochs", "4", "--learning_rate", lr, "--lr_scheduler_type", "constant", "--logging_steps", "1",
+        "--save_strategy", "no", "--report_to", "none", "--plot_loss", "false",
+    ])
+
+
+@pytest.mark.parametrize("finetuning_type", ["lora", "full"])
+def test_training_lowers_the_loss_and_scores_survive_save_and_load(
+    tiny_model_dir, tokenizer, preference_files, tmp_path, finetuning_type, capsys
+):
+    out = tmp_path / "rm"
+    trainer = _train(tiny_model_dir, preference_files, out, finetuning_type)
+
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 12
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05
+    assert "accuracy" in trainer.state.log_history[0] and "trained_tokens" in trainer.state.log_history[0]
+
+    # The trained model, scored in memory...
+    model = trainer.model.eval()
+    eval_pairs = [(POLITE[0], RUDE[1], "How are you?"), (POLITE[2], RUDE[2], "Tell me a joke."),
+                  (POLITE[1], RUDE[0], "Hello")]
+    context = lambda q: [{"role": "user", "content": q}]  # noqa: E731
+    reply = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
+    in_memory = [[_alone(model, encode_reply(tokenizer, context(q), reply(side))[0]) for side in (c, r)]
+                 for c, r, q in eval_pairs]
+
+    # ...equals the saved model scored by reward/score.py (mixed rows, one output line per row, in order).
+    results = score.main(["--model_name_or_path", str(out), "--data_path", preference_files["mixed"],
+                          "--output_jsonl", str(tmp_path / "scores.jsonl")])
+    written = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
+    assert written == results and [sorted(r) for r in results] == [
+        ["chosen", "rejected"], ["score"], ["score"], ["chosen", "rejected"]]
+    assert [results[0]["chosen"], results[0]["rejected"]] == pytest.approx(in_memory[0], abs=1e-4)
+    assert [results[3]["chosen"], results[3]["rejected"]] == pytest.approx(in_memory[1], abs=1e-4)
+    assert results[1]["score"] == pytest.approx(_alone(model, encode_reply(tokenizer, context("Hi"), reply(POLITE[0]))[0]),
+                                                abs=1e-4)
+
+    # The evaluation at the end of training saw the same scores, and the margin column reached the loss.
+    metrics = json.loads((out / "eval_results.json").read_text())
+    chosen, rejected = torch.tensor(in_memory).T
+    assert metrics["eval_accuracy"] == pytest.approx((chosen > rejected).float().mean().item())
+    assert metrics["eval_margin"] == pytest.approx((chosen - rejected).mean().item(), abs=1e-4)
+    assert metrics["eval_loss"] == pytest.approx(
+        pairwise_loss(chosen, rejected, torch.tensor([0.0, 1.0, 0.0])).item(), abs=1e-4)
+    printed = capsys.readouterr().out
+    accuracy = sum(c > r for c, r in in_memory[:2]) / 2
+    assert f"pairs: 2  accuracy: {accuracy:.4f}" in printed
+
+    if finetuning_type == "lora":
+        # PEFT keeps a trainable copy of the `score` head (SEQ_CLS modules_to_save) and saves it with the adapter.
+        head = score_head(model)
+        assert not torch.equal(head.modules_to_save["default"].weight, head.original_module.weight)
+        with safe_open(str(out / "adapter_model.safetensors"), framework="pt") as f:
+            saved = [k for k in f.keys() if "score" in k]
+            assert len(saved) == 1
+            assert torch.equal(f.get_tensor(saved[0]), head.modules_to_save["default"].weight.detach())
+        reloaded, _ = load_for_inference(inference_model_args(str(out)), task="reward")
+        assert _alone(reloaded, encode_reply(tokenizer, context("Hi"), reply(RUDE[1]))[0]) == pytest.approx(
+            results[2]["score"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_short_lora_run_on_the_demo_pairs_raises_held_out_accuracy(tmp_path):
+    trainer = reward.build_trainer([
+        str(REPO / "configs" / "reward_lora_demo.yaml"), "--output_dir", str(tmp_path), "--max_samples", "64",
+        "--report_to", "none", "--plot_loss", "false",
+    ])
+    before = trainer.evaluate()["eval_accuracy"]
+    trainer.train()
+    after = trainer.evaluate()["eval_accuracy"]
+    assert after >= before + 0.15, (before, after)

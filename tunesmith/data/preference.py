@@ -1,0 +1,246 @@
+"""Preference pairs for reward modelling: read -> render through the chat template -> truncate.
+
+Two row formats, detected per row (a file may mix them); each may carry a numeric `margin`:
+- ShareGPT: `conversations` (the shared context, ending with a user turn) plus `chosen` and
+  `rejected` replies;
+- TRL: `prompt` (a string or a message list) or `messages`, plus `chosen` and `rejected`.
+A reply is a string, one `{from, value}` / `{role, content}` message, or a list of messages.
+
+A pair becomes two token sequences, context + chosen and context + rejected, rendered by
+template.render_text exactly as SFT renders a conversation. Too-long pairs keep both replies
+whole: the shared context loses whole early turns first (a leading system message stays), then
+its oldest tokens; a pair whose replies cannot fit is dropped and counted."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from datasets import Dataset
+
+from ..constants import ASSISTANT, SYSTEM, TOOL, USER
+from .formats import Message, Row, check_role_order, openai_messages, read_rows, sharegpt_messages
+from .template import TemplateError, render_text
+
+logger = logging.getLogger(__name__)
+
+CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
+CONTEXT_FIELDS = ("conversations", "messages", "prompt")  # first one present is the context
+REPLY_KINDS = "a string, a {role, content} or {from, value} message, or a list of such messages"
+
+
+@dataclass
+class PreferenceDataArguments:
+    data_path: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Preference files (JSON/JSONL), format detected per row: ShareGPT `conversations` + "
+                  "`chosen`/`rejected`, or TRL `prompt`/`messages` + `chosen`/`rejected`; optional `margin`."},
+    )
+    eval_data_path: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Held-out preference files (same formats): accuracy and margin are reported on them."},
+    )
+    eval_split_ratio: float = field(
+        default=0.0, metadata={"help": "Hold out this fraction of the training pairs for evaluation."}
+    )
+    max_seq_length: int = field(
+        default=256,
+        metadata={"help": "Longest context + reply, in tokens. Longer pairs lose whole early turns of their shared "
+                  "context, then its oldest tokens; pairs whose replies alone do not fit are dropped (counted)."},
+    )
+    max_samples: int | None = field(
+        default=None, metadata={"help": "Use only the first N pairs of the training data (quick runs)."}
+    )
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    row: Row
+    context: list[Message]  # ends with a user turn
+    chosen: list[Message]  # assistant (and tool) messages
+    rejected: list[Message]
+    margin: float | None = None
+
+
+def is_pair_row(row: Row) -> bool:
+    return CHOSEN in row.data or REJECTED in row.data
+
+
+def detect_preference_format(row: Row) -> str:
+    """`sharegpt` (a `conversations` context) or `trl` (a `prompt` or `messages` context)."""
+    for key in (CHOSEN, REJECTED):
+        if key not in row.data:
+            raise row.error(f"missing (a preference row needs `chosen` and `rejected`: {REPLY_KINDS})", key)
+    if "conversations" in row.data:
+        return "sharegpt"
+    if "prompt" in row.data or "messages" in row.data:
+        return "trl"
+    raise row.error(
+        f"no context (keys: {sorted(row.data)}): give the conversation before the replies as `conversations` "
+        "(ShareGPT turns) or `prompt`/`messages` (TRL: a string or {role, content} messages), ending with a user turn"
+    )
+
+
+def _message_list(row: Row, items: list, field: str) -> list[Message]:
+    reader = sharegpt_messages if items and isinstance(items[0], dict) and "from" in items[0] else openai_messages
+    return reader(row, items, field)
+
+
+def _context(row: Row) -> tuple[list[Message], str]:
+    key = next(k for k in CONTEXT_FIELDS if k in row.data)
+    value = row.data[key]
+    if key == "prompt" and isinstance(value, str):
+        return [{"role": USER, "content": value}], key
+    if not isinstance(value, list):
+        raise row.error(f"expected a list of messages{' or a string' if key == 'prompt' else ''}, "
+                        f"got {type(value).__name__}", key)
+    return _message_list(row, value, key), key
+
+
+def _reply(row: Row, key: str) -> list[Message]:
+    value = row.data[key]
+    if isinstance(value, str):
+        return [{"role": ASSISTANT, "content": value}]
+    items = [value] if isinstance(value, dict) else value
+    if not (isinstance(items, list) and items and all(isinstance(m, dict) for m in items)):
+        raise row.error(f"expected {REPLY_KINDS}, got {value!r:.80}", key)
+    messages = _message_list(row, items, key)
+    for i, m in enumerate(messages):
+        if m["role"] not in (ASSISTANT, TOOL):
+            raise row.error(f"a reply holds assistant (and tool) messages only, got role {m['role']!r}",
+                            f"{key}[{i}]")
+    if messages[0]["role"] != ASSISTANT or messages[-1]["role"] != ASSISTANT:
+        raise row.error("a reply must begin and end with an assistant message", key)
+    return messages
+
+
+def _margin(row: Row) -> float | None:
+    value = row.data.get(MARGIN)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise row.error(f"expected a finite number (how much more chosen should score than rejected), got {value!r}",
+                        MARGIN)
+    return float(value)
+
+
+def pair_from_row(row: Row) -> PreferencePair:
+    detect_preference_format(row)
+    context, key = _context(row)
+    check_role_order(row, context, key, ends_with=USER)
+    return PreferencePair(row, context, _reply(row, CHOSEN), _reply(row, REJECTED), _margin(row))
+
+
+def load_pairs(paths: list[str], max_samples: int | None = None) -> list[PreferencePair]:
+    pairs: list[PreferencePair] = []
+    for path in paths:
+        for row in read_rows(path):
+            pairs.append(pair_from_row(row))
+            if max_samples is not None and len(pairs) >= max_samples:
+                return pairs
+    return pairs
+
+
+def encode_reply(tokenizer: Any, context: list[Message], reply: list[Message]) -> tuple[list[int], int]:
+    """Token ids of the template render of context + reply, and the index where the reply's own
+    tokens begin (after the assistant header that asks for it)."""
+    prompt = render_text(tokenizer, context, add_generation_prompt=True)
+    full = render_text(tokenizer, context + reply)
+    if not full.startswith(prompt):
+        raise TemplateError(
+            "the chat template does not render a conversation as a continuation of its generation prompt, "
+            "so the reply cannot be located; pass --chat_template"
+        )
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = enc["input_ids"]
+    start = next((k for k, (s, _) in enumerate(enc["offset_mapping"]) if s >= len(prompt)), len(ids))
+    return ids, start
+
+
+@dataclass
+class EncodedPair:
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    truncated: bool
+
+
+def _left_cut(ids: list[int], start: int, budget: int) -> list[int]:
+    return ids[max(0, start - budget):]
+
+
+def encode_pair(
+    tokenizer: Any, context: list[Message], chosen: list[Message], rejected: list[Message], max_length: int | None
+) -> EncodedPair | None:
+    """Both sequences of a pair within max_length tokens, each reply kept whole; None when a reply
+    cannot fit with at least one token of context."""
+    system = context[:1] if context[0]["role"] == SYSTEM else []
+    starts = [i for i, m in enumerate(context) if m["role"] == USER] if max_length is not None else [len(system)]
+    for k, i in enumerate(starts):
+        kept = system + context[i:]
+        (c_ids, c_start), (r_ids, r_start) = encode_reply(tokenizer, kept, chosen), encode_reply(tokenizer, kept, rejected)
+        if max_length is None or max(len(c_ids), len(r_ids)) <= max_length:
+            return EncodedPair(c_ids, r_ids, truncated=k > 0)
+    # The last user turn alone is too long: keep its end, the same number of tokens on both sides.
+    budget = max_length - max(len(c_ids) - c_start, len(r_ids) - r_start)
+    if budget < 1:
+        return None
+    return EncodedPair(_left_cut(c_ids, c_start, budget), _left_cut(r_ids, r_start, budget), truncated=True)
+
+
+@dataclass
+class PairStats:
+    rows: int = 0
+    kept: int = 0
+    truncated: int = 0
+    dropped_reply_too_long: int = 0
+
+    def report(self, name: str) -> str:
+        return (f"{name}: {self.rows} pairs -> {self.kept} kept ({self.truncated} with their context truncated to "
+                f"max_seq_length, {self.dropped_reply_too_long} dropped: a reply does not fit in max_seq_length)")
+
+
+def encode_pairs(tokenizer: Any, pairs: list[PreferencePair], max_length: int | None) -> tuple[list[dict], PairStats]:
+    """One record per kept pair: chosen_ids, rejected_ids, margin (0 when the row has none), the
+    longer side's length and the source row."""
+    stats = PairStats(rows=len(pairs))
+    records = []
+    for pair in pairs:
+        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
+        if enc is None:
+            stats.dropped_reply_too_long += 1
+            logger.debug("%s: dropped, a reply does not fit in %s tokens", pair.row.where(), max_length)
+            continue
+        stats.truncated += enc.truncated
+        records.append({"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
+                        # For --train_sampling_strategy group_by_length (the Trainer's default length column).
+                        "length": max(len(enc.chosen_ids), len(enc.rejected_ids)),
+                        "source": pair.row.path, "line": pair.row.line})
+    stats.kept = len(records)
+    return records, stats
+
+
+def build_preference_dataset(
+    tokenizer: Any, paths: list[str], data_args: PreferenceDataArguments, name: str = "train"
+) -> Dataset:
+    pairs = load_pairs(paths, data_args.max_samples if name == "train" else None)
+    records, stats = encode_pairs(tokenizer, pairs, data_args.max_seq_length)
+    logger.warning(stats.report(name))
+    if not records:
+        raise ValueError(f"{name} ({', '.join(paths)}): no pair fits in --max_seq_length {data_args.max_seq_length}; "
+                         "raise it")
+    return Dataset.from_list(records)
+
+
+def build_preference_datasets(
+    tokenizer: Any, data_args: PreferenceDataArguments, seed: int = 42
+) -> tuple[Dataset, Dataset | None]:
+    train = build_preference_dataset(tokenizer, data_args.data_path, data_args, "train")
+    evaluation = None
+    if data_args.eval_data_path:
+        evaluation = build_preference_dataset(tokenizer, data_args.eval_data_path, data_args, "eval")
+    elif data_args.eval_split_ratio > 0:
+        split = train.train_test_split(test_size=data_args.eval_split_ratio, seed=seed)
+        train, evaluation = split["train"], split["test"]
+    return train, evaluation
