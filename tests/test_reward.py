@@ -29,10 +29,30 @@ from tunesmith.train.reward_trainer import (
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _load_rm(model_dir: str):
+    return load_model(ModelArguments(model_name_or_path=model_dir), FinetuningArguments(finetuning_type="full"),
+                      is_trainable=False, task="reward")
+
+
 @pytest.fixture(scope="module")
 def tiny_rm(tiny_model_dir):
-    return load_model(ModelArguments(model_name_or_path=tiny_model_dir), FinetuningArguments(finetuning_type="full"),
-                      is_trainable=False, task="reward")
+    return _load_rm(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_rm(tmp_path_factory, tokenizer):
+    """Learned absolute positions: a left-padded row scores as it does alone only when the position
+    ids follow the attention mask (Llama's rotary positions are nearly shift-invariant anyway)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=256,
+                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    GPT2LMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return _load_rm(str(path))
 
 
 def _sequences(tokenizer, drop_last: int = 0) -> list[list[int]]:
@@ -47,12 +67,14 @@ def _alone(model, ids: list[int]) -> float:
 
 
 @pytest.mark.parametrize("drop_last", [0, 1], ids=["as_rendered", "ending_with_eos_eq_pad"])
-def test_padding_side_does_not_change_scores(tiny_rm, tokenizer, drop_last):
+@pytest.mark.parametrize("model_name", ["tiny_rm", "tiny_gpt2_rm"])
+def test_padding_side_does_not_change_scores(request, model_name, tokenizer, drop_last):
+    model = request.getfixturevalue(model_name)
     sequences = _sequences(tokenizer, drop_last)
-    alone = [_alone(tiny_rm, ids) for ids in sequences]
+    alone = [_alone(model, ids) for ids in sequences]
     for side in ("right", "left"):
         batch = tokenizer.pad({"input_ids": sequences}, padding_side=side, return_tensors="pt")
-        batched = sequence_scores(tiny_rm, batch["input_ids"], batch["attention_mask"])
+        batched = sequence_scores(model, batch["input_ids"], batch["attention_mask"])
         assert batched.tolist() == pytest.approx(alone, abs=1e-5), side
 
 
@@ -171,7 +193,7 @@ def test_training_lowers_the_loss_and_scores_survive_save_and_load(
 
     # ...equals the saved model scored by reward/score.py (mixed rows, one output line per row, in order).
     results = score.main(["--model_name_or_path", str(out), "--data_path", preference_files["mixed"],
-                          "--output_jsonl", str(tmp_path / "scores.jsonl")])
+                          "--output_jsonl", str(tmp_path / "scores.jsonl"), "--batch_size", "2"])
     written = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
     assert written == results and [sorted(r) for r in results] == [
         ["chosen", "rejected"], ["score"], ["score"], ["chosen", "rejected"]]
@@ -213,4 +235,5 @@ def test_short_lora_run_on_the_demo_pairs_raises_held_out_accuracy(tmp_path):
     before = trainer.evaluate()["eval_accuracy"]
     trainer.train()
     after = trainer.evaluate()["eval_accuracy"]
+    print(f"held-out accuracy before {before:.3f}, after {after:.3f}")
     assert after >= before + 0.15, (before, after)

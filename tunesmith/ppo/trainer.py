@@ -190,7 +190,7 @@ class PPOTrainer:
                     logprobs=None, ref_logprobs=None, values=None, entropy=None,
                     generate_seconds=time.perf_counter() - start,
                     scores=self.score(prompts, response_ids, response_mask).to(device))
-        stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.micro_batch)
+        stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.mini_batch)
         r.logprobs, r.ref_logprobs, r.values, r.entropy = (stats[k] for k in ("logprobs", "ref_logprobs",
                                                                                "values", "entropy"))
         # Replies that hit max_new_tokens lose missing_eos_penalty: otherwise the policy may learn to

@@ -52,11 +52,16 @@ class ScoreArguments:
 
 @torch.no_grad()
 def score_sequences(model: Any, tokenizer: Any, sequences: list[list[int]], batch_size: int = 8) -> list[float]:
+    """Scores in the order given; batches are formed by length so that little is spent on padding."""
     device = next(model.parameters()).device
-    scores: list[float] = []
-    for i in range(0, len(sequences), batch_size):
-        batch = tokenizer.pad({"input_ids": sequences[i:i + batch_size]}, return_tensors="pt")
-        scores += sequence_scores(model, batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().tolist()
+    order = sorted(range(len(sequences)), key=lambda k: len(sequences[k]))
+    scores = [0.0] * len(sequences)
+    for i in range(0, len(order), batch_size):
+        chunk = order[i:i + batch_size]
+        batch = tokenizer.pad({"input_ids": [sequences[k] for k in chunk]}, return_tensors="pt")
+        values = sequence_scores(model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        for k, value in zip(chunk, values.float().tolist()):
+            scores[k] = value
     return scores
 
 
