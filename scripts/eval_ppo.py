@@ -1,12 +1,16 @@
 """Did PPO help? Held-out prompts, answered by the SFT policy and by the PPO policy (greedy by default,
-or sampled with a fixed seed), scored by the reward model; plus KL(ppo || sft), the mean over
-prompts of the summed log-probability difference on the PPO policy's replies.
+or sampled with a fixed seed), scored by the reward model; plus KL(ppo || sft) per reply, estimated
+from replies sampled from the PPO policy at temperature 1 (the mean of log p_ppo - log p_sft over
+them, an unbiased estimate; a log-ratio on greedy replies would not be one).
 
     python scripts/eval_ppo.py --sft outputs/sft_demo --ppo outputs/ppo_demo --reward_model outputs/rm_demo
     python scripts/eval_ppo.py ... --data_path data/demo/prompts_eval.jsonl --sample true --seed 0
 
-prints e.g. `mean reward: sft 0.123 -> ppo 0.456   KL(ppo||sft): 1.234 nats/reply`. --sft and --ppo are
-adapter directories (their base comes from adapter_config.json) or full model directories.
+prints e.g.
+    50 prompts, greedy replies: PPO higher on 30, lower on 15, tied on 5; mean reply length 22.7 -> 23.6 tokens
+    mean reward: sft -1.902 -> ppo -1.211 (change +0.691 ± 0.348, paired standard error)
+    KL(ppo || sft): 2.969 nats/reply (50 replies sampled from PPO at temperature 1)
+--sft and --ppo are adapter directories (their base comes from adapter_config.json) or full model directories.
 """
 
 from __future__ import annotations
@@ -55,11 +59,11 @@ class EvalArguments:
 
 
 @torch.no_grad()
-def answer(model: nn.Module, tokenizer: Any, prompts: list[Prompt], args: EvalArguments,
-           ) -> tuple[list[list[int]], list[tuple[torch.Tensor, ...]]]:
+def answer(model: nn.Module, tokenizer: Any, prompts: list[Prompt], args: EvalArguments, sample: bool,
+           temperature: float) -> tuple[list[list[int]], list[tuple[torch.Tensor, ...]]]:
     """Replies (token lists), and per batch the (query ids, query mask, response ids, response mask)."""
     config = generation_config(tokenizer, eos_token_ids(tokenizer, model), args.max_new_tokens,
-                               temperature=args.temperature, greedy=not args.sample)
+                               temperature=temperature, greedy=not sample)
     torch.manual_seed(args.seed)
     replies, batches = [], []
     for start in range(0, len(prompts), args.batch_size):
@@ -91,28 +95,35 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     scorer = RewardModelScorer(reward_model, reward_tokenizer, tokenizer, batch_size=args.batch_size)
     prompts = encode_prompts(tokenizer, load_prompts(args.data_path, args.max_samples), args.max_prompt_length)
 
-    sft_replies, _ = answer(sft, tokenizer, prompts, args)
-    ppo_replies, ppo_batches = answer(ppo, tokenizer, prompts, args)
+    sft_replies, _ = answer(sft, tokenizer, prompts, args, args.sample, args.temperature)
+    ppo_replies, _ = answer(ppo, tokenizer, prompts, args, args.sample, args.temperature)
     sft_scores, ppo_scores = scorer(prompts, sft_replies), scorer(prompts, ppo_replies)
-    kl = torch.cat([reply_logprobs(ppo, *b) - reply_logprobs(sft, *b) for b in ppo_batches])
+    _, kl_batches = answer(ppo, tokenizer, prompts, args, sample=True, temperature=1.0)
+    kl = torch.cat([reply_logprobs(ppo, *b) - reply_logprobs(sft, *b) for b in kl_batches])
+    gain = ppo_scores - sft_scores
     result = {"prompts": len(prompts), "sft_reward": sft_scores.mean().item(), "ppo_reward": ppo_scores.mean().item(),
+              "reward_change": gain.mean().item(),
+              "reward_change_stderr": (gain.std() / len(prompts) ** 0.5).item() if len(prompts) > 1 else 0.0,
               "kl_ppo_sft": kl.mean().item(),
-              "ppo_win_rate": (ppo_scores > sft_scores).float().mean().item(),
+              "ppo_higher": int((gain > 0).sum()), "ppo_lower": int((gain < 0).sum()),
               "sft_reply_length": float(sum(len(r) for r in sft_replies) / len(sft_replies)),
               "ppo_reply_length": float(sum(len(r) for r in ppo_replies) / len(ppo_replies))}
     if args.output_file:
         atomic_write_jsonl(args.output_file, [
             {"source": f"{p.row.path}:{p.row.line}", "prompt": p.messages[-1]["content"],
              "sft": tokenizer.decode(s, skip_special_tokens=True), "sft_score": float(ss),
-             "ppo": tokenizer.decode(q, skip_special_tokens=True), "ppo_score": float(qs), "kl": float(k)}
+             "ppo": tokenizer.decode(q, skip_special_tokens=True), "ppo_score": float(qs), "kl_sample": float(k)}
             for p, s, ss, q, qs, k in zip(prompts, sft_replies, sft_scores, ppo_replies, ppo_scores, kl)
         ])
-    decoding = f"sampled (seed {args.seed})" if args.sample else "greedy"
-    print(f"{len(prompts)} prompts, {decoding} replies; "
-          f"PPO scores higher on {100 * result['ppo_win_rate']:.0f}% of prompts; mean reply length "
-          f"sft {result['sft_reply_length']:.1f} -> ppo {result['ppo_reply_length']:.1f} tokens")
-    print(f"mean reward: sft {result['sft_reward']:.3f} -> ppo {result['ppo_reward']:.3f}   "
-          f"KL(ppo||sft): {result['kl_ppo_sft']:.3f} nats/reply")
+    decoding = f"sampled (seed {args.seed}, temperature {args.temperature})" if args.sample else "greedy"
+    tied = len(prompts) - result["ppo_higher"] - result["ppo_lower"]
+    print(f"{len(prompts)} prompts, {decoding} replies: PPO higher on {result['ppo_higher']}, lower on "
+          f"{result['ppo_lower']}, tied on {tied}; mean reply length {result['sft_reply_length']:.1f} -> "
+          f"{result['ppo_reply_length']:.1f} tokens")
+    print(f"mean reward: sft {result['sft_reward']:.3f} -> ppo {result['ppo_reward']:.3f} "
+          f"(change {result['reward_change']:+.3f} ± {result['reward_change_stderr']:.3f}, paired standard error)")
+    print(f"KL(ppo || sft): {result['kl_ppo_sft']:.3f} nats/reply ({len(prompts)} replies sampled from PPO at "
+          f"temperature 1)")
     return result
 
 

@@ -5,4 +5,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# --durations: every CI log shows where the time goes (the suite should stay well under 20 minutes).
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"

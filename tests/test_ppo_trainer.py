@@ -288,10 +288,14 @@ def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_mo
     common = ["--reward_model", reward_model_dir, "--data_path", str(data), "--max_new_tokens", "6"]
     same = eval_ppo.main(["--sft", str(out), "--ppo", str(out), *common])
     assert same["kl_ppo_sft"] == 0.0 and same["sft_reward"] == same["ppo_reward"]
+    assert same["ppo_higher"] == same["ppo_lower"] == 0 and same["reward_change"] == 0.0
     result = eval_ppo.main(["--sft", policy_dir, "--ppo", str(out), *common, "--output_file", str(tmp_path / "e.jsonl")])
     assert result["kl_ppo_sft"] != 0.0 and result["prompts"] == len(WORDS)
-    assert re.search(r"mean reward: sft -?\d+\.\d{3} -> ppo -?\d+\.\d{3}   KL\(ppo\|\|sft\): -?\d+\.\d{3} nats/reply",
-                     capsys.readouterr().out)
+    assert result["reward_change"] == pytest.approx(result["ppo_reward"] - result["sft_reward"], abs=1e-5)
+    assert result["ppo_higher"] + result["ppo_lower"] <= len(WORDS)
+    printed = capsys.readouterr().out
+    assert re.search(r"mean reward: sft -?\d+\.\d{3} -> ppo -?\d+\.\d{3} \(change [+-]\d+\.\d{3} ± \d+\.\d{3}", printed)
+    assert re.search(r"KL\(ppo \|\| sft\): -?\d+\.\d{3} nats/reply", printed)
 
 
 # --------------------------------------------------------------------------- settings
