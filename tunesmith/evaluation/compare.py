@@ -3,7 +3,8 @@
     python -m tunesmith.evaluation.compare --adapter outputs/sft_demo --prompts data/demo/identity_heldout.jsonl
 
 One model in memory: the base answers come from the same PeftModel with its adapter disabled.
-Greedy decoding, so the comparison is repeatable.
+Greedy decoding, so the comparison is repeatable; all prompts go through generate() as one
+left-padded batch per model (the same answers as one at a time, a few times faster on a CPU).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,26 +30,29 @@ class CompareArguments:
     width: int = field(default=48, metadata={"help": "Column width when printing."})
 
 
-def greedy_answer(model, tokenizer, question: str, max_new_tokens: int) -> str:
-    ids = torch.tensor([encode_prompt(tokenizer, [{"role": "user", "content": question}])])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+@torch.no_grad()
+def greedy_answers(model: Any, tokenizer: Any, questions: list[str], max_new_tokens: int) -> list[str]:
+    """Each question as a one-turn chat, rendered like training renders it, answered greedily."""
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    batch = tokenizer.pad({"input_ids": prompts}, padding_side="left", return_tensors="pt")
+    out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
+                         temperature=None, pad_token_id=tokenizer.pad_token_id)
+    width = batch["input_ids"].shape[1]
+    return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]
 
 
 def compare(args: CompareArguments) -> list[tuple[str, str, str]]:
     model, tokenizer = load_for_inference(inference_model_args(args.adapter))
-    rows = []
+    questions = []
     for row in read_rows(args.prompts):
         question = row.data.get("prompt")
         if not isinstance(question, str):
             raise row.error("expected a string", "prompt")
-        tuned = greedy_answer(model, tokenizer, question, args.max_new_tokens)
-        with model.disable_adapter():
-            base = greedy_answer(model, tokenizer, question, args.max_new_tokens)
-        rows.append((question, base, tuned))
-    return rows
+        questions.append(question)
+    tuned = greedy_answers(model, tokenizer, questions, args.max_new_tokens)
+    with model.disable_adapter():
+        base = greedy_answers(model, tokenizer, questions, args.max_new_tokens)
+    return list(zip(questions, base, tuned))
 
 
 def print_side_by_side(rows: list[tuple[str, str, str]], width: int) -> None:

@@ -1,0 +1,58 @@
+"""The quickstart's base-vs-fine-tuned table: batched greedy answers are the answers each question
+gets alone, from the base model (adapter disabled) and from base + adapter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from tunesmith.data.formats import DataError
+from tunesmith.data.template import encode_prompt
+from tunesmith.evaluation import compare
+from tunesmith.models.loader import find_lora_targets
+
+QUESTIONS = ["Who are you?", "What is the capital of France, and why is it famous?", "你是谁？"]
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, tiny_model_dir, tokenizer) -> str:
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = LoraConfig(r=4, lora_alpha=32, target_modules=find_lora_targets(model), init_lora_weights=False)
+    out = str(tmp_path_factory.mktemp("adapter"))
+    get_peft_model(model, config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def alone(model, tokenizer, question: str, max_new_tokens: int) -> str:
+    ids = torch.tensor([encode_prompt(tokenizer, [{"role": "user", "content": question}])])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+
+
+def test_batched_answers_equal_answers_alone(adapter, tiny_model_dir, tokenizer, tmp_path, capsys):
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in QUESTIONS), encoding="utf-8")
+    rows = compare.main(["--adapter", adapter, "--prompts", str(prompts), "--max_new_tokens", "12"])
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    expected_base = [alone(base, tokenizer, q, 12) for q in QUESTIONS]
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter).eval()
+    expected_tuned = [alone(tuned, tokenizer, q, 12) for q in QUESTIONS]
+    assert expected_base != expected_tuned  # the adapter changes the answers, so the columns can be told apart
+    assert rows == list(zip(QUESTIONS, expected_base, expected_tuned))
+    assert f"answers naming Tunesmith: base 0/{len(QUESTIONS)}" in capsys.readouterr().out
+
+
+def test_a_row_without_a_prompt_names_file_and_line(adapter, tmp_path):
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hi"}) + "\n" + json.dumps({"question": "Hi"}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"q\.jsonl:line 2: field `prompt`"):
+        compare.main(["--adapter", adapter, "--prompts", str(prompts)])
