@@ -1,10 +1,11 @@
-"""Two CPU ranks (gloo) under torchrun with DeepSpeed ZeRO-2 and ZeRO-3: runs train, saves are
-complete and load back with plain transformers/peft, and two ranks follow the one-rank trajectory
-at the same global batch."""
+"""Two CPU ranks (gloo) under torchrun and the deepspeed launcher with DeepSpeed ZeRO-2 and ZeRO-3,
+for SFT, the reward model and PPO: runs train, saves are complete and load back with plain
+transformers/peft, and two ranks follow the one-rank run at the same global batch."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -46,15 +47,22 @@ LAUNCHERS = {
 }
 
 
-def train(model_dir: str, data: str, out: Path, ranks: int, *extra: str, launcher: str = "torchrun") -> list[float]:
-    """Run sft/train.py under a distributed launcher; the logged losses."""
-    cmd = [*LAUNCHERS[launcher](ranks, free_port()), str(ROOT / "sft/train.py"),
-           "--model_name_or_path", model_dir, "--data_path", data, "--output_dir", str(out),
-           "--max_steps", "3", "--learning_rate", "5e-3", "--lr_scheduler_type", "constant",
-           "--save_strategy", "no", "--plot_loss", "false", "--lora_dropout", "0.0", "--seed", "0", *extra]
+def launch(script: str, ranks: int, *args: str, launcher: str = "torchrun") -> str:
+    """Run a stage script under a distributed launcher; its stderr."""
+    cmd = [*LAUNCHERS[launcher](ranks, free_port()), str(ROOT / script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stderr
+
+
+def train(model_dir: str, data: str, out: Path, ranks: int, *extra: str, launcher: str = "torchrun") -> list[float]:
+    """Run sft/train.py under a distributed launcher; the logged losses."""
+    launch("sft/train.py", ranks,
+           "--model_name_or_path", model_dir, "--data_path", data, "--output_dir", str(out),
+           "--max_steps", "3", "--learning_rate", "5e-3", "--lr_scheduler_type", "constant",
+           "--save_strategy", "no", "--plot_loss", "false", "--lora_dropout", "0.0", "--seed", "0", *extra,
+           launcher=launcher)
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     return [r["loss"] for r in history if "loss" in r]
 
@@ -100,3 +108,161 @@ def test_two_ranks_match_one_rank_at_same_global_batch(tiny_model_dir, data, tmp
     two = train(tiny_model_dir, data, tmp_path / "two", 2, "--per_device_train_batch_size", "2", *zero2)
     assert two == pytest.approx(one, rel=2e-3)
     assert one[-1] < one[0]
+
+
+# --------------------------------------------------------------------------- reward model
+
+QUESTIONS = ["What is 2 + 2?", "Capital of France?", "Can you help me?", "Say something nice."]
+GOOD = ["Sure! It is four.", "Happy to help: Paris.", "Of course, gladly.", "You are doing great."]
+BAD = ["No.", "Figure it out.", "Stop asking.", "Go away."]
+
+
+def pair(i: int) -> dict:
+    return {"prompt": [{"role": "user", "content": QUESTIONS[i % 4]}],
+            "chosen": [{"role": "assistant", "content": GOOD[i % 4]}],
+            "rejected": [{"role": "assistant", "content": BAD[(i + 1) % 4]}]}
+
+
+@pytest.fixture(scope="module")
+def preference_data(tmp_path_factory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("pairs")
+    files = {"train": [pair(i) for i in range(8)], "eval": [pair(i) for i in range(4)]}
+    for name, rows in files.items():
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {name: str(folder / f"{name}.jsonl") for name in files}
+
+
+@pytest.mark.parametrize("config, launcher", [("ds_zero2.json", "torchrun"), ("ds_zero3.json", "deepspeed")],
+                         ids=["zero2-torchrun", "zero3-deepspeed-launcher"])
+def test_two_rank_reward_adapter_saves_its_trained_score_head(tiny_model_dir, preference_data, tmp_path, config,
+                                                              launcher):
+    from transformers import AutoModelForSequenceClassification, set_seed
+
+    from tunesmith.recipes import score
+
+    out = tmp_path / "rm"
+    launch("reward/train.py", 2, "--model_name_or_path", tiny_model_dir, "--data_path", preference_data["train"],
+           "--eval_data_path", preference_data["eval"], "--output_dir", str(out), "--max_steps", "2",
+           "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "2", "--learning_rate", "5e-3",
+           "--lora_r", "8", "--lora_dropout", "0.0", "--max_seq_length", "64", "--save_strategy", "no",
+           "--plot_loss", "false", "--report_to", "none", "--seed", "0",
+           "--deepspeed", str(ROOT / "configs" / config), launcher=launcher)
+    assert empty_tensors(str(out)) == []
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    head = [v for k, v in saved.items() if "score" in k]
+    assert len(head) == 1 and head[0].shape == (1, 64)
+    # The head drawn at the start of the run (seed 0), moved by two Adam steps of about 5e-3 and 2.5e-3
+    # per weight. An untrained head would not have moved; another random one would be ~0.05 away.
+    set_seed(0)
+    initial = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).score.weight
+    assert 1e-3 < (head[0] - initial).abs().max() < 1e-2
+
+    # The evaluation at the end of the run (each rank scored half of the pairs) saw the scores the saved
+    # adapter gives in one process.
+    results = score.main(["--model_name_or_path", str(out), "--data_path", preference_data["eval"],
+                          "--output_jsonl", str(tmp_path / "scores.jsonl")])
+    chosen, rejected = (torch.tensor([r[side] for r in results]) for side in ("chosen", "rejected"))
+    metrics = json.loads((out / "eval_results.json").read_text())
+    assert metrics["eval_chosen_score"] == pytest.approx(chosen.mean().item(), abs=1e-4)
+    assert metrics["eval_rejected_score"] == pytest.approx(rejected.mean().item(), abs=1e-4)
+    assert torch.isfinite(chosen).all() and chosen.std() > 0
+
+
+# --------------------------------------------------------------------------- PPO
+
+WORDS = ["cat", "blue sky", "seven", "a long walk home", "tea", "why not", "rivers and lakes", "ok"]
+TIME_KEYS = {"time_generate", "time_score", "time_train"}
+
+
+@pytest.fixture(scope="module")
+def ppo_data(tmp_path_factory, tokenizer) -> dict[str, str]:
+    """Prompts, and a tiny random reward model (a whole model) whose scores differ from prompt to prompt."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("ppo-data")
+    (folder / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in WORDS))
+    torch.manual_seed(2)
+    # initializer_range 0.2 (not 0.02): every scored sequence ends with the same template tokens, and
+    # only larger weights carry enough of the prompt to the last position to tell prompts apart.
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, num_labels=1, initializer_range=0.2,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForSequenceClassification(config).save_pretrained(folder / "rm")
+    tokenizer.save_pretrained(folder / "rm")
+    return {"prompts": str(folder / "prompts.jsonl"), "reward_model": str(folder / "rm")}
+
+
+def ppo_flags(model_dir: str, data: dict[str, str], out: Path, batch: int, steps: int) -> list[str]:
+    # top_k 1: greedy replies, so runs that see the same prompts get the same replies and scores at step 1.
+    return ["--model_name_or_path", model_dir, "--reward_model", data["reward_model"], "--data_path", data["prompts"],
+            "--output_dir", str(out), "--per_device_train_batch_size", str(batch), "--max_new_tokens", "6",
+            "--top_k", "1", "--ppo_epochs", "2", "--num_mini_batches", "2", "--max_steps", str(steps),
+            "--lora_r", "4", "--learning_rate", "1e-2", "--save_strategy", "no", "--report_to", "none",
+            "--rollout_log_samples", "0", "--seed", "0"]
+
+
+def ppo_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "ppo_log.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def one_rank_first_step(tiny_model_dir, ppo_data, tmp_path_factory) -> dict:
+    """Step 1 of a one-process run over rollout batches of 4 prompts."""
+    from tunesmith.recipes.ppo import main
+
+    out = tmp_path_factory.mktemp("ppo-one-rank")
+    main(ppo_flags(tiny_model_dir, ppo_data, out, 4, 1))
+    return ppo_log(out)[0]
+
+
+def run_two_rank_ppo(model_dir: str, data: dict[str, str], out: Path, config: str, launcher: str, steps: int,
+                     *extra: str) -> list[dict]:
+    stderr = launch("ppo/train.py", 2, *ppo_flags(model_dir, data, out, 2, steps),
+                    "--deepspeed", str(ROOT / "configs" / config), *extra, launcher=launcher)
+    stage = json.loads((ROOT / "configs" / config).read_text())["zero_optimization"]["stage"]
+    assert f"PPO on 2 process(es), distributed type DEEPSPEED ZeRO-{stage}" in stderr
+    return ppo_log(out)
+
+
+def check_ppo_output(out: Path, model_dir: str, log: list[dict], one_rank_first_step: dict) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert all(math.isfinite(r[k]) for r in log for k in ("score", "kl", "policy_loss", "value_loss", "grad_norm"))
+    # Two ranks of 2 prompts see the 4 prompts one rank sees: the same greedy replies, the same scores.
+    for key in ("score", "score_std", "reward", "entropy"):
+        assert log[0][key] == pytest.approx(one_rank_first_step[key], abs=1e-5), key
+
+    assert empty_tensors(str(out)) == [] and empty_tensors(str(out / "value")) == []
+    # LoRA B and the value head start at zero: nonzero saved values are trained ones, gathered whole.
+    for folder in (out, out / "value"):
+        saved = load_file(str(folder / "adapter_model.safetensors"))
+        assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items()), folder
+    head = load_file(str(out / "value_head.safetensors"))["weight"]
+    assert head.shape == (1, 64) and head.abs().sum() > 0
+    policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), str(out))
+    policy.load_adapter(str(out / "value"), adapter_name="value")
+    assert {"default", "value"} <= set(policy.peft_config)
+
+
+def test_two_rank_ppo_zero2(tiny_model_dir, ppo_data, one_rank_first_step, tmp_path):
+    out = tmp_path / "ppo"
+    log = run_two_rank_ppo(tiny_model_dir, ppo_data, out, "ds_zero2.json", "deepspeed", 2)
+    assert [r["step"] for r in log] == [1, 2]
+    check_ppo_output(out, tiny_model_dir, log, one_rank_first_step)
+
+
+def test_two_rank_ppo_zero3_generates_synced_saves_gathered_and_resumes(tiny_model_dir, ppo_data,
+                                                                       one_rank_first_step, tmp_path):
+    out = tmp_path / "ppo"
+    log = run_two_rank_ppo(tiny_model_dir, ppo_data, out, "ds_zero3.json", "torchrun", 3,
+                           "--save_strategy", "steps", "--save_steps", "2")
+    assert [r["step"] for r in log] == [1, 2, 3]
+    check_ppo_output(out, tiny_model_dir, log, one_rank_first_step)
+
+    # Resuming checkpoint-2 (weights gathered, each rank's ZeRO-3 optimizer shard) repeats step 3 exactly.
+    resumed = run_two_rank_ppo(tiny_model_dir, ppo_data, tmp_path / "resumed", "ds_zero3.json", "torchrun", 3,
+                               "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    assert {k: v for k, v in resumed[2].items() if k not in TIME_KEYS} == pytest.approx(
+        {k: v for k, v in log[2].items() if k not in TIME_KEYS}, rel=1e-4, abs=1e-6)

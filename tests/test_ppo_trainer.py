@@ -328,13 +328,6 @@ def test_bad_ppo_settings_say_what_to_change(overrides, match):
         check_ppo_args(*ppo_settings(**overrides))
 
 
-def test_zero3_is_refused():
-    ppo, finetuning, training = ppo_settings()
-    training.deepspeed = str(ROOT / "configs" / "ds_zero3.json")
-    with pytest.raises(ConfigError, match=r"PPO supports DeepSpeed ZeRO-2 \(configs/ds_zero2.json\), not ZeRO-3"):
-        check_ppo_args(ppo, finetuning, training)
-
-
 def test_trainer_needs_exactly_one_reward(tmp_path, tokenizer, prompts):
     with pytest.raises(ValueError, match="exactly one of reward_model or reward_fn"):
         PPOTrainer(None, tokenizer, prompts, PPOArguments(), TrainingArguments(output_dir=str(tmp_path)))

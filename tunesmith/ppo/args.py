@@ -8,7 +8,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..checks import zero_stage
 from ..config import ConfigError
 from ..hparams import FinetuningArguments
 
@@ -98,9 +97,6 @@ def check_ppo_args(ppo: PPOArguments, finetuning: FinetuningArguments, training:
         raise ConfigError("--gradient_checkpointing cannot be used with LoRA PPO: the policy and value adapters "
                           "share one model and the recomputed forward would run the wrong adapter; drop it "
                           "(or use --finetuning_type full).")
-    if zero_stage(training) == 3:
-        raise ConfigError("PPO supports DeepSpeed ZeRO-2 (configs/ds_zero2.json), not ZeRO-3: the adapters are "
-                          "saved and generation runs unsharded.")
     check_batch_settings(ppo, training)
 
 

@@ -136,19 +136,30 @@ class ActorCritic(nn.Module):
 
     # ------------------------------------------------------------------ saving
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The policy as a loadable adapter (or full model) in `directory`, the value adapter (or
-        model) in `directory/value`, the value head in `directory/value_head.safetensors`."""
+        model) in `directory/value`, the value head in `directory/value_head.safetensors`.
+
+        state_dict: this module's trainable weights gathered from ZeRO-3 shards (keys as in
+        self.state_dict()), where the parameters in memory are empty placeholders; default: those."""
+
+        def part(prefix: str) -> dict[str, torch.Tensor] | None:
+            if state_dict is None:
+                return None
+            return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
         from safetensors.torch import save_file
 
         if self.is_lora:
-            self.policy.save_pretrained(directory, selected_adapters=[POLICY])
-            self.policy.save_pretrained(directory, selected_adapters=[VALUE])  # PEFT puts it in directory/value
+            self.policy.save_pretrained(directory, selected_adapters=[POLICY], state_dict=part("policy."))
+            # PEFT puts it in directory/value
+            self.policy.save_pretrained(directory, selected_adapters=[VALUE], state_dict=part("policy."))
         else:
-            self.policy.save_pretrained(directory)
-            self.value_model.save_pretrained(os.path.join(directory, VALUE_DIR))
-        head = {k: v.detach().float().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
-        save_file(head, os.path.join(directory, VALUE_HEAD_FILE))
+            self.policy.save_pretrained(directory, state_dict=part("policy."))
+            self.value_model.save_pretrained(os.path.join(directory, VALUE_DIR), state_dict=part("value_model."))
+        head = part("value_head.") or self.value_head.state_dict()
+        save_file({k: v.detach().float().cpu().contiguous() for k, v in head.items()},
+                  os.path.join(directory, VALUE_HEAD_FILE))
 
 
 def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningArguments, training_args: Any,

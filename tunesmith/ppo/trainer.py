@@ -4,6 +4,7 @@ shuffled mini-batches of that batch. The maths is in tunesmith.ppo_core."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from transformers import get_scheduler
 
 from ..checks import zero_stage
@@ -31,10 +33,10 @@ from ..ppo_core import (
     policy_loss,
     value_loss,
 )
-from ..train.checkpoints import COMPLETE_MARKER
+from ..train.checkpoints import COMPLETE_MARKER, empty_tensors
 from ..utils.io import atomic_write_json, atomic_write_jsonl
 from .args import PPOArguments, check_batch_settings
-from .models import ActorCritic
+from .models import VALUE_DIR, ActorCritic
 from .rollout import (
     RewardFn,
     RewardModelScorer,
@@ -56,7 +58,9 @@ class PPOTrainer:
     """PPO for a causal LM against a reward model (or a python reward_fn, for tests and rule-based
     rewards). `train()` runs to max_steps (or num_train_epochs over the prompts), logging every
     logging_steps and checkpointing every save_steps; `resume_from` continues a checkpoint with its
-    step, optimizer, scheduler, KL coefficient and random state."""
+    step, optimizer, scheduler, KL coefficient and random state. With --deepspeed (ZeRO-2 or ZeRO-3)
+    the ActorCritic is one DeepSpeed engine; under ZeRO-3 generation is synced across ranks, the
+    reward model gets an inference engine of its own, and saves gather the shards first."""
 
     def __init__(self, model: ActorCritic, tokenizer: Any, prompts: list[Prompt], ppo_args: PPOArguments,
                  training_args: Any, reward_model: RewardModelScorer | None = None,
@@ -70,11 +74,15 @@ class PPOTrainer:
         self.tokenizer, self.prompts = tokenizer, prompts
         self.reward_model, self.reward_fn = reward_model, reward_fn
         self.run_configs = run_configs
+        deepspeed_plugin = getattr(training_args, "deepspeed_plugin", None)
         self.accelerator = Accelerator(
-            cpu=training_args.use_cpu,
+            # accelerate ignores a DeepSpeed plugin when told cpu=True (it would run plain DDP); the
+            # process group is gloo on CPU either way, set up by TrainingArguments. transformers'
+            # Trainer does not pass cpu either.
+            cpu=training_args.use_cpu and deepspeed_plugin is None,
             mixed_precision="bf16" if training_args.bf16 else "no",
             gradient_accumulation_steps=training_args.gradient_accumulation_steps,
-            deepspeed_plugin=getattr(training_args, "deepspeed_plugin", None),
+            deepspeed_plugin=deepspeed_plugin,
         )
         torch.manual_seed(training_args.seed)
 
@@ -98,23 +106,42 @@ class PPOTrainer:
         self.scheduler = get_scheduler(training_args.lr_scheduler_type, optimizer,
                                        num_warmup_steps=training_args.get_warmup_steps(updates),
                                        num_training_steps=updates)
+        if getattr(training_args, "hf_deepspeed_config", None) is not None:
+            fill_deepspeed_config(training_args, model.policy, self.micro_batch, updates, self.accelerator.num_processes)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.zero_stage = zero_stage(training_args) if self.accelerator.distributed_type == DistributedType.DEEPSPEED else 0
         if reward_model is not None:
-            reward_model.model.to(self.accelerator.device)
+            reward_model.model = self._prepare_reward_model(reward_model.model)
+        setup = self.accelerator.distributed_type.value + (f" ZeRO-{self.zero_stage}" if self.zero_stage else "")
+        logger.info("PPO on %d process(es), distributed type %s", self.accelerator.num_processes, setup)
 
         self.kl_ctl = (AdaptiveKLController(ppo_args.kl_coef, ppo_args.kl_target, ppo_args.kl_horizon)
                        if ppo_args.adaptive_kl else FixedKLController(ppo_args.kl_coef))
         self.eos_ids = eos_token_ids(tokenizer, self.unwrapped.policy)
         self.generation_config = generation_config(tokenizer, self.eos_ids, ppo_args.max_new_tokens,
                                                    ppo_args.temperature, ppo_args.top_k, ppo_args.top_p)
-        # Under ZeRO-3 every rank must keep stepping generate() until all are done (weights are gathered
-        # collectively); check_ppo_args refuses ZeRO-3 for now, a PPOTrainer built by hand may not.
-        self.synced_gpus = zero_stage(training_args) == 3
+        # Under ZeRO-3 every rank must keep stepping generate() until all are done: each forward gathers
+        # the sharded weights collectively.
+        self.synced_gpus = self.zero_stage == 3
         self.step = 0
         self.log_history: list[dict[str, Any]] = []
         self._perms: dict[int, torch.Tensor] = {}
         if resume_from:
             self._load_state(resume_from)
+
+    def _prepare_reward_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The reward model only runs forward. Under ZeRO-3 from_pretrained has sharded it (transformers
+        loads every model inside deepspeed.zero.Init once a ZeRO-3 config exists), and its weights stay
+        empty placeholders unless a DeepSpeed engine gathers them during the forward: it gets an
+        inference engine of its own (no optimizer), as trl's PPO did. Otherwise every process keeps a
+        whole copy."""
+        if self.zero_stage != 3:
+            return model.to(self.accelerator.device)
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=model, config=copy.deepcopy(self.accelerator.deepspeed_config))
+        engine.eval()  # DeepSpeedEngine.eval returns None, not the module
+        return engine
 
     @property
     def unwrapped(self) -> ActorCritic:
@@ -290,10 +317,11 @@ class PPOTrainer:
         file, so no reader sees a half-written file."""
         acc = self.accelerator
         acc.wait_for_everyone()
+        weights = self._gathered_weights()
         if acc.is_main_process:
             tmp = Path(output_dir) / ".save.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            self._write_weights(tmp)
+            self._write_weights(tmp, weights)
             for entry in tmp.iterdir():
                 target = Path(output_dir) / entry.name
                 if target.is_dir():
@@ -302,9 +330,21 @@ class PPOTrainer:
             tmp.rmdir()
         acc.wait_for_everyone()
 
-    def _write_weights(self, directory: Path) -> None:
+    def _gathered_weights(self) -> dict[str, torch.Tensor] | None:
+        """Under ZeRO-3 the parameters in memory are shards: the trainable weights gathered whole on
+        the main process (a collective: every process must call it; others get None), as
+        transformers' Trainer saves adapters. None otherwise: each process holds whole weights."""
+        if self.zero_stage != 3:
+            return None
+        return self.model._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
+
+    def _write_weights(self, directory: Path, weights: dict[str, torch.Tensor] | None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.unwrapped.save(str(directory))
+        self.unwrapped.save(str(directory), weights)
+        empty = empty_tensors(str(directory)) + empty_tensors(str(directory / VALUE_DIR))
+        if empty:
+            raise RuntimeError(f"{directory}: saved {len(empty)} empty tensors ({empty[:3]}...): ZeRO-3 shards were "
+                               "not gathered")
         self.tokenizer.save_pretrained(str(directory))
         if self.run_configs:
             save_run_config(str(directory), *self.run_configs)
@@ -327,8 +367,9 @@ class PPOTrainer:
             rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, tmp / f"rng-rank{rank}.pt")
         acc.wait_for_everyone()
+        weights = self._gathered_weights()
         if acc.is_main_process:
-            self._write_weights(tmp)
+            self._write_weights(tmp, weights)
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             atomic_write_json(tmp / COMPLETE_MARKER, {"step": self.step, "total_steps": self.total_steps,
                                                       "kl_coef": self.kl_ctl.value, "log_history": self.log_history})
@@ -349,6 +390,17 @@ class PPOTrainer:
         for _, path in found[:-limit]:
             shutil.rmtree(path)
 
+    def _load_optimizer_state(self, path: Path) -> None:
+        if not self.zero_stage:
+            self.optimizer.load_state_dict(torch.load(path, map_location="cpu"))
+            return
+        # A ZeRO optimizer's state holds DeepSpeed objects (its loss scaler): no plain weights file,
+        # but one this run wrote. ZeRO optimizers take a list of every rank's state, pick their own,
+        # and restore their fp32 master weights from it too.
+        states: list[dict | None] = [None] * self.accelerator.num_processes
+        states[self.accelerator.process_index] = torch.load(path, map_location="cpu", weights_only=False)
+        self.optimizer.optimizer.load_state_dict(states, load_from_fp32_weights=True)
+
     def _load_state(self, checkpoint: str) -> None:
         ckpt = Path(checkpoint)
         state = json.loads((ckpt / COMPLETE_MARKER).read_text(encoding="utf-8"))
@@ -356,10 +408,22 @@ class PPOTrainer:
         self.kl_ctl.value = float(state["kl_coef"])
         self.log_history = list(state["log_history"])
         rank = self.accelerator.process_index
-        self.optimizer.load_state_dict(torch.load(ckpt / f"optimizer-rank{rank}.pt", map_location="cpu"))
+        self._load_optimizer_state(ckpt / f"optimizer-rank{rank}.pt")
         self.scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
         rng = torch.load(ckpt / f"rng-rank{rank}.pt")
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         logger.info("resumed from %s at step %d (kl_coef %.4g)", ckpt, self.step, self.kl_ctl.value)
+
+
+def fill_deepspeed_config(training_args: Any, policy: torch.nn.Module, micro_batch: int, updates: int,
+                          num_processes: int) -> None:
+    """Fill the "auto" values of the run's DeepSpeed config as transformers' Trainer does, but with
+    the batch DeepSpeed actually sees: one backward per micro-batch of a shuffled mini-batch of the
+    rollout, not per_device_train_batch_size rows (the rollout batch) as the Trainer would assume."""
+    hf_config = training_args.hf_deepspeed_config
+    hf_config.trainer_config_finalize(training_args, policy, updates)  # bucket sizes from the hidden size
+    config = hf_config.config
+    config["train_micro_batch_size_per_gpu"] = micro_batch
+    config["train_batch_size"] = micro_batch * training_args.gradient_accumulation_steps * num_processes
