@@ -15,6 +15,7 @@ from tunesmith.ppo_core import (
     compute_rewards,
     entropy_from_logits,
     first_true_indices,
+    leave_one_out_scores,
     logprobs_from_logits,
     masked_mean,
     masked_var,
@@ -364,3 +365,17 @@ def test_truncate_after_eos_multiple_eos_ids():
     assert out.tolist() == [[5, 3, -1, -1], [5, 6, 2, -1], [4, 4, 4, 4]]
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
     assert ended.tolist() == [True, True, False]
+
+
+def test_leave_one_out_scores_hand_computed():
+    scores = torch.tensor([1.0, 3.0, 10.0, 20.0])
+    assert leave_one_out_scores(scores, 2).tolist() == [-2.0, 2.0, -10.0, 10.0]
+    # Groups of 4: 1 - (2 + 3 + 6) / 3, ...
+    torch.testing.assert_close(leave_one_out_scores(torch.tensor([1.0, 2.0, 3.0, 6.0]), 4),
+                               torch.tensor([1 - 11 / 3, 2 - 10 / 3, 3 - 9 / 3, 6 - 6 / 3]))
+    assert torch.equal(leave_one_out_scores(scores, 1), scores)
+    # A constant added to one prompt's replies (an easier prompt) changes nothing.
+    shifted = scores + torch.tensor([5.0, 5.0, 0.0, 0.0])
+    assert torch.equal(leave_one_out_scores(shifted, 2), leave_one_out_scores(scores, 2))
+    with pytest.raises(ValueError, match="do not split into groups of 3"):
+        leave_one_out_scores(scores, 3)

@@ -151,6 +151,22 @@ def test_rollout_logprobs_are_the_ones_the_replies_were_sampled_with(tmp_path, p
     torch.testing.assert_close(logprobs_from_logits(logits, response_ids), sampled, atol=1e-4, rtol=1e-4)
 
 
+def test_samples_per_prompt_groups_replies_and_scores_them_against_each_other(tmp_path, policy_dir, tokenizer,
+                                                                              prompts):
+    trainer = make_trainer(tmp_path, policy_dir, tokenizer, prompts, ppo={"samples_per_prompt": 2})
+    steps = [trainer.batch_prompts(step) for step in range(2)]
+    for batch in steps:
+        assert [p.messages for p in batch[0::2]] == [p.messages for p in batch[1::2]]
+    # Two steps of 4 prompts x 2 replies are one pass over the 8 prompts.
+    assert sorted(p.row.line for batch in steps for p in batch[0::2]) == list(range(1, len(WORDS) + 1))
+
+    rollout = trainer.rollout(steps[0])
+    centered = rollout.rewards.sum(1) + trainer.kl_coef * rollout.kl.sum(1)  # the score part of the rewards
+    raw = rollout.scores
+    torch.testing.assert_close(centered, torch.stack([raw[0::2] - raw[1::2], raw[1::2] - raw[0::2]], 1).reshape(-1))
+    assert raw.unique().numel() > 1  # sampled replies differ, so the check above is not 0 == 0
+
+
 # --------------------------------------------------------------------------- training
 
 
@@ -318,6 +334,7 @@ def ppo_settings(**overrides):
     ({"num_mini_batches": 3}, r"--num_mini_batches 3 must divide --per_device_train_batch_size 8"),
     ({"num_mini_batches": 2, "gradient_accumulation_steps": 3},
      r"--gradient_accumulation_steps 3 must divide the mini-batch of 4 rows"),
+    ({"samples_per_prompt": 3}, r"--samples_per_prompt 3 must divide --per_device_train_batch_size 8"),
     ({"temperature": 0.0}, r"--temperature must be positive \(got 0.0\)"),
     ({"max_new_tokens": 0}, r"--max_new_tokens \(0\) and --ppo_epochs \(2\) must be at least 1"),
     ({"gradient_checkpointing": True}, r"--gradient_checkpointing cannot be used with LoRA PPO"),

@@ -30,6 +30,7 @@ __all__ = [
     "entropy_from_logits",
     "per_token_kl",
     "compute_rewards",
+    "leave_one_out_scores",
     "compute_gae",
     "policy_loss",
     "value_loss",
@@ -200,6 +201,24 @@ def compute_rewards(
     scores = torch.where(last >= 0, scores, torch.zeros_like(scores))
     rewards[rows, last.clamp(min=0)] += scores
     return rewards, non_score_reward, kl
+
+
+def leave_one_out_scores(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Each score minus the mean score of the other replies to the same prompt (RLOO's baseline).
+
+    ``scores``: ``[B]``, ``B`` a multiple of ``group_size``, the replies to one prompt consecutive.
+    How good a prompt's replies can be varies far more between prompts than between replies to one
+    prompt; a critic has to learn that per prompt before the advantages say anything about the
+    reply, while this baseline removes it at once and leaves the expected gradient unchanged
+    (the baseline does not depend on the reply it is subtracted from). ``group_size`` 1: unchanged.
+    """
+    if group_size == 1:
+        return scores
+    if group_size < 1 or scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
+    groups = scores.reshape(-1, group_size)
+    others = (groups.sum(1, keepdim=True) - groups) / (group_size - 1)
+    return (groups - others).reshape(scores.shape)
 
 
 # --------------------------------------------------------------------------- GAE

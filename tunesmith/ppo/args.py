@@ -76,6 +76,13 @@ class PPOArguments:
         default=0.0,
         metadata={"help": "Subtracted from the score of replies that hit max_new_tokens without ending (0: off)."},
     )
+    samples_per_prompt: int = field(
+        default=1,
+        metadata={"help": "Replies sampled per prompt in a rollout batch (which then holds per_device_train_batch_size "
+                  "/ samples_per_prompt prompts). Above 1, each score is taken relative to the mean score of the "
+                  "other replies to its prompt (leave-one-out baseline) before the KL penalty and GAE: the advantages "
+                  "then compare replies to the same prompt instead of easy prompts to hard ones."},
+    )
     whiten_rewards: bool = field(
         default=False, metadata={"help": "Rescale the per-token rewards to unit variance before GAE."}
     )
@@ -110,6 +117,9 @@ def check_batch_settings(ppo: PPOArguments, training: Any) -> None:
     if mini % training.gradient_accumulation_steps:
         raise ConfigError(f"--gradient_accumulation_steps {training.gradient_accumulation_steps} must divide the "
                           f"mini-batch of {mini} rows (per_device_train_batch_size / num_mini_batches).")
+    if ppo.samples_per_prompt < 1 or batch % ppo.samples_per_prompt:
+        raise ConfigError(f"--samples_per_prompt {ppo.samples_per_prompt} must divide --per_device_train_batch_size "
+                          f"{batch}: each process holds whole groups of replies to one prompt.")
     if ppo.temperature <= 0:
         raise ConfigError(f"--temperature must be positive (got {ppo.temperature}); PPO needs a sampling policy.")
     if ppo.max_new_tokens < 1 or ppo.ppo_epochs < 1:

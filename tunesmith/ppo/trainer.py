@@ -27,6 +27,7 @@ from ..ppo_core import (
     FixedKLController,
     compute_gae,
     compute_rewards,
+    leave_one_out_scores,
     logprobs_from_logits,
     masked_mean,
     masked_whiten,
@@ -90,10 +91,11 @@ class PPOTrainer:
         self.global_batch = self.batch_size * self.accelerator.num_processes
         self.mini_batch = self.batch_size // ppo_args.num_mini_batches
         self.micro_batch = self.mini_batch // training_args.gradient_accumulation_steps
+        self.prompts_per_step = self.global_batch // ppo_args.samples_per_prompt
         if training_args.max_steps > 0:
             self.total_steps = training_args.max_steps
         else:
-            self.total_steps = math.ceil(training_args.num_train_epochs * len(prompts) / self.global_batch)
+            self.total_steps = math.ceil(training_args.num_train_epochs * len(prompts) / self.prompts_per_step)
 
         self.trainable = model.trainable_parameters()
         optimizer = torch.optim.AdamW(
@@ -189,14 +191,15 @@ class PPOTrainer:
 
     def batch_prompts(self, step: int) -> list[Prompt]:
         """This process's prompts for a step: a fresh seeded shuffle for every pass over the data,
-        a function of the step alone, so a resumed run sees the same batches."""
+        a function of the step alone, so a resumed run sees the same batches. Each prompt appears
+        samples_per_prompt times in a row, and every process gets whole groups."""
         picked = []
-        for k in range(self.global_batch):
-            epoch, position = divmod(step * self.global_batch + k, len(self.prompts))
+        for k in range(self.prompts_per_step):
+            epoch, position = divmod(step * self.prompts_per_step + k, len(self.prompts))
             if epoch not in self._perms:
                 gen = torch.Generator().manual_seed(self.args.seed + epoch)
                 self._perms[epoch] = torch.randperm(len(self.prompts), generator=gen)
-            picked.append(self.prompts[int(self._perms[epoch][position])])
+            picked += [self.prompts[int(self._perms[epoch][position])]] * self.ppo.samples_per_prompt
         rank = self.accelerator.process_index
         return picked[rank * self.batch_size:(rank + 1) * self.batch_size]
 
@@ -223,6 +226,7 @@ class PPOTrainer:
         # Replies that hit max_new_tokens lose missing_eos_penalty: otherwise the policy may learn to
         # ramble past the point where the reward model can judge a finished answer.
         penalised = r.scores - self.ppo.missing_eos_penalty * (~ended).float()
+        penalised = leave_one_out_scores(penalised, self.ppo.samples_per_prompt)
         r.rewards, _, r.kl = compute_rewards(penalised, r.logprobs, r.ref_logprobs, response_mask,
                                              self.kl_ctl.value, self.ppo.kl_estimator)
         if self.ppo.whiten_rewards:
