@@ -266,3 +266,22 @@ def test_two_rank_ppo_zero3_generates_synced_saves_gathered_and_resumes(tiny_mod
     assert [r["step"] for r in resumed] == [1, 2, 3]
     assert {k: v for k, v in resumed[2].items() if k not in TIME_KEYS} == pytest.approx(
         {k: v for k, v in log[2].items() if k not in TIME_KEYS}, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("config", ["ds_zero2.json", "ds_zero3.json"])
+def test_one_process_without_a_launcher_saves_complete_adapter(tiny_model_dir, data, tmp_path, config):
+    """`python sft/train.py --deepspeed ...`: no launcher environment, so DeepSpeed would look for MPI."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sft/train.py"), "--model_name_or_path", tiny_model_dir, "--data_path", data,
+         "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "2", "--save_strategy", "no",
+         "--plot_loss", "false", "--deepspeed", str(ROOT / "configs" / config)],
+        capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert empty_tensors(str(out)) == []
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(out))

@@ -10,6 +10,8 @@ from typing import Literal
 import torch
 from transformers import TrainingArguments as _HFTrainingArguments
 
+from .distributed import bind_deepspeed_comm
+
 
 @dataclass
 class ModelArguments:
@@ -134,18 +136,7 @@ class TrainingArguments(_HFTrainingArguments):
             raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, "
                               "configs/ds_zero3.json and their _offload variants)")
         super().__post_init__()
-        if self.deepspeed and self.use_cpu:
-            _bind_deepspeed_comm_to_torch_distributed(self)
+        if self.deepspeed and self.use_cpu and self.world_size > 1:
+            # world_size also starts the process group, through accelerate's PartialState
+            bind_deepspeed_comm()
 
-
-def _bind_deepspeed_comm_to_torch_distributed(args: TrainingArguments) -> None:
-    """On CPU, accelerate starts torch.distributed (gloo) itself but never initializes
-    deepspeed.comm (it does so only on accelerators), so DeepSpeed's config sees a world of one
-    process and rejects the batch size the Trainer computed for all ranks ("4 != 2 * 1 * 1").
-    Binding deepspeed.comm to the process group accelerate already made fixes that."""
-    if args.world_size <= 1:  # also sets up the process group, through accelerate's PartialState
-        return
-    import deepspeed.comm as ds_comm
-
-    if torch.distributed.is_initialized() and not ds_comm.is_initialized():
-        ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)

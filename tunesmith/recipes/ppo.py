@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from ..checks import check_compatibility
 from ..config import parse_args
 from ..data.prompts import encode_prompts, load_prompts
+from ..distributed import start_single_process_world
 from ..hparams import FinetuningArguments, ModelArguments, TrainingArguments
 from ..models.loader import inference_model_args, load_for_inference, load_tokenizer
 from ..ppo import PPOArguments, PPOTrainer, RewardModelScorer, build_actor_critic, check_ppo_args
@@ -38,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> PPOTrainer:
     setup_logging()
     model_args, finetuning_args, ppo_args, training_args = parse_args(ARGUMENT_TYPES, argv)
     check_compatibility(model=model_args, finetuning=finetuning_args, training=training_args)
+    start_single_process_world(training_args)
     check_ppo_args(ppo_args, finetuning_args, training_args)
 
     tokenizer = policy_tokenizer(model_args)

@@ -15,6 +15,7 @@ from trl.trainer.reward_trainer import DataCollatorForPreference
 from ..checks import check_compatibility
 from ..config import parse_args
 from ..data.preference import PreferenceDataArguments, build_preference_datasets
+from ..distributed import start_single_process_world
 from ..hparams import FinetuningArguments, ModelArguments, TrainingArguments
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
@@ -29,6 +30,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> RewardTrainer:
     """Everything up to training: parse, check, tokenize the pairs, load the model with its new head."""
     model_args, data_args, reward_args, finetuning_args, training_args = parse_args(ARGUMENT_TYPES, argv)
     check_compatibility(model=model_args, data=data_args, finetuning=finetuning_args, training=training_args)
+    start_single_process_world(training_args)
 
     tokenizer = load_tokenizer(model_args)
     with training_args.main_process_first(desc="tokenize"):

@@ -15,6 +15,7 @@ from ..checks import check_compatibility
 from ..config import parse_args
 from ..data.dataset import build_sft_datasets
 from ..data.packing import sft_collator
+from ..distributed import start_single_process_world
 from ..hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
@@ -29,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> LoraTrainer:
         (ModelArguments, DataArguments, FinetuningArguments, TrainingArguments), argv
     )
     check_compatibility(model=model_args, data=data_args, finetuning=finetuning_args, training=training_args)
+    start_single_process_world(training_args)
 
     tokenizer = load_tokenizer(model_args)
     with training_args.main_process_first(desc="tokenize"):
