@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -285,3 +286,8 @@ def test_one_process_without_a_launcher_saves_complete_adapter(tiny_model_dir, d
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert empty_tensors(str(out)) == []
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(out))
+    # The logged sizes are the model's, not the sizes of ZeRO-3's in-memory placeholders.
+    base = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
+    logged = re.search(r"parameters: ([\d,]+) trainable of ([\d,]+) ", proc.stderr)
+    trainable, total = (int(n.replace(",", "")) for n in logged.groups())
+    assert 0 < trainable < base and total == base + trainable, logged.group(0)

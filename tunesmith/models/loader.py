@@ -167,9 +167,14 @@ def _attach_lora(model: nn.Module, model_args: ModelArguments, finetuning_args: 
     return get_peft_model(model, config)
 
 
+def _full_numel(p: nn.Parameter) -> int:
+    # Under ZeRO-3 a parameter in memory is an empty placeholder; DeepSpeed keeps its real size.
+    return getattr(p, "ds_numel", p.numel())
+
+
 def log_parameter_counts(model: nn.Module) -> tuple[int, int]:
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(_full_numel(p) for p in model.parameters() if p.requires_grad)
+    total = sum(_full_numel(p) for p in model.parameters())
     logger.info("parameters: %s trainable of %s (%.3f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / max(total, 1))
     return trainable, total
 
