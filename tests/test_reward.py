@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,22 @@ def test_short_lora_run_on_the_demo_pairs_raises_held_out_accuracy(tmp_path):
     after = trainer.evaluate()["eval_accuracy"]
     print(f"held-out accuracy before {before:.3f}, after {after:.3f}")
     assert after >= before + 0.15, (before, after)
+
+
+def test_load_report_is_quiet_about_the_new_score_head_only(tiny_model_dir, tmp_path, caplog):
+    from safetensors.torch import load_file, save_file
+
+    def reports() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "LOAD REPORT" in r.getMessage()]
+
+    _load_rm(tiny_model_dir)
+    assert reports() == []  # a causal LM checkpoint has no score head: nothing is wrong
+
+    # A checkpoint that also lacks a real weight still gets transformers' report.
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    weights = load_file(str(broken / "model.safetensors"))
+    del weights["model.norm.weight"]
+    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    _load_rm(str(broken))
+    assert len(reports()) == 1 and "model.norm.weight" in reports()[0]

@@ -3,6 +3,7 @@ bitsandbytes quantization (QLoRA), and LoRA adapters (new or resumed)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -127,7 +128,11 @@ def load_model(
             local = int(os.environ.get("LOCAL_RANK", "0"))
             kwargs["device_map"] = {"": local if torch.cuda.is_available() else "cpu"}
     if task == "reward":
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
+        with _quiet_about_the_new_score_head():
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
+        logger.info("score head: %s", f"from the adapter {model_args.adapter_name_or_path}"
+                    if model_args.adapter_name_or_path else "new, trained in this run" if is_trainable
+                    else "new and untrained (no reward adapter given)")
     else:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if model.config.pad_token_id is None:
@@ -140,6 +145,32 @@ def load_model(
         model.eval()
     log_parameter_counts(model)
     return model
+
+
+class _NewScoreHeadReport(logging.Filter):
+    """Drops transformers' load report when the only weights it lists as missing are the score
+    head's: a causal LM has none, so a reward model always reports it, even when the head is about
+    to come from the reward adapter. Any other missing or unexpected weight keeps the report."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "LOAD REPORT" not in message:
+            return True
+        rows = [line.split("|") for line in message.splitlines() if line.count("|") >= 2]
+        listed = [(cells[0].strip(), cells[1].strip()) for cells in rows if cells[0].strip() not in ("Key", "")]
+        listed = [(key, status) for key, status in listed if not set(key) <= {"-", "+"}]
+        return not listed or not all(key.startswith("score.") and "MISSING" in status for key, status in listed)
+
+
+@contextlib.contextmanager
+def _quiet_about_the_new_score_head():
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    quiet = _NewScoreHeadReport()
+    report_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(quiet)
 
 
 def _attach_lora(model: nn.Module, model_args: ModelArguments, finetuning_args: FinetuningArguments,
