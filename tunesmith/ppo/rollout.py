@@ -18,7 +18,7 @@ from ..constants import ASSISTANT
 from ..data.prompts import Prompt
 from ..data.template import render_text
 from ..ppo_core import entropy_from_logits, logprobs_from_logits, truncate_after_eos
-from ..train.reward_trainer import sequence_scores
+from ..train.reward_trainer import score_sequences
 
 # reward_fn(prompts_ids, responses_ids) -> one score per reply. Responses hold the reply tokens up to
 # and including the first EOS (when the reply ended).
@@ -73,7 +73,7 @@ class RewardModelScorer:
     """Scores replies with a sequence-classification reward model on the chat-template rendering of
     prompt + reply, re-rendered with the reward model's own tokenizer (which may differ from the
     policy's) -- the rendering the reward stage trained on -- and read where the reward stage reads
-    scores (tunesmith.train.reward_trainer.sequence_scores: the last attended token)."""
+    scores (tunesmith.train.reward_trainer.score_sequences: the last attended token)."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, policy_tokenizer: Any, batch_size: int = 8) -> None:
         self.model = model
@@ -92,25 +92,9 @@ class RewardModelScorer:
             texts.append(render_text(self.tokenizer, [*prompt.messages, {"role": ASSISTANT, "content": content}]))
         return texts
 
-    @torch.no_grad()
     def __call__(self, prompts: Sequence[Prompt], responses: Sequence[Sequence[int]]) -> torch.Tensor:
-        device = next(self.model.parameters()).device
         encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in self.texts(prompts, responses)]
-        scores = []
-        for start in range(0, len(encoded), self.batch_size):
-            input_ids, attention_mask = right_pad(encoded[start:start + self.batch_size], self.tokenizer.pad_token_id)
-            scores.append(sequence_scores(self.model, input_ids.to(device), attention_mask.to(device)).float())
-        return torch.cat(scores).cpu()
-
-
-def right_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), longest), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, s in enumerate(sequences):
-        input_ids[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-        attention_mask[i, :len(s)] = 1
-    return input_ids, attention_mask
+        return torch.tensor(score_sequences(self.model, self.tokenizer, encoded, self.batch_size))
 
 
 @dataclass

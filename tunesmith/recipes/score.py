@@ -20,7 +20,7 @@ from ..config import parse_args
 from ..data.formats import Row, conversation_from_row, detect_format, read_rows
 from ..data.preference import encode_pair, is_pair_row, pair_from_row
 from ..models.loader import inference_model_args, load_for_inference
-from ..train.reward_trainer import sequence_scores
+from ..train.reward_trainer import score_sequences
 from ..utils.io import atomic_write_jsonl
 from ..utils.logging import setup_logging
 
@@ -48,21 +48,6 @@ class ScoreArguments:
                   "sequence whole."},
     )
     batch_size: int = field(default=8, metadata={"help": "Sequences per forward pass."})
-
-
-@torch.no_grad()
-def score_sequences(model: Any, tokenizer: Any, sequences: list[list[int]], batch_size: int = 8) -> list[float]:
-    """Scores in the order given; batches are formed by length so that little is spent on padding."""
-    device = next(model.parameters()).device
-    order = sorted(range(len(sequences)), key=lambda k: len(sequences[k]))
-    scores = [0.0] * len(sequences)
-    for i in range(0, len(order), batch_size):
-        chunk = order[i:i + batch_size]
-        batch = tokenizer.pad({"input_ids": [sequences[k] for k in chunk]}, return_tensors="pt")
-        values = sequence_scores(model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        for k, value in zip(chunk, values.float().tolist()):
-            scores[k] = value
-    return scores
 
 
 def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[int]] | None:

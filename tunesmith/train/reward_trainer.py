@@ -72,6 +72,22 @@ def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     return per_token[rows, last_token_index(attention_mask).to(per_token.device), 0]
 
 
+@torch.no_grad()
+def score_sequences(model: Any, tokenizer: Any, sequences: list[list[int]], batch_size: int = 8) -> list[float]:
+    """One score per sequence, in the order given (reward/score.py and PPO's RewardModelScorer); batches are
+    formed by length so that little is spent on padding."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(sequences)), key=lambda k: len(sequences[k]))
+    scores = [0.0] * len(sequences)
+    for i in range(0, len(order), batch_size):
+        chunk = order[i:i + batch_size]
+        batch = tokenizer.pad({"input_ids": [sequences[k] for k in chunk]}, return_tensors="pt")
+        values = sequence_scores(model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        for k, value in zip(chunk, values.float().tolist()):
+            scores[k] = value
+    return scores
+
+
 def pairwise_loss(
     chosen: torch.Tensor,
     rejected: torch.Tensor,
