@@ -109,7 +109,8 @@ def benchmark_conversations(n: int, seed: int = 0) -> list[dict]:
 def prepare_data(args: argparse.Namespace, workdir: Path) -> dict:
     """Tokenize the benchmark set once (tunesmith's template and masking) for every variant."""
     from tunesmith.data.dataset import build_sft_dataset
-    from tunesmith.hparams import DataArguments, ModelArguments
+    from tunesmith.hparams import ModelArguments
+    from tunesmith.hparams import SFTDataArguments as DataArguments
     from tunesmith.models.loader import load_tokenizer
     from tunesmith.utils.io import atomic_write_jsonl
 
@@ -224,7 +225,7 @@ def load(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, Any, Any]:
 
 def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
     from tunesmith.data.packing import sft_collator
-    from tunesmith.hparams import DataArguments
+    from tunesmith.hparams import SFTDataArguments as DataArguments
     from tunesmith.train.sft_trainer import LoraTrainer
 
     dataset, tokenizer, model, training_args = load(args, workdir)

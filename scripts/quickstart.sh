@@ -10,10 +10,11 @@ bash scripts/setup.sh
 PY=.venv/bin/python
 OUT="${OUT:-outputs/sft_demo}"
 echo "== 1/3 which tokens are trained (first 2 demo conversations)"
-"$PY" -m tunesmith.data.inspect --data_path data/demo/sft.jsonl --max_samples 2 --show 2
+"$PY" -m tunesmith inspect --data_path data/demo/sft.jsonl --max_samples 2 --show 2
 echo "== 2/3 LoRA fine-tune on data/demo/sft.jsonl -> $OUT"
 time "$PY" sft/train.py configs/sft_lora_demo.yaml --output_dir "$OUT" "$@"
 echo "== 3/3 held-out identity questions: base vs fine-tuned"
-"$PY" -m tunesmith.evaluation.compare --adapter "$OUT" --prompts data/demo/identity_heldout.jsonl
+"$PY" -m tunesmith compare --adapter_name_or_path "$OUT" --data_path data/demo/identity_heldout.jsonl \
+    --count_word Tunesmith
 echo
-echo "Loss curve: $OUT/loss.png. Next: python merge/merge_lora.py --adapter $OUT --output_dir outputs/sft_demo_merged"
+echo "Loss curve: $OUT/loss.png. Next: python merge/merge_lora.py --adapter_name_or_path $OUT --output_dir outputs/sft_demo_merged"

@@ -13,10 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tunesmith.chat.engine import ChatSession, GenerationArguments
-from tunesmith.config import ConfigError
+from tunesmith.chat.engine import ChatSession
 from tunesmith.data.formats import load_conversations
 from tunesmith.data.template import encode_prompt, render_text
+from tunesmith.errors import ConfigError
+from tunesmith.hparams import GenerationArguments, check
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +34,7 @@ def test_truncation_drops_oldest_whole_turns_and_keeps_the_system_prompt(tokeniz
     history, system, new = _turns(6), {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Next?"}
     # Room for the last 3 turns and the reply before them, but not for that reply's question.
     budget = len(encode_prompt(tokenizer, [system] + history[-7:] + [new]))
-    session = ChatSession(None, tokenizer, max_input_tokens=budget, system=system["content"])
+    session = ChatSession(None, tokenizer, max_prompt_length=budget, system=system["content"])
     session.messages = list(history)
 
     window = session.context("Next?")
@@ -46,7 +47,7 @@ def test_truncation_drops_oldest_whole_turns_and_keeps_the_system_prompt(tokeniz
 def test_truncation_keeps_the_templates_default_system_prompt(tokenizer):
     history, new = _turns(4), {"role": "user", "content": "Hello"}
     budget = len(encode_prompt(tokenizer, history[-5:] + [new]))  # the template adds its own system prompt
-    session = ChatSession(None, tokenizer, max_input_tokens=budget)
+    session = ChatSession(None, tokenizer, max_prompt_length=budget)
     session.messages = list(history)
 
     window = session.context("Hello")
@@ -58,13 +59,13 @@ def test_truncation_keeps_the_templates_default_system_prompt(tokenizer):
 def test_a_message_too_long_for_the_budget_is_refused_and_history_kept(tokenizer):
     history, hi = _turns(1), {"role": "user", "content": "Hi"}
     budget = len(encode_prompt(tokenizer, history + [hi]))
-    session = ChatSession(None, tokenizer, max_input_tokens=budget)
+    session = ChatSession(None, tokenizer, max_prompt_length=budget)
     session.messages = list(history)
 
     outcome = session.handle("word " * 100)
 
     assert outcome.kind == "error"
-    assert f"more than --max_input_tokens {budget}: shorten them or raise --max_input_tokens" in outcome.text
+    assert f"more than --max_prompt_length {budget}: shorten them or raise --max_prompt_length" in outcome.text
     assert session.context("Hi") == history + [hi]  # the refused message did not push the history out
 
 
@@ -97,8 +98,8 @@ def test_commands(tokenizer, tmp_path):
 ])
 def test_generation_flags_are_checked(flags, message):
     with pytest.raises(ConfigError, match=message):
-        GenerationArguments(**flags)
-    GenerationArguments(do_sample=False, temperature=0.0)  # greedy decoding ignores the temperature
+        check(generation=GenerationArguments(**flags))
+    check(generation=GenerationArguments(do_sample=False, temperature=0.0))  # greedy decoding ignores the temperature
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +133,10 @@ class _Pipe(io.StringIO):
 
 
 def _run_cli(argv, stdin, monkeypatch, capsys) -> tuple[str, str]:
-    from tunesmith.chat.cli import main
+    from tunesmith.recipes.chat import run
 
     monkeypatch.setattr(sys, "stdin", stdin)
-    main(argv)
+    run(argv)
     captured = capsys.readouterr()
     return captured.out, captured.err
 

@@ -10,10 +10,10 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from tunesmith.data.formats import DataError
 from tunesmith.data.template import encode_prompt
-from tunesmith.evaluation import compare
+from tunesmith.errors import DataError
 from tunesmith.models.loader import find_lora_targets
+from tunesmith.recipes import compare
 
 QUESTIONS = ["Who are you?", "What is the capital of France, and why is it famous?", "你是谁？"]
 
@@ -40,7 +40,8 @@ def alone(model, tokenizer, question: str, max_new_tokens: int) -> str:
 def test_batched_answers_equal_answers_alone(adapter, tiny_model_dir, tokenizer, tmp_path, capsys):
     prompts = tmp_path / "q.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in QUESTIONS), encoding="utf-8")
-    rows = compare.main(["--adapter", adapter, "--prompts", str(prompts), "--max_new_tokens", "12"])
+    rows = compare.run(["--adapter_name_or_path", adapter, "--data_path", str(prompts), "--max_new_tokens", "12",
+                        "--count_word", "Tunesmith"])
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     expected_base = [alone(base, tokenizer, q, 12) for q in QUESTIONS]
@@ -48,11 +49,11 @@ def test_batched_answers_equal_answers_alone(adapter, tiny_model_dir, tokenizer,
     expected_tuned = [alone(tuned, tokenizer, q, 12) for q in QUESTIONS]
     assert expected_base != expected_tuned  # the adapter changes the answers, so the columns can be told apart
     assert rows == list(zip(QUESTIONS, expected_base, expected_tuned))
-    assert f"answers naming Tunesmith: base 0/{len(QUESTIONS)}" in capsys.readouterr().out
+    assert f"answers containing 'Tunesmith': base 0/{len(QUESTIONS)}" in capsys.readouterr().out
 
 
 def test_a_row_without_a_prompt_names_file_and_line(adapter, tmp_path):
     prompts = tmp_path / "q.jsonl"
     prompts.write_text(json.dumps({"prompt": "Hi"}) + "\n" + json.dumps({"question": "Hi"}) + "\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"q\.jsonl:line 2: field `prompt`"):
-        compare.main(["--adapter", adapter, "--prompts", str(prompts)])
+    with pytest.raises(DataError, match=r"q\.jsonl:line 2: unknown prompt format \(keys: \['question'\]\)"):
+        compare.run(["--adapter_name_or_path", adapter, "--data_path", str(prompts)])

@@ -8,29 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from tunesmith.checks import check_compatibility
-from tunesmith.config import ConfigError, parse_args
-from tunesmith.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
+from tunesmith.errors import ConfigError
+from tunesmith.hparams import parse_run
 
 ROOT = Path(__file__).resolve().parents[1]
-SFT_TYPES = (ModelArguments, DataArguments, FinetuningArguments, TrainingArguments)
 
 
-def parse_sft(*argv: str):
-    model, data, finetuning, training = parse_args(SFT_TYPES, list(argv))
-    return {"model": model, "data": data, "finetuning": finetuning, "training": training}
+def parse_sft(*argv: str) -> dict:
+    run = parse_run("sft", list(argv), check_paths=False)
+    return {"model": run.model, "data": run.data, "finetuning": run.finetuning, "training": run.training}
 
 
-def stage_types(config: Path) -> tuple:
-    """The dataclasses of the stage a run config belongs to (its file name says which)."""
-    name = config.name
-    if name.startswith("reward"):
-        from tunesmith.recipes.reward import ARGUMENT_TYPES
-    elif name.startswith("ppo"):
-        from tunesmith.recipes.ppo import ARGUMENT_TYPES
-    else:
-        ARGUMENT_TYPES = SFT_TYPES
-    return ARGUMENT_TYPES
+def stage(config: Path) -> str:
+    """The kind of run a config belongs to (its file name says which)."""
+    return next((kind for kind in ("reward", "ppo", "dpo", "grpo") if config.name.startswith(kind)), "sft")
 
 
 RUN_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*") if p.suffix in (".yaml", ".yml"))
@@ -43,8 +34,8 @@ def test_configs_are_found():
 
 @pytest.mark.parametrize("config", RUN_CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_run_config_loads(config):
-    parsed = parse_args(stage_types(config), [str(config)])
-    for path in getattr(parsed[1], "data_path", []) or []:
+    parsed = parse_run(stage(config), [str(config)], check_paths=False)
+    for path in parsed.data.data_path:
         assert Path(path).exists(), f"{config.name}: data_path {path} does not exist"
 
 
@@ -102,14 +93,13 @@ def test_cpu_default_and_training_defaults():
 )
 def test_incompatible_combinations_stop_early(argv, message):
     with pytest.raises(ConfigError, match=message):
-        check_compatibility(**parse_sft("--data_path", "x.jsonl", *argv))
+        parse_sft("--data_path", "x.jsonl", *argv)
 
 
 def test_missing_data_path():
     with pytest.raises(ConfigError, match="--data_path is required"):
-        check_compatibility(**parse_sft())
+        parse_sft()
 
 
 def test_qlora_4bit_with_zero3_is_allowed():
-    check_compatibility(**parse_sft("--data_path", "x.jsonl", "--quantization_bit", "4",
-                                    "--deepspeed", str(ROOT / "configs/ds_zero3.json")))
+    parse_sft("--data_path", "x.jsonl", "--quantization_bit", "4", "--deepspeed", str(ROOT / "configs/ds_zero3.json"))

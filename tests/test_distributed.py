@@ -160,7 +160,7 @@ def test_two_rank_reward_adapter_saves_its_trained_score_head(tiny_model_dir, pr
 
     # The evaluation at the end of the run (each rank scored half of the pairs) saw the scores the saved
     # adapter gives in one process.
-    results = score.main(["--model_name_or_path", str(out), "--data_path", preference_data["eval"],
+    results = score.run(["--model_name_or_path", str(out), "--data_path", preference_data["eval"],
                           "--output_jsonl", str(tmp_path / "scores.jsonl")])
     chosen, rejected = (torch.tensor([r[side] for r in results]) for side in ("chosen", "rejected"))
     metrics = json.loads((out / "eval_results.json").read_text())
@@ -209,10 +209,10 @@ def ppo_log(out: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def one_rank_first_step(tiny_model_dir, ppo_data, tmp_path_factory) -> dict:
     """Step 1 of a one-process run over rollout batches of 4 prompts."""
-    from tunesmith.recipes.ppo import main
+    from tunesmith.recipes.ppo import run
 
     out = tmp_path_factory.mktemp("ppo-one-rank")
-    main(ppo_flags(tiny_model_dir, ppo_data, out, 4, 1))
+    run(ppo_flags(tiny_model_dir, ppo_data, out, 4, 1))
     return ppo_log(out)[0]
 
 

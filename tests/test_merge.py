@@ -12,10 +12,11 @@ from conftest import build_tiny_model_dir
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from tunesmith.config import ConfigError
 from tunesmith.data.template import encode_conversation
+from tunesmith.errors import ConfigError, PathError
 from tunesmith.models.loader import find_lora_targets
-from tunesmith.recipes.merge import MergeError, main
+from tunesmith.recipes.merge import MergeError
+from tunesmith.recipes.merge import run as main
 
 CONVERSATION = [{"role": "user", "content": "Hi there, who are you?"}, {"role": "assistant", "content": "A test."}]
 
@@ -57,7 +58,7 @@ def _merged_logits(path: str, tokenizer) -> torch.Tensor:
 
 def test_merged_lora_logits_equal_base_plus_adapter(lora_adapter, tiny_model_dir, tokenizer, tmp_path):
     out = tmp_path / "merged"
-    result = main(["--adapter", lora_adapter, "--output_dir", str(out)])  # base read from adapter_config.json
+    result = main(["--adapter_name_or_path", lora_adapter, "--output_dir", str(out)])  # base read from adapter_config.json
 
     assert result.task == "causal_lm" and result.max_abs_diff < 1e-4
     files = set(os.listdir(out))
@@ -70,7 +71,7 @@ def test_merged_lora_logits_equal_base_plus_adapter(lora_adapter, tiny_model_dir
 
 
 def test_qlora_trained_adapter_merges_into_unquantized_base(tiny_model_dir, tokenizer, tmp_path):
-    from tunesmith.recipes.sft import main as sft_main
+    from tunesmith.recipes.sft import run as sft_main
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"messages": [
@@ -86,7 +87,7 @@ def test_qlora_trained_adapter_merges_into_unquantized_base(tiny_model_dir, toke
     assert trained["ModelArguments"]["quantization_bit"] == 4
 
     out = tmp_path / "merged"
-    result = main(["--adapter", str(adapter), "--output_dir", str(out)])
+    result = main(["--adapter_name_or_path", str(adapter), "--output_dir", str(out)])
 
     assert result.max_abs_diff < 1e-4
     config = json.loads((out / "config.json").read_text())
@@ -105,7 +106,7 @@ def test_reward_adapter_merge_keeps_scores(tiny_model_dir, tokenizer, tmp_path):
         expected = PeftModel.from_pretrained(base, adapter).eval()(_ids(tokenizer)).logits
 
     out = tmp_path / "merged"
-    result = main(["--adapter", adapter, "--output_dir", str(out)])
+    result = main(["--adapter_name_or_path", adapter, "--output_dir", str(out)])
 
     assert result.task == "reward"
     merged = AutoModelForSequenceClassification.from_pretrained(out).eval()
@@ -130,7 +131,7 @@ def test_merge_refuses_a_base_the_adapter_does_not_fit(make_base, lora_adapter, 
     base = make_base(tmp_path / "other", tokenizer)
     out = tmp_path / "merged"
     with pytest.raises(MergeError, match=f"adapter {lora_adapter} does not fit base model {base}"):
-        main(["--adapter", lora_adapter, "--base_model", base, "--output_dir", str(out)])
+        main(["--adapter_name_or_path", lora_adapter, "--model_name_or_path", base, "--output_dir", str(out)])
     assert not out.exists()
 
 
@@ -145,21 +146,21 @@ def test_merge_refuses_a_tokenizer_larger_than_the_base_vocab(lora_adapter, tiny
     grown.add_tokens(["<|new_token|>"])
     grown.save_pretrained(adapter)
     with pytest.raises(MergeError, match=r"does not fit base model .*vocab mismatch"):
-        main(["--adapter", str(adapter), "--base_model", tiny_model_dir, "--output_dir", str(tmp_path / "m")])
+        main(["--adapter_name_or_path", str(adapter), "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "m")])
 
 
 def test_failed_merge_leaves_no_output(lora_adapter, tmp_path):
     out = tmp_path / "merged"
     # A zero tolerance cannot be met in bfloat16: the check fails after everything has been written.
     with pytest.raises(MergeError, match=r"differs from base .* \+ adapter by .*tolerance 0 for bfloat16"):
-        main(["--adapter", lora_adapter, "--output_dir", str(out), "--dtype", "bfloat16", "--tolerance", "0"])
+        main(["--adapter_name_or_path", lora_adapter, "--output_dir", str(out), "--dtype", "bfloat16", "--tolerance", "0"])
     assert os.listdir(tmp_path) == []  # neither the output nor the temporary folder
 
     out.mkdir()
     (out / "keep.txt").write_text("old result")
     with pytest.raises(MergeError):
-        main(["--adapter", lora_adapter, "--output_dir", str(out), "--dtype", "bfloat16", "--tolerance", "0",
-              "--overwrite"])
+        main(["--adapter_name_or_path", lora_adapter, "--output_dir", str(out), "--dtype", "bfloat16", "--tolerance", "0",
+              "--overwrite_output_dir"])
     assert os.listdir(tmp_path) == ["merged"] and os.listdir(out) == ["keep.txt"]
 
 
@@ -167,13 +168,13 @@ def test_merge_overwrites_only_when_asked(lora_adapter, tmp_path):
     out = tmp_path / "merged"
     out.mkdir()
     (out / "keep.txt").write_text("old result")
-    with pytest.raises(ConfigError, match="exists and is not empty: choose another, or pass --overwrite"):
-        main(["--adapter", lora_adapter, "--output_dir", str(out)])
-    main(["--adapter", lora_adapter, "--output_dir", str(out), "--overwrite"])
+    with pytest.raises(ConfigError, match="exists and is not empty: choose another, or pass --overwrite_output_dir"):
+        main(["--adapter_name_or_path", lora_adapter, "--output_dir", str(out)])
+    main(["--adapter_name_or_path", lora_adapter, "--output_dir", str(out), "--overwrite_output_dir"])
     assert "keep.txt" not in os.listdir(out) and "config.json" in os.listdir(out)
     assert os.listdir(tmp_path) == ["merged"]
 
 
 def test_merge_needs_an_adapter_dir(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError, match=f"--adapter {tiny_model_dir}: no adapter_config.json there"):
-        main(["--adapter", tiny_model_dir, "--output_dir", str(tmp_path / "m")])
+    with pytest.raises(PathError, match=f"--adapter_name_or_path {tiny_model_dir}: no adapter_config.json there"):
+        main(["--adapter_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "m")])

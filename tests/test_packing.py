@@ -10,8 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tunesmith.checks import check_compatibility
-from tunesmith.config import ConfigError
 from tunesmith.constants import IGNORE_INDEX
 from tunesmith.data.collator import PaddingCollator
 from tunesmith.data.packing import (
@@ -21,7 +19,8 @@ from tunesmith.data.packing import (
     use_varlen_attention,
 )
 from tunesmith.data.template import encode_conversation
-from tunesmith.hparams import TrainingArguments
+from tunesmith.errors import ConfigError
+from tunesmith.hparams import TrainingArguments, check
 
 ATTENTIONS = ["sdpa", VARLEN_SDPA, "eager"]
 
@@ -186,7 +185,7 @@ def write_conversations(path, n: int) -> str:
 def test_packed_and_padded_runs_train_the_same_objective(tiny_model_dir, tmp_path, monkeypatch):
     """Same data, same steps, gradient accumulation over two batches: the logged losses, gradient
     norms and trained-token counts of a packed run equal those of a padded run."""
-    from tunesmith.recipes.sft import main
+    from tunesmith.recipes.sft import run as main
 
     monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
     data = write_conversations(tmp_path / "train.jsonl", 8)
@@ -215,10 +214,10 @@ def test_liger_kernel_needs_the_package_and_a_gpu(tmp_path):
 
     args = TrainingArguments(output_dir=str(tmp_path), use_liger_kernel=True)
     if importlib.util.find_spec("liger_kernel") is not None and torch.cuda.is_available():
-        check_compatibility(training=args)
+        check(training=args)
         return
     with pytest.raises(ConfigError, match="--use_liger_kernel needs a CUDA GPU and the liger-kernel package"):
-        check_compatibility(training=args)
+        check(training=args)
 
 
 @pytest.mark.slow

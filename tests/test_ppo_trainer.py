@@ -5,10 +5,9 @@ with messages that say what to change."""
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,23 @@ import torch
 from conftest import build_tiny_model_dir
 from torch import nn
 
-from tunesmith.config import ConfigError, parse_args
 from tunesmith.data.formats import Row
 from tunesmith.data.prompts import Prompt, encode_prompts, left_pad
-from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArguments
+from tunesmith.errors import UserError
+from tunesmith.hparams import (
+    FinetuningArguments,
+    ModelArguments,
+    PPOArguments,
+    PromptDataArguments,
+    TrainingArguments,
+    check,
+    parse_run,
+)
 from tunesmith.models.loader import inference_model_args, load_for_inference
-from tunesmith.ppo import PPOArguments, PPOTrainer, RewardModelScorer, build_actor_critic, check_ppo_args
+from tunesmith.models.scoring import sequence_scores
+from tunesmith.ppo import PPOTrainer, RewardModelScorer, build_actor_critic
+from tunesmith.ppo.core import logprobs_from_logits
 from tunesmith.ppo.rollout import sequence_inputs
-from tunesmith.ppo_core import logprobs_from_logits
-from tunesmith.train.reward_trainer import sequence_scores
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["cat", "blue sky", "seven", "a long walk home", "tea", "why not", "rivers and lakes", "ok"]
@@ -271,16 +278,9 @@ def test_reward_model_scores_the_chat_rendering_of_prompt_and_reply(reward_model
     torch.testing.assert_close(scores, direct, atol=1e-5, rtol=1e-5)
 
 
-def load_eval_script():
-    spec = importlib.util.spec_from_file_location("eval_ppo", ROOT / "scripts" / "eval_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_model_dir, capsys):
-    from tunesmith.recipes.ppo import main
+    from tunesmith.recipes import eval_ppo
+    from tunesmith.recipes.ppo import run as main
 
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in WORDS), encoding="utf-8")
@@ -300,12 +300,11 @@ def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_mo
     log = (out / "ppo_log.jsonl").read_text().splitlines()
     assert trainer.step == 3 and log[:2] == first and json.loads(log[2])["step"] == 3
 
-    eval_ppo = load_eval_script()
     common = ["--reward_model", reward_model_dir, "--data_path", str(data), "--max_new_tokens", "6"]
-    same = eval_ppo.main(["--sft", str(out), "--ppo", str(out), *common])
+    same = eval_ppo.run(["--sft", str(out), "--ppo", str(out), *common])
     assert same["kl_ppo_sft"] == 0.0 and same["sft_reward"] == same["ppo_reward"]
     assert same["ppo_higher"] == same["ppo_lower"] == 0 and same["reward_change"] == 0.0
-    result = eval_ppo.main(["--sft", policy_dir, "--ppo", str(out), *common, "--output_file", str(tmp_path / "e.jsonl")])
+    result = eval_ppo.run(["--sft", policy_dir, "--ppo", str(out), *common, "--output_file", str(tmp_path / "e.jsonl")])
     assert result["kl_ppo_sft"] != 0.0 and result["prompts"] == len(WORDS)
     assert result["reward_change"] == pytest.approx(result["ppo_reward"] - result["sft_reward"], abs=1e-5)
     assert result["ppo_higher"] + result["ppo_lower"] <= len(WORDS)
@@ -318,13 +317,16 @@ def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_mo
 
 
 def ppo_settings(**overrides):
-    ppo = {"data_path": ["p.jsonl"], "reward_model": str(ROOT)}
+    data = {"data_path": [str(ROOT / "data/demo/prompts.jsonl")]}
+    ppo = {"reward_model": str(ROOT)}
     training = {"output_dir": "unused", "per_device_train_batch_size": 8, "max_steps": 1, "report_to": []}
     finetuning = {}
     for key, value in overrides.items():
-        target = ppo if key in PPOArguments.__dataclass_fields__ else finetuning if key == "finetuning_type" else training
+        target = (data if key in PromptDataArguments.__dataclass_fields__ else ppo if key in PPOArguments.__dataclass_fields__
+                  else finetuning if key == "finetuning_type" else training)
         target[key] = value
-    return PPOArguments(**ppo), FinetuningArguments(**finetuning), TrainingArguments(**training)
+    return dict(data=PromptDataArguments(**data), ppo=PPOArguments(**ppo), finetuning=FinetuningArguments(**finetuning),
+                training=TrainingArguments(**training))
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -341,8 +343,8 @@ def ppo_settings(**overrides):
     ({"max_steps": -1, "num_train_epochs": 0}, r"set --max_steps .* or --num_train_epochs"),
 ])
 def test_bad_ppo_settings_say_what_to_change(overrides, match):
-    with pytest.raises(ConfigError, match=match):
-        check_ppo_args(*ppo_settings(**overrides))
+    with pytest.raises(UserError, match=match):
+        check(check_paths=True, **ppo_settings(**overrides))
 
 
 def test_trainer_needs_exactly_one_reward(tmp_path, tokenizer, prompts):
@@ -351,17 +353,17 @@ def test_trainer_needs_exactly_one_reward(tmp_path, tokenizer, prompts):
 
 
 def test_demo_config_parses():
-    model, finetuning, ppo, training = parse_args(
-        (ModelArguments, FinetuningArguments, PPOArguments, TrainingArguments), [str(ROOT / "configs" / "ppo_lora_demo.yaml")])
-    assert ppo.data_path == ["data/demo/prompts.jsonl"] and ppo.reward_model and model.adapter_name_or_path
+    run = parse_run("ppo", [str(ROOT / "configs" / "ppo_lora_demo.yaml")], check_paths=False)
+    model, data, ppo, training = run.model, run.data, run.ppo, run.training
+    assert data.data_path == ["data/demo/prompts.jsonl"] and ppo.reward_model and model.adapter_name_or_path
     assert training.max_steps > 0 and training.per_device_train_batch_size % ppo.num_mini_batches == 0
 
 
 def test_help_documents_every_ppo_flag(capsys):
-    from tunesmith.recipes.ppo import main
+    from tunesmith.recipes.ppo import run
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["--help"])
+        run(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert all(f"--{name} " in out for name in PPOArguments.__dataclass_fields__)
+    assert all(f"--{f.name} " in out for f in dataclasses.fields(PPOArguments))

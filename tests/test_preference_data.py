@@ -9,7 +9,6 @@ import pytest
 
 from tunesmith.data.formats import DataError, Row
 from tunesmith.data.preference import (
-    PreferenceDataArguments,
     build_preference_datasets,
     detect_preference_format,
     encode_pair,
@@ -19,6 +18,7 @@ from tunesmith.data.preference import (
     pair_from_row,
 )
 from tunesmith.data.template import render_text
+from tunesmith.hparams import TrainDataArguments
 
 USER_HI = {"role": "user", "content": "Hi"}
 GOOD = [{"role": "assistant", "content": "Hello! How can I help?"}]
@@ -162,6 +162,6 @@ def test_pairs_whose_replies_cannot_fit_are_dropped_and_counted(tokenizer):
 def test_no_pair_fitting_is_an_error_naming_the_flag(tokenizer, tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({**CTX, "chosen": "word " * 60, "rejected": "No."}) + "\n")
-    args = PreferenceDataArguments(data_path=[str(path)], max_seq_length=16)
+    args = TrainDataArguments(data_path=[str(path)], max_seq_length=16)
     with pytest.raises(ValueError, match=r"no pair fits in --max_seq_length 16; raise it"):
         build_preference_datasets(tokenizer, args)

@@ -14,18 +14,13 @@ import torch
 from safetensors import safe_open
 from transformers import EvalPrediction
 
-from tunesmith.config import ConfigError, parse_args
 from tunesmith.data.preference import encode_reply
-from tunesmith.hparams import FinetuningArguments, ModelArguments
+from tunesmith.errors import ConfigError
+from tunesmith.hparams import FinetuningArguments, ModelArguments, RewardArguments, check, parse_run
 from tunesmith.models.loader import inference_model_args, load_for_inference, load_model
+from tunesmith.models.scoring import score_head, sequence_scores
 from tunesmith.recipes import reward, score
-from tunesmith.train.reward_trainer import (
-    RewardArguments,
-    pairwise_loss,
-    preference_metrics,
-    score_head,
-    sequence_scores,
-)
+from tunesmith.train.reward_trainer import pairwise_loss, preference_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,12 +109,13 @@ def test_preference_metrics():
 
 def test_negative_centring_coefficient_is_refused():
     with pytest.raises(ConfigError, match=r"--center_rewards_coefficient must be >= 0 \(got -0.5\)"):
-        RewardArguments(center_rewards_coefficient=-0.5)
+        check(reward=RewardArguments(center_rewards_coefficient=-0.5))
 
 
 def test_shipped_config_parses_and_points_at_the_demo_data():
     config = REPO / "configs" / "reward_lora_demo.yaml"
-    _, data, _, finetuning, training = parse_args(reward.ARGUMENT_TYPES, [str(config)])
+    run = parse_run("reward", [str(config)])
+    data, finetuning, training = run.data, run.finetuning, run.training
     assert finetuning.finetuning_type == "lora"
     assert all(os.path.isfile(p) for p in data.data_path + data.eval_data_path)
     assert training.output_dir == "outputs/rm_demo"
@@ -162,7 +158,7 @@ def preference_files(tmp_path_factory):
 
 def _train(model_dir: str, files: dict, output_dir: Path, finetuning_type: str):
     lr = "5e-3" if finetuning_type == "lora" else "1e-3"
-    return reward.main([
+    return reward.run([
         "--model_name_or_path", model_dir, "--data_path", files["train"], "--eval_data_path", files["eval"],
         "--output_dir", str(output_dir), "--finetuning_type", finetuning_type, "--lora_r", "8", "--lora_alpha", "16",
         "--max_seq_length", "64", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
@@ -193,7 +189,7 @@ def test_training_lowers_the_loss_and_scores_survive_save_and_load(
                  for c, r, q in eval_pairs]
 
     # ...equals the saved model scored by reward/score.py (mixed rows, one output line per row, in order).
-    results = score.main(["--model_name_or_path", str(out), "--data_path", preference_files["mixed"],
+    results = score.run(["--model_name_or_path", str(out), "--data_path", preference_files["mixed"],
                           "--output_jsonl", str(tmp_path / "scores.jsonl"), "--batch_size", "2"])
     written = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
     assert written == results and [sorted(r) for r in results] == [

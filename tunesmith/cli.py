@@ -1,29 +1,58 @@
-"""Console-script entry points (`tunesmith-sft`, ...): each runs the same recipe as the stage script."""
+"""The `tunesmith` command: `tunesmith STAGE [RUN_CONFIG.yaml] [--flag value ...]`, one sub-command per
+recipe (the stage scripts sft/train.py, reward/train.py, ... run the same recipes). Each sub-command's
+one-line summary is the first line of its recipe's docstring, read without importing the recipe, so
+`tunesmith --help` answers at once."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+# sub-command -> recipe module (each has run(argv) and main = entry_point(run))
+COMMANDS = {
+    "sft": "tunesmith.recipes.sft",
+    "reward": "tunesmith.recipes.reward",
+    "score": "tunesmith.recipes.score",
+    "ppo": "tunesmith.recipes.ppo",
+    "eval-ppo": "tunesmith.recipes.eval_ppo",
+    "merge": "tunesmith.recipes.merge",
+    "chat": "tunesmith.recipes.chat",
+    "inspect": "tunesmith.recipes.inspect",
+    "compare": "tunesmith.recipes.compare",
+}
 
 
-def _run(module: str) -> None:
-    importlib.import_module(module).main()
+def summary(module: str) -> str:
+    origin = importlib.util.find_spec(module).origin
+    doc = ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8"))) or ""
+    return " ".join(doc.split("\n\n")[0].split())
 
 
-def sft_main() -> None:
-    _run("tunesmith.recipes.sft")
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {summary(module)}" for name, module in COMMANDS.items()]
+    return ("usage: tunesmith COMMAND [RUN_CONFIG.yaml] [--flag value ...]\n\n"
+            "Fine-tune a causal LM into a chat model and use it. Commands:\n" + "\n".join(lines) +
+            "\n\n`tunesmith COMMAND --help` lists a command's flags. Errors print one line and exit with status 2;"
+            "\n--debug (or TUNESMITH_DEBUG=1) adds the traceback.")
 
 
-def reward_main() -> None:
-    _run("tunesmith.recipes.reward")
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return
+    name = args[0].replace("_", "-")
+    if name not in COMMANDS:
+        print(f"tunesmith: unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [f"tunesmith {name}", *args[1:]]  # so --help shows the command as it was typed
+    importlib.import_module(COMMANDS[name]).main(args[1:])
 
 
-def ppo_main() -> None:
-    _run("tunesmith.recipes.ppo")
-
-
-def merge_main() -> None:
-    _run("tunesmith.recipes.merge")
-
-
-def chat_main() -> None:
-    _run("tunesmith.chat.cli")
+if __name__ == "__main__":
+    main()

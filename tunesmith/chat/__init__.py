@@ -1,5 +1,5 @@
-"""Multi-round chat with a trained model: ChatSession (engine.py) and the command line (cli.py)."""
+"""Multi-round chat with a trained model: ChatSession (engine.py); its command line is recipes/chat.py."""
 
-from .engine import ChatSession, GenerationArguments, Outcome
+from .engine import ChatSession, Outcome
 
-__all__ = ["ChatSession", "GenerationArguments", "Outcome"]
+__all__ = ["ChatSession", "Outcome"]

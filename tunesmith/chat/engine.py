@@ -1,5 +1,5 @@
 """Multi-round chat without a terminal: the history, the token budget it is cut to, the commands,
-and streamed generation. The CLI (cli.py) is a read-print loop around `ChatSession.handle`.
+and streamed generation. The chat recipe (recipes/chat.py) is a read-print loop around `ChatSession.handle`.
 
 Prompts are rendered by `encode_prompt`, the same chat-template code that training uses, so a model
 sees at chat time exactly the layout it was trained on."""
@@ -9,49 +9,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from transformers import TextStreamer
 
-from ..config import ConfigError
 from ..constants import ASSISTANT, SYSTEM, USER
 from ..data.formats import Message
 from ..data.template import encode_prompt
+from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
 
 COMMANDS = "clear (forget the history), /system TEXT (set the system prompt; /system alone restores the " \
     "default), /save FILE (append the conversation to FILE as one JSON line), quit | exit | stop"
 QUIT_WORDS = ("quit", "exit", "stop")
-
-
-@dataclass
-class GenerationArguments:
-    do_sample: bool = field(default=True, metadata={"help": "Sample each token; false: greedy decoding (repeatable)."})
-    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (lower: more conservative)."})
-    top_p: float = field(default=0.9, metadata={"help": "Sample from the smallest token set with this total probability."})
-    top_k: int = field(default=50, metadata={"help": "Sample from the k most likely tokens (0: no limit)."})
-    repetition_penalty: float = field(default=1.0, metadata={"help": "Above 1 discourages repeating earlier tokens."})
-    max_new_tokens: int = field(default=512, metadata={"help": "Longest reply, in tokens."})
-
-    def __post_init__(self) -> None:
-        problems = [
-            (self.do_sample and self.temperature <= 0, f"--temperature must be above 0 when sampling (got "
-             f"{self.temperature}); for deterministic replies pass --do_sample false instead"),
-            (not 0 < self.top_p <= 1, f"--top_p must be in (0, 1] (got {self.top_p})"),
-            (self.max_new_tokens < 1, f"--max_new_tokens must be at least 1 (got {self.max_new_tokens})"),
-        ]
-        for broken, message in problems:
-            if broken:
-                raise ConfigError(message)
-
-    def generate_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"do_sample": self.do_sample, "max_new_tokens": self.max_new_tokens,
-                                  "repetition_penalty": self.repetition_penalty}
-        if self.do_sample:  # with greedy decoding transformers warns about (and ignores) these
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        return kwargs
 
 
 class PromptTooLong(ValueError):
@@ -86,14 +58,14 @@ class _CallbackStreamer(TextStreamer):
 class ChatSession:
     """A conversation with one model. `messages` holds every user/assistant turn since the last
     `clear` (what `/save` writes); the prompt holds the system prompt plus the newest whole turns
-    that fit `max_input_tokens`, and a turn once dropped for length stays dropped."""
+    that fit `max_prompt_length`, and a turn once dropped for length stays dropped."""
 
     def __init__(self, model: Any, tokenizer: Any, generation: GenerationArguments | None = None,
-                 max_input_tokens: int = 2048, system: str | None = None) -> None:
+                 max_prompt_length: int = 2048, system: str | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.generation = generation or GenerationArguments()
-        self.max_input_tokens = max_input_tokens
+        self.max_prompt_length = max_prompt_length
         self.system = system
         self.messages: list[Message] = []
         self._first_turn = 0  # index (in turns) of the oldest turn still in the prompt
@@ -112,13 +84,13 @@ class ChatSession:
         while True:
             window = head + self.messages[2 * first:] + new
             size = len(encode_prompt(self.tokenizer, window))
-            if size <= self.max_input_tokens:
+            if size <= self.max_prompt_length:
                 self._first_turn = first
                 return window
             if 2 * first >= len(self.messages):
                 raise PromptTooLong(
-                    f"the message and system prompt alone take {size} tokens, more than --max_input_tokens "
-                    f"{self.max_input_tokens}: shorten them or raise --max_input_tokens"
+                    f"the message and system prompt alone take {size} tokens, more than --max_prompt_length "
+                    f"{self.max_prompt_length}: shorten them or raise --max_prompt_length"
                 )
             first += 1
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from datasets import Dataset, load_from_disk
 
-from ..hparams import DataArguments
-from ..models.default_model import cache_root
+from ..hparams import SFTDataArguments
 from ..utils.io import atomic_directory
+from ..utils.paths import cache_root
 from .formats import Conversation, load_conversations
 from .template import encode_conversation, trained_token_count, truncate
 
@@ -66,7 +66,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return h.hexdigest()
 
 
-def cache_key(paths: list[str], tokenizer: Any, data_args: DataArguments) -> str:
+def cache_key(paths: list[str], tokenizer: Any, data_args: SFTDataArguments) -> str:
     h = hashlib.sha256(ENCODING_VERSION.encode())
     for p in paths:
         h.update(os.path.abspath(p).encode())
@@ -76,7 +76,7 @@ def cache_key(paths: list[str], tokenizer: Any, data_args: DataArguments) -> str
     return h.hexdigest()[:24]
 
 
-def build_sft_dataset(tokenizer: Any, paths: list[str], data_args: DataArguments, name: str = "train") -> Dataset:
+def build_sft_dataset(tokenizer: Any, paths: list[str], data_args: SFTDataArguments, name: str = "train") -> Dataset:
     """The tokenized dataset for these files, from the cache when the same data, tokenizer, template
     and arguments were tokenized before."""
     cache_dir = cache_root() / "datasets" / cache_key(paths, tokenizer, data_args)
@@ -94,7 +94,7 @@ def build_sft_dataset(tokenizer: Any, paths: list[str], data_args: DataArguments
     return load_from_disk(str(cache_dir))
 
 
-def build_sft_datasets(tokenizer: Any, data_args: DataArguments, seed: int = 42) -> tuple[Dataset, Dataset | None]:
+def build_sft_datasets(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42) -> tuple[Dataset, Dataset | None]:
     train = build_sft_dataset(tokenizer, data_args.data_path, data_args, "train")
     evaluation = None
     if data_args.eval_data_path:

@@ -14,15 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
+from ..errors import DataError
 
 Message = dict[str, Any]
 
 SHAREGPT_ROLES = {"system": SYSTEM, "human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT,
                   "function_call": ASSISTANT, "observation": TOOL, "tool": TOOL}
-
-
-class DataError(ValueError):
-    """A row that cannot be used; the message names file, line and field."""
 
 
 @dataclass(frozen=True)

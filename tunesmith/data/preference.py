@@ -15,44 +15,22 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from datasets import Dataset
 
 from ..constants import ASSISTANT, SYSTEM, TOOL, USER
+from ..errors import TemplateError
+from ..hparams import TrainDataArguments
 from .formats import Message, Row, check_role_order, openai_messages, read_rows, sharegpt_messages
-from .template import TemplateError, render_text
+from .template import render_text
 
 logger = logging.getLogger(__name__)
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
 CONTEXT_FIELDS = ("conversations", "messages", "prompt")  # first one present is the context
 REPLY_KINDS = "a string, a {role, content} or {from, value} message, or a list of such messages"
-
-
-@dataclass
-class PreferenceDataArguments:
-    data_path: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Preference files (JSON/JSONL), format detected per row: ShareGPT `conversations` + "
-                  "`chosen`/`rejected`, or TRL `prompt`/`messages` + `chosen`/`rejected`; optional `margin`."},
-    )
-    eval_data_path: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Held-out preference files (same formats): accuracy and margin are reported on them."},
-    )
-    eval_split_ratio: float = field(
-        default=0.0, metadata={"help": "Hold out this fraction of the training pairs for evaluation."}
-    )
-    max_seq_length: int = field(
-        default=256,
-        metadata={"help": "Longest context + reply, in tokens. Longer pairs lose whole early turns of their shared "
-                  "context, then its oldest tokens; pairs whose replies alone do not fit are dropped (counted)."},
-    )
-    max_samples: int | None = field(
-        default=None, metadata={"help": "Use only the first N pairs of the training data (quick runs)."}
-    )
 
 
 @dataclass(frozen=True)
@@ -222,7 +200,7 @@ def encode_pairs(tokenizer: Any, pairs: list[PreferencePair], max_length: int | 
 
 
 def build_preference_dataset(
-    tokenizer: Any, paths: list[str], data_args: PreferenceDataArguments, name: str = "train"
+    tokenizer: Any, paths: list[str], data_args: TrainDataArguments, name: str = "train"
 ) -> Dataset:
     pairs = load_pairs(paths, data_args.max_samples if name == "train" else None)
     records, stats = encode_pairs(tokenizer, pairs, data_args.max_seq_length)
@@ -234,7 +212,7 @@ def build_preference_dataset(
 
 
 def build_preference_datasets(
-    tokenizer: Any, data_args: PreferenceDataArguments, seed: int = 42
+    tokenizer: Any, data_args: TrainDataArguments, seed: int = 42
 ) -> tuple[Dataset, Dataset | None]:
     train = build_preference_dataset(tokenizer, data_args.data_path, data_args, "train")
     evaluation = None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG, USER
+from ..errors import TemplateError
 from .formats import Message
 
 # For base models that ship no template (`--chat_template chatml`).
@@ -23,10 +24,6 @@ BUILTIN_TEMPLATES = {
         "{% endif %}"
     ),
 }
-
-
-class TemplateError(ValueError):
-    """A chat template that cannot be used for training; the message says why."""
 
 
 def apply_chat_template_override(tokenizer: Any, chat_template: str | None) -> None:

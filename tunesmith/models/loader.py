@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checks import zero_stage
 from ..data.template import apply_chat_template_override
-from ..hparams import FinetuningArguments, ModelArguments
+from ..errors import PathError
+from ..hparams import FinetuningArguments, ModelArguments, zero_stage
+from ..hparams.parser import resolve_adapter_base
 from .default_model import ensure_default_model
 
 logger = logging.getLogger(__name__)
@@ -52,12 +53,24 @@ def load_tokenizer(model_args: ModelArguments) -> Any:
     from transformers import AutoTokenizer
 
     path = resolve_model_path(model_args)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+    with _path_errors(path):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
     apply_chat_template_override(tokenizer, model_args.chat_template)
     return tokenizer
+
+
+@contextlib.contextmanager
+def _path_errors(path: str):
+    """transformers' OSError for a folder without model files (or a hub id that cannot be fetched)
+    as one message naming the flag."""
+    try:
+        yield
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PathError(f"--model_name_or_path {path}: cannot load a model or tokenizer from it ({first})") from e
 
 
 def quantization_config(model_args: ModelArguments, dtype: torch.dtype) -> Any:
@@ -128,13 +141,14 @@ def load_model(
             local = int(os.environ.get("LOCAL_RANK", "0"))
             kwargs["device_map"] = {"": local if torch.cuda.is_available() else "cpu"}
     if task == "reward":
-        with _quiet_about_the_new_score_head():
+        with _quiet_about_the_new_score_head(), _path_errors(path):
             model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
         logger.info("score head: %s", f"from the adapter {model_args.adapter_name_or_path}"
                     if model_args.adapter_name_or_path else "new, trained in this run" if is_trainable
                     else "new and untrained (no reward adapter given)")
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        with _path_errors(path):
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     if finetuning_args.finetuning_type == "lora":
@@ -210,42 +224,32 @@ def log_parameter_counts(model: nn.Module) -> tuple[int, int]:
     return trainable, total
 
 
-ADAPTER_CONFIG = "adapter_config.json"
-
-
-def is_adapter_dir(path: str | None) -> bool:
-    return bool(path) and os.path.isfile(os.path.join(str(path), ADAPTER_CONFIG))
-
-
-def adapter_base_model(adapter_dir: str) -> str:
-    """The base model an adapter was trained on, as recorded in its adapter_config.json."""
-    import json
-
-    with open(os.path.join(adapter_dir, ADAPTER_CONFIG), encoding="utf-8") as f:
-        base = json.load(f).get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{adapter_dir}/{ADAPTER_CONFIG}: no base_model_name_or_path; pass the base model explicitly")
-    return base
-
-
 def inference_model_args(model_name_or_path: str | None, adapter: str | None = None, **overrides: Any) -> ModelArguments:
     """ModelArguments for loading a trained result: a merged/full model directory, or an adapter
     directory given as the model (its base is read from adapter_config.json), or base + adapter."""
-    if adapter is None and is_adapter_dir(model_name_or_path):
-        adapter, model_name_or_path = model_name_or_path, adapter_base_model(str(model_name_or_path))
-    return ModelArguments(model_name_or_path=model_name_or_path, adapter_name_or_path=adapter, **overrides)
+    model_args = ModelArguments(model_name_or_path=model_name_or_path, adapter_name_or_path=adapter, **overrides)
+    resolve_adapter_base(model_args)
+    return model_args
+
+
+def load_trained_tokenizer(model_args: ModelArguments) -> Any:
+    """The adapter's tokenizer when training saved one beside it (it carries the chat template the
+    adapter was trained with), else the model's."""
+    adapter = model_args.adapter_name_or_path
+    if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")):
+        return load_tokenizer(ModelArguments(model_name_or_path=adapter, trust_remote_code=model_args.trust_remote_code,
+                                             chat_template=model_args.chat_template))
+    return load_tokenizer(model_args)
 
 
 def load_for_inference(model_args: ModelArguments, task: str = "causal_lm") -> tuple[nn.Module, Any]:
-    """(model in eval mode with no trainable weights, tokenizer) for a trained result. The
+    """(model in eval mode with no trainable weights, on the GPU when there is one, tokenizer) for a
+    trained result. The
     tokenizer (and its chat template) comes from the adapter folder when it has one, since that is
     what training saved."""
     finetuning = FinetuningArguments(finetuning_type="lora" if model_args.adapter_name_or_path else "full")
-    tokenizer_args = model_args
-    if model_args.adapter_name_or_path and os.path.isfile(os.path.join(model_args.adapter_name_or_path, "tokenizer_config.json")):
-        tokenizer_args = ModelArguments(model_name_or_path=model_args.adapter_name_or_path,
-                                        trust_remote_code=model_args.trust_remote_code,
-                                        chat_template=model_args.chat_template)
-    tokenizer = load_tokenizer(tokenizer_args)
+    tokenizer = load_trained_tokenizer(model_args)
     model = load_model(model_args, finetuning, is_trainable=False, task=task)
+    if torch.cuda.is_available() and model_args.quantization_bit is None:
+        model.cuda()  # quantized weights were placed as they loaded (device_map)
     return model, tokenizer

@@ -17,8 +17,8 @@ from transformers import GenerationConfig
 from ..constants import ASSISTANT
 from ..data.prompts import Prompt
 from ..data.template import render_text
-from ..ppo_core import entropy_from_logits, logprobs_from_logits, truncate_after_eos
-from ..train.reward_trainer import score_sequences
+from ..models.scoring import score_sequences
+from .core import entropy_from_logits, logprobs_from_logits, truncate_after_eos
 
 # reward_fn(prompts_ids, responses_ids) -> one score per reply. Responses hold the reply tokens up to
 # and including the first EOS (when the reply ended).

@@ -1,6 +1,6 @@
 """PPOTrainer: the RLHF loop on top of accelerate. Each step samples replies to a batch of prompts
 (rollout), scores them, and runs a few PPO epochs of clipped policy and value updates over
-shuffled mini-batches of that batch. The maths is in tunesmith.ppo_core."""
+shuffled mini-batches of that batch. The maths is in ppo/core.py."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import get_scheduler
 
-from ..checks import zero_stage
-from ..config import save_run_config
 from ..data.prompts import Prompt, left_pad
-from ..ppo_core import (
+from ..hparams import PPOArguments, check, save_run_config, zero_stage
+from ..train.checkpoints import COMPLETE_MARKER, empty_tensors
+from ..utils.io import atomic_write_json, atomic_write_jsonl
+from .core import (
     AdaptiveKLController,
     FixedKLController,
     compute_gae,
@@ -34,9 +35,6 @@ from ..ppo_core import (
     policy_loss,
     value_loss,
 )
-from ..train.checkpoints import COMPLETE_MARKER, empty_tensors
-from ..utils.io import atomic_write_json, atomic_write_jsonl
-from .args import PPOArguments, check_batch_settings
 from .models import VALUE_DIR, ActorCritic
 from .rollout import (
     RewardFn,
@@ -70,7 +68,7 @@ class PPOTrainer:
             raise ValueError("PPOTrainer needs exactly one of reward_model or reward_fn")
         if not prompts or not prompts[0].input_ids:
             raise ValueError("PPOTrainer needs encoded prompts (tunesmith.data.prompts.encode_prompts)")
-        check_batch_settings(ppo_args, training_args)
+        check(ppo=ppo_args, training=training_args)  # the rules it needs, also when built without the recipe
         self.args, self.ppo = training_args, ppo_args
         self.tokenizer, self.prompts = tokenizer, prompts
         self.reward_model, self.reward_fn = reward_model, reward_fn

@@ -1,53 +1,29 @@
-"""Scoring recipe: load a reward model -> read rows -> render as in training -> score -> write.
+"""Score conversations or preference pairs with a trained reward model, one output line per input row:
+load the reward model -> read rows -> render as in training -> score -> write.
 
     python reward/score.py --model_name_or_path outputs/rm_demo --data_path data/demo/preference_eval.jsonl \
         --output_jsonl outputs/rm_demo/eval_scores.jsonl
 
 Each input row gives one output line, in order: a preference pair {"chosen": s, "rejected": s}, a
-conversation ending with an assistant turn {"score": s}; null where --max_seq_length drops it.
+conversation ending with an assistant turn {"score": s}; null where --max_seq_length drops it. Pairs
+print their accuracy and mean margin.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from ..config import parse_args
+from ..boundary import entry_point
 from ..data.formats import Row, conversation_from_row, detect_format, read_rows
 from ..data.preference import encode_pair, is_pair_row, pair_from_row
-from ..models.loader import inference_model_args, load_for_inference
-from ..train.reward_trainer import score_sequences
+from ..hparams import DataArguments, ScoreArguments, parse_run
+from ..models.loader import load_for_inference
+from ..models.scoring import score_sequences
 from ..utils.io import atomic_write_jsonl
-from ..utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ScoreArguments:
-    data_path: str = field(
-        metadata={"help": "A JSON/JSONL file of preference pairs (as for training) and/or conversations "
-                  "(OpenAI messages, ShareGPT or Alpaca) ending with the assistant reply to score."}
-    )
-    output_jsonl: str = field(metadata={"help": "Where to write one JSON line of scores per input row."})
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "The reward model: a full/merged model directory, or a LoRA adapter directory (its base "
-                  "model is read from adapter_config.json)."},
-    )
-    adapter: str | None = field(
-        default=None, metadata={"help": "A LoRA reward adapter to load on top of --model_name_or_path."}
-    )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={"help": "Truncate like training does (context first; replies kept whole). Default: score every "
-                  "sequence whole."},
-    )
-    batch_size: int = field(default=8, metadata={"help": "Sequences per forward pass."})
 
 
 def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[int]] | None:
@@ -61,12 +37,12 @@ def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[in
     return None if enc is None else [enc.chosen_ids]
 
 
-def score_file(model: Any, tokenizer: Any, args: ScoreArguments) -> list[dict]:
-    """One dict per row of args.data_path, in order."""
-    rows = list(read_rows(args.data_path))
-    per_row = [_sequences(tokenizer, row, args.max_seq_length) for row in rows]
+def score_file(model: Any, tokenizer: Any, data: DataArguments, score: ScoreArguments) -> list[dict]:
+    """One dict per row of the data files, in order."""
+    rows = [row for path in data.data_path for row in read_rows(path)]
+    per_row = [_sequences(tokenizer, row, data.max_seq_length) for row in rows]
     flat = [seq for seqs in per_row if seqs for seq in seqs]
-    scores = iter(score_sequences(model, tokenizer, flat, args.batch_size))
+    scores = iter(score_sequences(model, tokenizer, flat, score.batch_size))
     results = []
     for row, seqs in zip(rows, per_row):
         keys = ("chosen", "rejected") if is_pair_row(row) else ("score",)
@@ -84,19 +60,19 @@ def pair_summary(results: list[dict]) -> dict[str, float] | None:
             "margin": sum(margins) / len(pairs)}
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
-    setup_logging()
-    (args,) = parse_args((ScoreArguments,), argv)
-    model_args = inference_model_args(args.model_name_or_path, args.adapter)
-    model, tokenizer = load_for_inference(model_args, task="reward")
-    if torch.cuda.is_available() and model_args.quantization_bit is None:
-        model.cuda()
-    results = score_file(model, tokenizer, args)
-    atomic_write_jsonl(args.output_jsonl, results)
+def run(argv: Sequence[str] | None = None) -> list[dict]:
+    args = parse_run("score", argv, __doc__)
+    model, tokenizer = load_for_inference(args.model, task="reward")
+    results = score_file(model, tokenizer, args.data, args.score)
+    atomic_write_jsonl(args.score.output_jsonl, results)
     skipped = sum(None in r.values() for r in results)
-    print(f"{args.data_path}: scored {len(results) - skipped} of {len(results)} rows -> {args.output_jsonl}"
-          + (f" ({skipped} did not fit in --max_seq_length {args.max_seq_length}: null)" if skipped else ""))
+    print(f"{' '.join(args.data.data_path)}: scored {len(results) - skipped} of {len(results)} rows -> "
+          f"{args.score.output_jsonl}"
+          + (f" ({skipped} did not fit in --max_seq_length {args.data.max_seq_length}: null)" if skipped else ""))
     summary = pair_summary(results)
     if summary:
         print(f"pairs: {summary['pairs']}  accuracy: {summary['accuracy']:.4f}  mean margin: {summary['margin']:.4f}")
     return results
+
+
+main = entry_point(run)

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from ..config import save_run_config
 from ..constants import IGNORE_INDEX
+from ..hparams import save_run_config
 from .checkpoints import empty_tensors
 
 

@@ -1,30 +1,19 @@
-"""PPO's own settings (the rest comes from ModelArguments, FinetuningArguments and TrainingArguments:
-output_dir, learning_rate, seed, logging/save steps, max_steps, bf16, deepspeed), and the checks
-on combinations that cannot work."""
+"""PPO's own settings. The rest comes from the shared dataclasses: the prompts from
+PromptDataArguments, the policy from ModelArguments and FinetuningArguments, and output_dir,
+learning_rate, seed, logging/save steps, max_steps, bf16 and deepspeed from TrainingArguments. The
+checks on their combinations are rows of hparams/rules.py."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from ..config import ConfigError
-from ..hparams import FinetuningArguments
+from typing import ClassVar, Literal
 
 
 @dataclass
 class PPOArguments:
-    data_path: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Prompt files (JSONL/JSON): `prompt` strings, or `messages` / `conversations` ending with "
-                  "a user turn (e.g. data/demo/prompts.jsonl)."},
-    )
-    max_samples: int | None = field(
-        default=None, metadata={"help": "Use only the first N prompts (quick runs)."}
-    )
-    max_prompt_length: int = field(
-        default=512, metadata={"help": "Prompts longer than this many tokens (after the chat template) are dropped."}
-    )
+    role: ClassVar[str] = "ppo"
+    _argument_group_name: ClassVar[str] = "PPO"
+
     reward_model: str | None = field(
         default=None,
         metadata={"help": "The reward model from reward/train.py: a merged model directory, or an adapter directory "
@@ -90,40 +79,3 @@ class PPOArguments:
         default=1, metadata={"help": "Print this many (prompt, reply, score) samples at every log step."}
     )
 
-
-def check_ppo_args(ppo: PPOArguments, finetuning: FinetuningArguments, training: Any) -> None:
-    """Raise ConfigError for PPO settings that cannot work, naming the flag and the fix."""
-    if not ppo.data_path:
-        raise ConfigError("--data_path is required: one or more prompt files (e.g. data/demo/prompts.jsonl).")
-    if not ppo.reward_model:
-        raise ConfigError("--reward_model is required: the output directory of reward/train.py "
-                          "(e.g. outputs/rm_demo), a merged model or an adapter.")
-    if not os.path.isdir(ppo.reward_model):
-        raise ConfigError(f"--reward_model {ppo.reward_model}: no such directory (train one with reward/train.py).")
-    if training.gradient_checkpointing and finetuning.finetuning_type == "lora":
-        raise ConfigError("--gradient_checkpointing cannot be used with LoRA PPO: the policy and value adapters "
-                          "share one model and the recomputed forward would run the wrong adapter; drop it "
-                          "(or use --finetuning_type full).")
-    check_batch_settings(ppo, training)
-
-
-def check_batch_settings(ppo: PPOArguments, training: Any) -> None:
-    """The checks PPOTrainer itself needs (it may be built without the recipe)."""
-    batch = training.per_device_train_batch_size
-    if ppo.num_mini_batches < 1 or batch % ppo.num_mini_batches:
-        raise ConfigError(f"--num_mini_batches {ppo.num_mini_batches} must divide --per_device_train_batch_size "
-                          f"{batch} (the rollout batch) into equal mini-batches.")
-    mini = batch // ppo.num_mini_batches
-    if mini % training.gradient_accumulation_steps:
-        raise ConfigError(f"--gradient_accumulation_steps {training.gradient_accumulation_steps} must divide the "
-                          f"mini-batch of {mini} rows (per_device_train_batch_size / num_mini_batches).")
-    if ppo.samples_per_prompt < 1 or batch % ppo.samples_per_prompt:
-        raise ConfigError(f"--samples_per_prompt {ppo.samples_per_prompt} must divide --per_device_train_batch_size "
-                          f"{batch}: each process holds whole groups of replies to one prompt.")
-    if ppo.temperature <= 0:
-        raise ConfigError(f"--temperature must be positive (got {ppo.temperature}); PPO needs a sampling policy.")
-    if ppo.max_new_tokens < 1 or ppo.ppo_epochs < 1:
-        raise ConfigError(f"--max_new_tokens ({ppo.max_new_tokens}) and --ppo_epochs ({ppo.ppo_epochs}) "
-                          "must be at least 1.")
-    if training.max_steps <= 0 and training.num_train_epochs <= 0:
-        raise ConfigError("set --max_steps (PPO steps, one rollout batch each) or --num_train_epochs.")

@@ -1,0 +1,5 @@
+"""`python -m tunesmith COMMAND ...` is the `tunesmith` command."""
+
+from .cli import main
+
+main()

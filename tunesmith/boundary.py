@@ -1,0 +1,44 @@
+"""The one error boundary every entry point runs through (stage scripts, console scripts and the
+`tunesmith` command). A user error (errors.UserError: data, config, path, template) prints one line
+naming the problem and what to do, and exits with status 2; `--debug` or TUNESMITH_DEBUG=1 adds the
+traceback. Anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import UserError
+from .utils.logging import setup_logging
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def debug_requested(argv: Sequence[str]) -> bool:
+    return "--debug" in argv or os.environ.get("TUNESMITH_DEBUG", "") not in ("", "0", "false")
+
+
+def entry_point(run: Callable[[list[str]], Any]) -> Callable[[Sequence[str] | None], None]:
+    """main() for a recipe's run(argv): logging set up, user errors as one line and exit status 2."""
+
+    @functools.wraps(run)
+    def main(argv: Sequence[str] | None = None) -> None:
+        args = list(sys.argv[1:] if argv is None else argv)
+        setup_logging()
+        try:
+            run(args)
+        except UserError as e:
+            if debug_requested(args):
+                traceback.print_exc()
+            print(f"tunesmith: {e.kind}: {e}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_USER_ERROR)
+        except KeyboardInterrupt:
+            print("tunesmith: interrupted", file=sys.stderr, flush=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+    return main

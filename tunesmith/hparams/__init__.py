@@ -1,0 +1,53 @@
+"""Every stage's argument dataclasses (each field documented once, in its help text), one parser for
+every kind of run, and the one table of rules applied after parsing. Bottom of the stack above
+utils/, errors and distributed: it imports nothing else of tunesmith."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
+from .finetuning_args import FinetuningArguments, RewardArguments
+from .generating_args import ChatArguments, GenerationArguments
+from .model_args import ModelArguments
+from .parser import ParsedRun, parse_args
+from .ppo_args import PPOArguments
+from .rules import check, deepspeed_config, zero_stage
+from .run_config import save_run_config
+from .tool_args import (
+    MERGE_RELATIVE_TOLERANCES,
+    CompareArguments,
+    EvalArguments,
+    InspectArguments,
+    MergeArguments,
+    ScoreArguments,
+)
+from .training_args import TrainingArguments
+
+# The dataclasses of each kind of run, in the order tunesmith_config.json records them.
+RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
+    "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, TrainingArguments),
+    "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
+    "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, TrainingArguments),
+    "merge": (ModelArguments, MergeArguments),
+    "chat": (ModelArguments, ChatArguments, GenerationArguments),
+    "score": (ModelArguments, DataArguments, ScoreArguments),
+    "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
+    "compare": (ModelArguments, PromptDataArguments, CompareArguments),
+    "eval_ppo": (PromptDataArguments, EvalArguments),
+}
+
+
+def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | None = None,
+              check_paths: bool = True) -> ParsedRun:
+    """Parse and check the command line of one kind of run (a key of RUN_ARGUMENTS)."""
+    return parse_args(RUN_ARGUMENTS[kind], argv, description, check_paths)
+
+
+__all__ = [
+    "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
+    "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
+    "PromptDataArguments", "FinetuningArguments", "RewardArguments", "GenerationArguments", "ChatArguments",
+    "PPOArguments", "TrainingArguments", "MergeArguments", "ScoreArguments", "InspectArguments",
+    "CompareArguments", "EvalArguments", "MERGE_RELATIVE_TOLERANCES",
+]

@@ -1,0 +1,241 @@
+"""One parser for every kind of run: an optional YAML/JSON run config as the first argument, then
+`--flag value` overrides, into the stage's dataclasses; old flag spellings mapped to new ones with a
+deprecation line; unknown flags and keys refused with a suggestion; then every row of the rules
+table (hparams/rules.py), before any weight loads. `--help` opens with what the stage does and how
+to pass a run config, and lists tunesmith's own flags before the Trainer's."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import os
+import re
+import sys
+from argparse import SUPPRESS, RawDescriptionHelpFormatter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+from transformers import HfArgumentParser
+from transformers import TrainingArguments as HFTrainingArguments
+
+from ..errors import ConfigError
+from ..utils.paths import adapter_base_model, is_adapter_dir
+from .rules import check
+
+logger = logging.getLogger(__name__)
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+# Old spelling -> the one flag that now means the same thing in every stage. Accepted, with a
+# deprecation line, until DEPRECATED_UNTIL.
+DEPRECATED_FLAGS = {
+    "adapter": "adapter_name_or_path",
+    "base_model": "model_name_or_path",
+    "overwrite": "overwrite_output_dir",
+    "max_input_tokens": "max_prompt_length",
+    "prompts": "data_path",
+    "sample": "do_sample",
+}
+DEPRECATED_UNTIL = "0.3"
+
+RUN_CONFIG_HELP = (
+    "Run config: the first argument may be a YAML or JSON file of `flag: value` lines (see configs/); flags\n"
+    "given after it override it. Errors print one line and exit with status 2; --debug (or\n"
+    "TUNESMITH_DEBUG=1) adds the traceback."
+)
+
+
+class HelpFormatter(RawDescriptionHelpFormatter):
+    """Keeps the description's own line breaks; adds "(default: X)" only where the help text does not
+    already say what the default is and there is one."""
+
+    def _get_help_string(self, action: Any) -> str:
+        text = action.help or ""
+        if action.default in (None, SUPPRESS, [], "") or "default" in text.lower() or action.option_strings == ["-h", "--help"]:
+            return text
+        return f"{text} (default: {action.default})"
+
+
+class Parser(HfArgumentParser):
+    def __init__(self, dataclass_types: Sequence[type], description: str | None = None, prog: str | None = None):
+        prog = prog or os.path.basename(sys.argv[0] or "tunesmith")
+        super().__init__(
+            list(dataclass_types),
+            prog=prog,
+            usage=f"{prog} [RUN_CONFIG.yaml] [--flag value ...]",
+            description=((description or "").strip() + "\n\n" + RUN_CONFIG_HELP).strip(),
+            formatter_class=HelpFormatter,
+            allow_abbrev=False,  # a prefix like --learning must not silently mean --learning_rate
+        )
+        self.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
+
+    def _add_dataclass_arguments(self, dtype: type) -> None:
+        if not issubclass(dtype, HFTrainingArguments):
+            super()._add_dataclass_arguments(dtype)
+            return
+        # The fields tunesmith sets or documents first; the Trainer's other ~130 come last.
+        hints = get_type_hints(dtype)
+        first = set(vars(dtype).get("__annotations__", {})) | set(getattr(dtype, "help_first", ()))
+        ours = self.add_argument_group(getattr(dtype, "_argument_group_name", "training"))
+        rest = []
+        for f in dataclasses.fields(dtype):
+            if not f.init or f.name == "debug":  # transformers' --debug (overflow tracing) yields to ours
+                continue
+            f.type = hints[f.name]
+            if f.name in first:
+                self._parse_dataclass_field(ours, f)
+            else:
+                rest.append(f)
+        theirs = self.add_argument_group(
+            "transformers Trainer options", "The other fields of transformers.TrainingArguments, passed through."
+        )
+        for f in rest:
+            self._parse_dataclass_field(theirs, f)
+
+    @property
+    def flags(self) -> set[str]:
+        return {s[2:] for s in self._option_string_actions if s.startswith("--")}
+
+
+class ParsedRun:
+    """The parsed dataclasses of one run, by role (run.model, run.data, run.training, ...), in the
+    order they were asked for (run.configs, which is what tunesmith_config.json records)."""
+
+    def __init__(self, configs: Sequence[Any]) -> None:
+        self.configs = tuple(configs)
+        for config in self.configs:
+            setattr(self, config.role, config)
+
+    def __iter__(self):
+        return iter(self.configs)
+
+
+def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = None,
+               description: str | None = None, check_paths: bool = True) -> ParsedRun:
+    """Parse a command line into the given dataclasses, then apply the rules table (check_paths=False:
+    all but the rows about files and folders). `description` (the recipe's docstring) opens `--help`."""
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--debug"]
+    parser = Parser(dataclass_types, description)
+    file_argv: list[str] = []
+    if argv and not argv[0].startswith("-"):
+        if not argv[0].endswith(CONFIG_SUFFIXES):
+            raise ConfigError(f"unexpected argument {argv[0]!r}: the first argument may be a run config "
+                              "(.yaml, .yml or .json); everything else goes as --flag value (see --help)")
+        file_argv = config_file_to_argv(argv[0], parser.flags)
+        argv = argv[1:]
+    namespace, unknown = parser.parse_known_args(args=file_argv + _renamed(argv, parser.flags, "command line"))
+    if unknown:
+        raise ConfigError(_unknown_message(unknown, parser.flags))
+    del namespace.debug  # the boundary's flag, not a dataclass field (TrainingArguments has its own `debug`)
+    configs = []
+    for dtype in dataclass_types:
+        keys = {f.name for f in dataclasses.fields(dtype) if f.init}
+        try:
+            configs.append(dtype(**{k: v for k, v in vars(namespace).items() if k in keys}))
+        except ConfigError:
+            raise
+        except ValueError as e:  # a library's own check in __post_init__ (e.g. TrainingArguments)
+            raise ConfigError(str(e)) from e
+    run = ParsedRun(configs)
+    if hasattr(run, "model"):
+        resolve_adapter_base(run.model)
+    check(check_paths, **{config.role: config for config in configs})
+    return run
+
+
+def resolve_adapter_base(model_args: Any) -> None:
+    """An adapter directory given as the model becomes the adapter on its recorded base; a base left
+    out comes from the adapter's record. A base given that differs from the record is warned about
+    (it may be deliberate: the same weights in another folder)."""
+    if model_args.adapter_name_or_path is None and is_adapter_dir(model_args.model_name_or_path):
+        model_args.adapter_name_or_path, model_args.model_name_or_path = model_args.model_name_or_path, None
+    adapter = model_args.adapter_name_or_path
+    if not is_adapter_dir(adapter):
+        return
+    recorded = adapter_base_model(adapter)
+    if model_args.model_name_or_path is None:
+        model_args.model_name_or_path = recorded
+    elif os.path.realpath(model_args.model_name_or_path) != os.path.realpath(recorded) \
+            and not is_adapter_dir(model_args.model_name_or_path):
+        logger.warning("--model_name_or_path %s is not the base that %s was trained on (%s, in its "
+                       "adapter_config.json); go on only if it holds the same weights",
+                       model_args.model_name_or_path, adapter, recorded)
+
+
+def _renamed(argv: Sequence[str], flags: set[str], where: str) -> list[str]:
+    out = []
+    for token in argv:
+        name, eq, value = token[2:].partition("=")
+        if token.startswith("--") and name not in flags and DEPRECATED_FLAGS.get(name) in flags:
+            new = DEPRECATED_FLAGS[name]
+            logger.warning("%s: --%s is deprecated, use --%s (the old spelling works until tunesmith %s)",
+                           where, name, new, DEPRECATED_UNTIL)
+            token = f"--{new}{eq}{value}"
+        out.append(token)
+    return out
+
+
+def _suggestion(name: str, flags: set[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(flags), n=1, cutoff=0.6)
+    return f" (did you mean --{close[0]}?)" if close else " (see --help for the flags)"
+
+
+def _unknown_message(unknown: list[str], flags: set[str]) -> str:
+    first = next((u for u in unknown if u.startswith("-")), unknown[0])
+    if not first.startswith("-"):
+        return f"unexpected value {first!r}: every value follows its --flag (see --help)"
+    name = first.lstrip("-").partition("=")[0]
+    return f"unknown flag --{name}{_suggestion(name, flags)}"
+
+
+def config_file_to_argv(path: str, flags: set[str]) -> list[str]:
+    """A flat YAML/JSON mapping as `--key value` tokens, so that flags given after it win. Unknown keys
+    are refused with the file, line and a suggestion."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"run config {path}: no such file")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text)  # JSON is YAML too; YAML also reports the line of a syntax error
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"run config {path}: not UTF-8 text (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"run config {path}{where}: not valid YAML/JSON: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"run config {path}: must be a mapping of flag names to values, got {type(data).__name__}")
+    base = Path(path).resolve().parent
+    argv: list[str] = []
+    for key, value in data.items():
+        key = str(key)
+        where = f"run config {path}:{_line_of(text, key)}"
+        if key not in flags:
+            if DEPRECATED_FLAGS.get(key) not in flags:
+                raise ConfigError(f"{where}: unknown key `{key}`{_suggestion(key, flags).replace(' --', ' ')}")
+        if isinstance(value, dict):
+            raise ConfigError(f"{where}: `{key}` is a mapping; give a file path instead (e.g. a DeepSpeed json).")
+        argv.extend(_renamed([f"--{key}"], flags, where))
+        for v in value if isinstance(value, list) else [value]:
+            argv.append(_config_value(v, key, base))
+    return argv
+
+
+def _line_of(text: str, key: str) -> int:
+    match = re.search(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*:", text, flags=re.M)
+    return text.count("\n", 0, match.start()) + 1 if match else 1
+
+
+# Paths in a run config are relative to the repo root when they exist there, else to the config file.
+_PATH_KEYS = {"data_path", "eval_data_path", "deepspeed", "chat_template"}
+
+
+def _config_value(value: Any, key: str, base: Path) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if key in _PATH_KEYS and not os.path.isabs(text) and not os.path.exists(text) and (base / text).exists():
+        return str(base / text)
+    return text

@@ -1,0 +1,222 @@
+"""One table of settings that cannot work, checked right after parsing, before any weight loads:
+each row names the flag, the value received and what to change, instead of a failure later inside a
+library. A row applies to a run that has every role it reads (model, data, finetuning, training,
+ppo, reward, generation, chat, merge, score, evaluation); `check(**roles)` runs the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, PathError
+from ..utils.paths import is_adapter_dir, looks_local, problem_with_data_file, problem_with_output_dir
+
+
+def deepspeed_config(training_args: Any) -> dict:
+    """The DeepSpeed config a run was given (empty when none); a file path or an inline dict."""
+    ds = getattr(training_args, "deepspeed", None)
+    if not ds:
+        return {}
+    if isinstance(ds, dict):
+        return ds
+    if not os.path.isfile(ds):
+        raise ConfigError(f"--deepspeed {ds}: no such file (shipped configs: configs/ds_zero2.json, configs/ds_zero3.json)")
+    with open(ds, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--deepspeed {ds}: not valid JSON at line {e.lineno}: {e.msg}") from None
+
+
+def zero_stage(training_args: Any) -> int:
+    return int(deepspeed_config(training_args).get("zero_optimization", {}).get("stage", 0))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`broken(run)` is falsy when the settings are fine; otherwise True, or a dict of values for the
+    message's {placeholders} (which may also name any role's fields, e.g. {model.quantization_bit})."""
+
+    name: str
+    roles: tuple[str, ...]
+    broken: Callable[[SimpleNamespace], Any]
+    message: str
+    error: type[Exception] = ConfigError
+
+
+def _first(values: list[str], problem: Callable[[str], str | None]) -> dict | None:
+    for value in values:
+        found = problem(value)
+        if found:
+            return {"path": value, "problem": found}
+    return None
+
+
+def _missing_dir(path: str | None) -> dict | None:
+    if path and not os.path.isdir(path):
+        return {"path": path, "problem": "is a file, not a directory" if os.path.exists(path) else "no such directory"}
+    return None
+
+
+def _batch(a: SimpleNamespace) -> int:
+    return a.training.per_device_train_batch_size
+
+
+RULES: list[Rule] = [
+    # -- paths, checked before anything loads
+    Rule("data_path_given", ("data",), lambda a: not a.data.data_path,
+         "--data_path is required: one or more JSON/JSONL files (e.g. data/demo/sft.jsonl)."),
+    Rule("data_files", ("data",), lambda a: _first(a.data.data_path + getattr(a.data, "eval_data_path", []),
+                                                    problem_with_data_file),
+         "data file {path}: {problem}.", PathError),
+    Rule("model_path", ("model",),
+         lambda a: a.model.model_name_or_path and looks_local(a.model.model_name_or_path)
+         and _missing_dir(a.model.model_name_or_path),
+         "--model_name_or_path {path}: {problem}. Give a local model directory (one with config.json), "
+         "or leave it out for the embedded default model.", PathError),
+    Rule("adapter_path", ("model",), lambda a: _missing_dir(a.model.adapter_name_or_path),
+         "--adapter_name_or_path {path}: {problem}.", PathError),
+    Rule("adapter_is_adapter", ("model",),
+         lambda a: a.model.adapter_name_or_path and os.path.isdir(a.model.adapter_name_or_path)
+         and not is_adapter_dir(a.model.adapter_name_or_path),
+         "--adapter_name_or_path {model.adapter_name_or_path}: no adapter_config.json there, so it is not a LoRA "
+         "adapter; a full or merged model goes in --model_name_or_path.", PathError),
+    Rule("base_is_adapter", ("model",),
+         lambda a: a.model.adapter_name_or_path and is_adapter_dir(a.model.model_name_or_path),
+         "--model_name_or_path {model.model_name_or_path} is a LoRA adapter, not a base model: give the model it "
+         "was trained on (or leave --model_name_or_path out to use the base its adapter_config.json records).",
+         PathError),
+    Rule("output_dir", ("training",), lambda a: problem_with_output_dir(a.training.output_dir),
+         "--output_dir {training.output_dir}: {problem}.", PathError),
+    # -- model loading
+    Rule("quantization_bit", ("model",), lambda a: a.model.quantization_bit not in (None, 4, 8),
+         "--quantization_bit must be 4 or 8 (got {model.quantization_bit})."),
+    Rule("qlora_needs_lora", ("model", "finetuning"),
+         lambda a: a.model.quantization_bit is not None and a.finetuning.finetuning_type != "lora",
+         "--quantization_bit trains LoRA adapters on a frozen quantized base: use --finetuning_type lora "
+         "(quantized weights cannot be fully fine-tuned)."),
+    Rule("zero3_8bit", ("model", "training"),
+         lambda a: a.model.quantization_bit == 8 and zero_stage(a.training) == 3,
+         "ZeRO-3 cannot partition 8-bit bitsandbytes weights: use --quantization_bit 4 (stored in the compute "
+         "dtype, which ZeRO-3 can shard) or configs/ds_zero2.json."),
+    Rule("fp16_on_cpu", ("training",),
+         lambda a: a.training.fp16 and (a.training.use_cpu or not torch.cuda.is_available()),
+         "--fp16 mixed precision needs a CUDA GPU: drop it, or use --bf16 true."),
+    Rule("flash_attn_missing", ("model",),
+         lambda a: a.model.attn_implementation == "flash_attention_2"
+         and (importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available()),
+         "--attn_implementation flash_attention_2 needs a CUDA GPU and the flash-attn package "
+         "(pip install 'tunesmith[gpu]'); use auto to pick sdpa otherwise."),
+    Rule("liger_kernel_missing", ("training",),
+         lambda a: a.training.use_liger_kernel
+         and (importlib.util.find_spec("liger_kernel") is None or not torch.cuda.is_available()),
+         "--use_liger_kernel needs a CUDA GPU and the liger-kernel package (pip install liger-kernel; its kernels "
+         "are Triton, GPU only): drop the flag on CPU."),
+    # -- data
+    Rule("eval_split_ratio", ("data",), lambda a: not 0.0 <= getattr(a.data, "eval_split_ratio", 0.0) < 1.0,
+         "--eval_split_ratio must be in [0, 1) (got {data.eval_split_ratio})."),
+    Rule("max_seq_length", ("data",), lambda a: getattr(a.data, "max_seq_length", 8) < 8,
+         "--max_seq_length must be at least 8 tokens (got {data.max_seq_length})."),
+    Rule("max_samples", ("data",), lambda a: a.data.max_samples is not None and a.data.max_samples < 1,
+         "--max_samples must be at least 1 (got {data.max_samples}); leave it out to use every row."),
+    # -- fine-tuning
+    Rule("lora_rank", ("finetuning",), lambda a: a.finetuning.finetuning_type == "lora" and a.finetuning.lora_r < 1,
+         "--lora_r must be a positive rank (got {finetuning.lora_r})."),
+    Rule("adapter_with_full", ("model", "finetuning"),
+         lambda a: a.model.adapter_name_or_path is not None and a.finetuning.finetuning_type == "full",
+         "--adapter_name_or_path continues a LoRA run: use --finetuning_type lora, or merge the adapter first "
+         "(merge/merge_lora.py) and fully fine-tune the merged model."),
+    Rule("center_rewards", ("reward",),
+         lambda a: a.reward.center_rewards_coefficient is not None and a.reward.center_rewards_coefficient < 0,
+         "--center_rewards_coefficient must be >= 0 (got {reward.center_rewards_coefficient}); leave it unset to "
+         "train without centring."),
+    # -- PPO (the reward-model rows need "data" too: they are the recipe's, not the trainer's, which
+    # may be given a reward function instead)
+    Rule("ppo_reward_model_given", ("ppo", "data"), lambda a: not a.ppo.reward_model,
+         "--reward_model is required: the output directory of reward/train.py (e.g. outputs/rm_demo), a merged "
+         "model or an adapter."),
+    Rule("ppo_reward_model_path", ("ppo", "data"), lambda a: _missing_dir(a.ppo.reward_model),
+         "--reward_model {path}: {problem} (train one with reward/train.py).", PathError),
+    Rule("ppo_lora_checkpointing", ("ppo", "finetuning", "training"),
+         lambda a: a.training.gradient_checkpointing and a.finetuning.finetuning_type == "lora",
+         "--gradient_checkpointing cannot be used with LoRA PPO: the policy and value adapters share one model and "
+         "the recomputed forward would run the wrong adapter; drop it (or use --finetuning_type full)."),
+    Rule("ppo_mini_batches", ("ppo", "training"),
+         lambda a: a.ppo.num_mini_batches < 1 or _batch(a) % a.ppo.num_mini_batches,
+         "--num_mini_batches {ppo.num_mini_batches} must divide --per_device_train_batch_size "
+         "{training.per_device_train_batch_size} (the rollout batch) into equal mini-batches."),
+    Rule("ppo_accumulation", ("ppo", "training"),
+         lambda a: a.ppo.num_mini_batches >= 1 and (_batch(a) // a.ppo.num_mini_batches)
+         % a.training.gradient_accumulation_steps and {"rows": _batch(a) // a.ppo.num_mini_batches},
+         "--gradient_accumulation_steps {training.gradient_accumulation_steps} must divide the mini-batch of {rows} "
+         "rows (--per_device_train_batch_size / --num_mini_batches)."),
+    Rule("ppo_samples_per_prompt", ("ppo", "training"),
+         lambda a: a.ppo.samples_per_prompt < 1 or _batch(a) % a.ppo.samples_per_prompt,
+         "--samples_per_prompt {ppo.samples_per_prompt} must divide --per_device_train_batch_size "
+         "{training.per_device_train_batch_size}: each process holds whole groups of replies to one prompt."),
+    Rule("ppo_temperature", ("ppo",), lambda a: a.ppo.temperature <= 0,
+         "--temperature must be positive (got {ppo.temperature}); PPO needs a sampling policy."),
+    Rule("ppo_lengths", ("ppo",), lambda a: a.ppo.max_new_tokens < 1 or a.ppo.ppo_epochs < 1,
+         "--max_new_tokens ({ppo.max_new_tokens}) and --ppo_epochs ({ppo.ppo_epochs}) must be at least 1."),
+    Rule("ppo_length_of_run", ("ppo", "training"),
+         lambda a: a.training.max_steps <= 0 and a.training.num_train_epochs <= 0,
+         "set --max_steps (PPO steps, one rollout batch each) or --num_train_epochs."),
+    # -- generation and chat
+    Rule("generation_temperature", ("generation",),
+         lambda a: a.generation.do_sample and a.generation.temperature <= 0,
+         "--temperature must be above 0 when sampling (got {generation.temperature}); for deterministic replies "
+         "pass --do_sample false instead."),
+    Rule("generation_top_p", ("generation",), lambda a: not 0 < a.generation.top_p <= 1,
+         "--top_p must be in (0, 1] (got {generation.top_p})."),
+    Rule("generation_length", ("generation",), lambda a: a.generation.max_new_tokens < 1,
+         "--max_new_tokens must be at least 1 (got {generation.max_new_tokens})."),
+    # -- merge
+    Rule("merge_adapter_given", ("merge", "model"), lambda a: not a.model.adapter_name_or_path,
+         "--adapter_name_or_path is required: the LoRA adapter directory to merge (an SFT or reward-model output)."),
+    Rule("merge_output_given", ("merge",), lambda a: not a.merge.output_dir,
+         "--output_dir is required: where the merged model goes."),
+    Rule("merge_unquantized", ("merge", "model"), lambda a: a.model.quantization_bit is not None,
+         "--quantization_bit cannot be used with merge: the base is always loaded unquantized (merging into "
+         "quantized weights would round away what the adapter learned); drop the flag."),
+    Rule("merge_output_free", ("merge",),
+         lambda a: not a.merge.overwrite_output_dir and a.merge.output_dir and os.path.isdir(a.merge.output_dir)
+         and os.listdir(a.merge.output_dir),
+         "--output_dir {merge.output_dir} exists and is not empty: choose another, or pass --overwrite_output_dir."),
+    # -- score and evaluation
+    Rule("score_output_given", ("score",), lambda a: not a.score.output_jsonl,
+         "--output_jsonl is required: where to write one line of scores per input row."),
+    Rule("eval_models_given", ("evaluation",),
+         lambda a: not (a.evaluation.sft and a.evaluation.ppo and a.evaluation.reward_model),
+         "--sft, --ppo and --reward_model are all required: the SFT policy, the PPO policy and the reward model "
+         "(output directories of sft/train.py, ppo/train.py and reward/train.py)."),
+    Rule("eval_model_paths", ("evaluation",),
+         lambda a: _first([a.evaluation.sft, a.evaluation.ppo, a.evaluation.reward_model], _missing_dir_problem),
+         "{path}: {problem} (--sft, --ppo and --reward_model take output directories).", PathError),
+]
+
+
+def _missing_dir_problem(path: str) -> str | None:
+    found = _missing_dir(path)
+    return found["problem"] if found else None
+
+
+def check(check_paths: bool = True, **roles: Any) -> None:
+    """Raise the error of the first broken rule among those whose roles are all given. check_paths=False
+    leaves out the rows about files and folders (for settings read on another machine than the run's)."""
+    namespace = SimpleNamespace(**roles)
+    for rule in RULES:
+        if not all(roles.get(role) is not None for role in rule.roles):
+            continue
+        if not check_paths and rule.error is PathError:
+            continue
+        found = rule.broken(namespace)
+        if found:
+            values = found if isinstance(found, dict) else {}
+            raise rule.error(rule.message.format(**roles, **values))

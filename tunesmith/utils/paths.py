@@ -1,0 +1,85 @@
+"""Paths the user gives, checked before anything loads, and where tunesmith keeps its caches."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def cache_root() -> Path:
+    """Where tunesmith keeps converted models and tokenized datasets (override: TUNESMITH_CACHE)."""
+    root = os.environ.get("TUNESMITH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tunesmith"
+    )
+    return Path(root)
+
+
+def is_adapter_dir(path: str | None) -> bool:
+    return bool(path) and os.path.isfile(os.path.join(str(path), ADAPTER_CONFIG))
+
+
+def adapter_config(adapter_dir: str) -> dict:
+    with open(os.path.join(adapter_dir, ADAPTER_CONFIG), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def adapter_base_model(adapter_dir: str) -> str:
+    """The base model an adapter was trained on, as recorded in its adapter_config.json."""
+    from ..errors import PathError
+
+    base = adapter_config(adapter_dir).get("base_model_name_or_path")
+    if not base:
+        raise PathError(f"{adapter_dir}/{ADAPTER_CONFIG}: no base_model_name_or_path; pass the base model with "
+                        "--model_name_or_path")
+    return base
+
+
+def looks_local(name: str) -> bool:
+    """True for what can only be a path on this machine: absolute, ./ ../ ~, a Windows drive, more
+    than one slash, or a first component that exists here (outputs/x when outputs/ exists). A bare
+    `org/name` that matches nothing here may be a hub id, and is left to transformers."""
+    if name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..") or (len(name) > 1 and name[1] == ":"):
+        return True
+    parts = name.replace("\\", "/").strip("/").split("/")
+    return len(parts) != 2 or os.path.exists(parts[0]) or os.path.exists(name)
+
+
+def problem_with_data_file(path: str) -> str | None:
+    """Why `path` cannot be read as a data file, or None."""
+    p = Path(path)
+    if not p.exists():
+        return "no such file"
+    if p.is_dir():
+        files = sorted(str(f) for f in p.iterdir() if f.suffix in (".json", ".jsonl"))[:3]
+        hint = f" (e.g. {' '.join(files)})" if files else ""
+        return f"is a directory; give the JSON/JSONL files in it{hint}"
+    if not os.access(p, os.R_OK):
+        return "not readable (check its permissions)"
+    if p.stat().st_size == 0:
+        return "is empty (0 bytes): no rows to read"
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if head == b"PAR1":
+        return "is a Parquet file; tunesmith reads JSON and JSONL (convert it, e.g. with pandas: " \
+               "pd.read_parquet(f).to_json(out, orient='records', lines=True, force_ascii=False))"
+    return None
+
+
+def problem_with_output_dir(path: str | None) -> str | None:
+    """Why nothing can be written under `path`, or None (checked before a model loads, not after)."""
+    if not path:
+        return "empty: give a directory to write to"
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        return "is a file, not a directory"
+    existing = p
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, so no directory can be made under it"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
