@@ -224,7 +224,7 @@ def config_file_to_argv(path: str, flags: set[str]) -> list[str]:
 
 
 def _line_of(text: str, key: str) -> int:
-    match = re.search(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*:", text, flags=re.M)
+    match = re.search(rf"^[ \t]*[\"']?{re.escape(key)}[\"']?\s*:", text, flags=re.M)
     return text.count("\n", 0, match.start()) + 1 if match else 1
 
 
