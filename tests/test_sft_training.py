@@ -4,7 +4,9 @@ loss is finite, trainable weights move, frozen ones stay bit-identical; resume c
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 
 import pytest
 import torch
@@ -26,12 +28,17 @@ def sft_data(tmp_path_factory) -> str:
     return str(path)
 
 
-def run_sft(model_dir, data, out, *extra: str):
-    return sft_main([
+def sft_flags(model_dir, data, out, *extra: str) -> list[str]:
+    """A short LoRA run on the tiny model (later flags override earlier ones)."""
+    return [
         "--model_name_or_path", model_dir, "--data_path", data, "--output_dir", str(out),
         "--max_steps", "3", "--per_device_train_batch_size", "4", "--learning_rate", "1e-2",
         "--save_strategy", "no", "--plot_loss", "false", "--seed", "0", *extra,
-    ])
+    ]
+
+
+def run_sft(model_dir, data, out, *extra: str):
+    return sft_main(sft_flags(model_dir, data, out, *extra))
 
 
 def losses(trainer) -> list[float]:
@@ -80,7 +87,11 @@ def test_qlora_trains_adapters_on_quantized_base(tiny_model_dir, sft_data, tmp_p
     assert all(v.abs().sum() > 0 for k, v in trainer.model.state_dict().items() if "lora_B" in k)
 
 
-def test_resume_continues_the_same_trajectory(tiny_model_dir, sft_data, tmp_path, monkeypatch):
+def trained_tokens(trainer) -> list[int]:
+    return [r["trained_tokens"] for r in trainer.state.log_history if "loss" in r]
+
+
+def test_resume_continues_the_same_trajectory(tiny_model_dir, sft_data, tmp_path, monkeypatch, caplog):
     from tunesmith.train.sft_trainer import LoraTrainer
 
     common = ("--max_steps", "4", "--lr_scheduler_type", "constant", "--save_strategy", "steps", "--save_steps", "2",
@@ -88,22 +99,51 @@ def test_resume_continues_the_same_trajectory(tiny_model_dir, sft_data, tmp_path
     straight = run_sft(tiny_model_dir, sft_data, tmp_path / "straight", *common)
     # A run "killed" after its step-2 checkpoint: same command with max_steps 2 ...
     run_sft(tiny_model_dir, sft_data, tmp_path / "resumed", *common, "--max_steps", "2")
-    # ... then the same command again, which finds checkpoint-2 and continues from it: it computes
-    # only steps 3 and 4, and they match the uninterrupted run.
+    # ... then the same command again, which finds checkpoint-2, says so and continues from it: it
+    # computes only steps 3 and 4, and they match the uninterrupted run, trained-token count included.
     computed = []
     original = LoraTrainer.compute_loss
     monkeypatch.setattr(LoraTrainer, "compute_loss", lambda self, *a, **k: computed.append(1) or original(self, *a, **k))
+    caplog.set_level(logging.INFO, logger="tunesmith")
     resumed = run_sft(tiny_model_dir, sft_data, tmp_path / "resumed", *common)
+    assert f"resuming from {tmp_path / 'resumed' / 'checkpoint-2'} (step 2)" in caplog.messages
     assert len(computed) == 2
     assert [r["step"] for r in resumed.state.log_history if "loss" in r] == [1, 2, 3, 4]
     assert losses(resumed) == pytest.approx(losses(straight), rel=1e-4)
+    assert trained_tokens(resumed)[3] > trained_tokens(resumed)[1] > 0
+    assert trained_tokens(resumed) == trained_tokens(straight)
+
+    # The same command once more: the run is complete, so nothing is trained (transformers alone
+    # would take a fifth step) and the result is the same.
+    computed.clear()
+    again = run_sft(tiny_model_dir, sft_data, tmp_path / "resumed", *common)
+    assert computed == [] and again.state.global_step == 4
+    assert sorted(p.name for p in (tmp_path / "resumed").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
-def test_incomplete_checkpoint_is_not_resumed(tiny_model_dir, sft_data, tmp_path):
+def test_incomplete_checkpoint_is_not_resumed(tiny_model_dir, sft_data, tmp_path, caplog):
     from tunesmith.train.checkpoints import last_complete_checkpoint
 
     out = tmp_path / "out"
-    run_sft(tiny_model_dir, sft_data, out, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1")
+    flags = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1")
+    run_sft(tiny_model_dir, sft_data, out, *flags)
     assert last_complete_checkpoint(str(out)).endswith("checkpoint-2")
     (out / "checkpoint-2" / "trainer_state.json").unlink()  # as if killed while saving
     assert last_complete_checkpoint(str(out)).endswith("checkpoint-1")
+    assert "checkpoint-2/trainer_state.json: missing" in caplog.text
+
+    # A state file cut short (a full disk, a copy interrupted): skipped with a warning that says why,
+    # and the run continues from the checkpoint before it.
+    state = out / "checkpoint-1" / "trainer_state.json"
+    (out / "checkpoint-2" / "trainer_state.json").write_text(state.read_text()[:40])
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="tunesmith")
+    resumed = run_sft(tiny_model_dir, sft_data, out, *flags)
+    assert re.search(r"skipping .*checkpoint-2: .*checkpoint-2/trainer_state.json: not valid JSON", caplog.text)
+    assert f"resuming from {out / 'checkpoint-1'} (step 1)" in caplog.messages
+    assert [r["step"] for r in resumed.state.log_history if "loss" in r] == [1, 2]
+
+    # With no readable checkpoint left, the run starts afresh.
+    for checkpoint in out.glob("checkpoint-*"):
+        (checkpoint / "trainer_state.json").write_text("{")
+    assert last_complete_checkpoint(str(out)) is None

@@ -21,7 +21,15 @@ from transformers import get_scheduler
 
 from ..data.prompts import Prompt, left_pad
 from ..hparams import PPOArguments, check, save_run_config, zero_stage
-from ..train.checkpoints import COMPLETE_MARKER, empty_tensors
+from ..train.checkpoints import (
+    STATE_FILE,
+    checkpoint_dir,
+    empty_tensors,
+    publish_checkpoint,
+    read_state,
+    rotate_checkpoints,
+    staging_dir,
+)
 from ..utils.io import atomic_write_json, atomic_write_jsonl
 from .core import (
     AdaptiveKLController,
@@ -50,7 +58,6 @@ from .rollout import (
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "ppo_log.jsonl"
-CHECKPOINT_PREFIX = "checkpoint"
 
 
 class PPOTrainer:
@@ -354,10 +361,10 @@ class PPOTrainer:
     def save_checkpoint(self) -> str:
         """output_dir/checkpoint-<step>: weights, optimizer (one file per process: under DeepSpeed
         each holds its own shard), scheduler, random state, KL coefficient and log. Built in a
-        temporary folder whose last file is the completion marker, then renamed into place."""
+        temporary folder whose last file is the training state, then renamed into place."""
         acc = self.accelerator
-        final = Path(self.args.output_dir) / f"{CHECKPOINT_PREFIX}-{self.step}"
-        tmp = Path(self.args.output_dir) / f".{final.name}.tmp"
+        final = checkpoint_dir(self.args.output_dir, self.step)
+        tmp = staging_dir(final)
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -373,24 +380,12 @@ class PPOTrainer:
         if acc.is_main_process:
             self._write_weights(tmp, weights)
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-            atomic_write_json(tmp / COMPLETE_MARKER, {"step": self.step, "total_steps": self.total_steps,
-                                                      "kl_coef": self.kl_ctl.value, "log_history": self.log_history})
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            self._rotate_checkpoints()
-            logger.info("saved %s", final)
+            atomic_write_json(tmp / STATE_FILE, {"step": self.step, "total_steps": self.total_steps,
+                                                 "kl_coef": self.kl_ctl.value, "log_history": self.log_history})
+            publish_checkpoint(tmp, final)
+            rotate_checkpoints(self.args.output_dir, self.args.save_total_limit)
         acc.wait_for_everyone()
         return str(final)
-
-    def _rotate_checkpoints(self) -> None:
-        limit = self.args.save_total_limit
-        if not limit:
-            return
-        found = sorted((int(p.name.rsplit("-", 1)[1]), p) for p in Path(self.args.output_dir).glob(f"{CHECKPOINT_PREFIX}-*")
-                       if p.name.rsplit("-", 1)[1].isdigit())
-        for _, path in found[:-limit]:
-            shutil.rmtree(path)
 
     def _load_optimizer_state(self, path: Path) -> None:
         if not self.zero_stage:
@@ -405,7 +400,7 @@ class PPOTrainer:
 
     def _load_state(self, checkpoint: str) -> None:
         ckpt = Path(checkpoint)
-        state = json.loads((ckpt / COMPLETE_MARKER).read_text(encoding="utf-8"))
+        state = read_state(ckpt)
         self.step = int(state["step"])
         self.kl_ctl.value = float(state["kl_coef"])
         self.log_history = list(state["log_history"])
@@ -416,7 +411,7 @@ class PPOTrainer:
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-        logger.info("resumed from %s at step %d (kl_coef %.4g)", ckpt, self.step, self.kl_ctl.value)
+        logger.info("restored the optimizer, scheduler, random state and kl_coef (%.4g) of %s", self.kl_ctl.value, ckpt)
 
 
 def fill_deepspeed_config(training_args: Any, policy: torch.nn.Module, micro_batch: int, updates: int,

@@ -15,19 +15,26 @@ from ..boundary import entry_point
 from ..data.prompts import encode_prompts, load_prompts
 from ..distributed import start_single_process_world
 from ..hparams import parse_run
-from ..models.loader import inference_model_args, load_for_inference, load_trained_tokenizer
+from ..models.loader import (
+    inference_model_args,
+    load_for_inference,
+    load_trained_tokenizer,
+    resolve_model_path,
+)
 from ..ppo import PPOTrainer, RewardModelScorer, build_actor_critic
-from ..train.checkpoints import resolve_resume
+from ..train.checkpoints import guard_output_dir, resolve_resume
 
 
 def run(argv: Sequence[str] | None = None) -> PPOTrainer:
     args = parse_run("ppo", argv, __doc__)
+    resolve_model_path(args.model)  # the default model as its path, which a saved run records
+    guard_output_dir(args)
+    resume = resolve_resume(args.training)
     start_single_process_world(args.training)
 
     tokenizer = load_trained_tokenizer(args.model)
     prompts = encode_prompts(tokenizer, load_prompts(args.data.data_path, args.data.max_samples),
                              args.data.max_prompt_length)
-    resume = resolve_resume(args.training.resume_from_checkpoint, args.training.output_dir)
     model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume)
     reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.ppo.reward_model), task="reward")
 

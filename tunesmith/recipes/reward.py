@@ -17,15 +17,17 @@ from ..boundary import entry_point
 from ..data.preference import build_preference_datasets
 from ..distributed import start_single_process_world
 from ..hparams import parse_run
-from ..models.loader import load_model, load_tokenizer
+from ..models.loader import load_model, load_tokenizer, resolve_model_path
 from ..train.callbacks import LossPlotCallback
-from ..train.checkpoints import resolve_resume
+from ..train.checkpoints import guard_output_dir, resolve_resume
 from ..train.reward_trainer import RewardTrainer
 
 
 def build_trainer(argv: Sequence[str] | None = None) -> RewardTrainer:
     """Everything up to training: parse, check, tokenize the pairs, load the model with its new head."""
     args = parse_run("reward", argv, __doc__)
+    resolve_model_path(args.model)  # the default model as its path, which a saved run records
+    guard_output_dir(args)
     start_single_process_world(args.training)
 
     tokenizer = load_tokenizer(args.model)
@@ -49,8 +51,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> RewardTrainer:
 
 def run(argv: Sequence[str] | None = None) -> RewardTrainer:
     trainer = build_trainer(argv)
-    args = trainer.args
-    trainer.train(resume_from_checkpoint=resolve_resume(args.resume_from_checkpoint, args.output_dir))
+    trainer.train(resume_from_checkpoint=resolve_resume(trainer.args))
     trainer.save_model()
     trainer.save_state()
     if trainer.eval_dataset is not None:

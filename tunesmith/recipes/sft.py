@@ -17,14 +17,17 @@ from ..data.dataset import build_sft_datasets
 from ..data.packing import sft_collator
 from ..distributed import start_single_process_world
 from ..hparams import parse_run
-from ..models.loader import load_model, load_tokenizer
+from ..models.loader import load_model, load_tokenizer, resolve_model_path
 from ..train.callbacks import LossPlotCallback
-from ..train.checkpoints import resolve_resume
+from ..train.checkpoints import guard_output_dir, resolve_resume
 from ..train.sft_trainer import LoraTrainer
 
 
 def run(argv: Sequence[str] | None = None) -> LoraTrainer:
     args = parse_run("sft", argv, __doc__)
+    resolve_model_path(args.model)  # the default model as its path, which a saved run records
+    guard_output_dir(args)
+    resume = resolve_resume(args.training)
     start_single_process_world(args.training)
 
     tokenizer = load_tokenizer(args.model)
@@ -43,7 +46,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
     )
-    trainer.train(resume_from_checkpoint=resolve_resume(args.training.resume_from_checkpoint, args.training.output_dir))
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.save_state()
     return trainer

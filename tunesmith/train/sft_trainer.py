@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -9,29 +10,63 @@ from transformers import Trainer
 
 from ..constants import IGNORE_INDEX
 from ..hparams import save_run_config
-from .checkpoints import empty_tensors
+from .checkpoints import empty_tensors, read_state
+
+logger = logging.getLogger(__name__)
 
 
 class LoraTrainer(Trainer):
     """Trains full models and PEFT adapters alike (PEFT's own save writes adapters; the Trainer
-    gathers ZeRO-3 shards first). Adds: the count of trained tokens in the logs, the resolved run
-    config beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
+    gathers ZeRO-3 shards first). Adds: the count of trained tokens in the logs (continued across a
+    resume), the resolved run config beside every save, and a refusal to leave a save with empty
+    (ungathered) tensors."""
 
     def __init__(self, *args: Any, run_configs: tuple = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.run_configs = run_configs
-        self._trained_tokens = torch.zeros((), dtype=torch.long)
+        self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
+        self._tokens_before = 0  # all processes, up to the resumed checkpoint
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
+        self._trained_tokens.zero_()
+        self._tokens_before = 0
+        if isinstance(resume_from_checkpoint, str):
+            self._tokens_before = trained_tokens_at(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+        # transformers takes a step before it checks max_steps: a run resumed from its last checkpoint
+        # (the same command run again) would train one step past its end.
+        if self.state.global_step >= self.state.max_steps:
+            logger.info("step %d of %d: nothing left to train (raise --max_steps to train further)",
+                        self.state.global_step, self.state.max_steps)
+            self.control.should_training_stop = True
+            return
+        super()._run_epoch(*args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if "labels" in inputs:
             self._trained_tokens += (inputs["labels"] != IGNORE_INDEX).sum().cpu()
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
+    def trained_tokens(self) -> int:
+        """Label tokens trained on so far, over all processes (a collective: every process calls it)."""
+        total = self.accelerator.reduce(self._trained_tokens.to(self.accelerator.device), reduction="sum")
+        return self._tokens_before + int(total.item())
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
-            total = self.accelerator.reduce(self._trained_tokens.to(self.accelerator.device), reduction="sum")
-            logs["trained_tokens"] = int(total.item())
+            logs["trained_tokens"] = self.trained_tokens()
         super().log(logs, start_time)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        # A resume continues the count from the checkpoint's log history: record it there at the
+        # checkpoint's own step when logging_steps did not just do so.
+        step = self.state.global_step
+        tokens = self.trained_tokens()
+        if trained_tokens_logged(self.state.log_history, step) != (step, tokens):
+            self.state.log_history.append({"step": step, "trained_tokens": tokens})
+        super()._save_checkpoint(model, trial)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         output_dir = output_dir or self.args.output_dir
@@ -45,3 +80,17 @@ class LoraTrainer(Trainer):
                     f"{output_dir}: saved {len(empty)} empty tensors ({empty[:3]}...): under ZeRO-3 set "
                     "\"stage3_gather_16bit_weights_on_model_save\": true (configs/ds_zero3.json does)"
                 )
+
+
+def trained_tokens_logged(log_history: list[dict], up_to_step: int) -> tuple[int, int]:
+    """(step, trained_tokens) of the last record of the count at or before up_to_step; (0, 0) if none."""
+    for record in reversed(log_history):
+        if "trained_tokens" in record and record.get("step", 0) <= up_to_step:
+            return record.get("step", 0), int(record["trained_tokens"])
+    return 0, 0
+
+
+def trained_tokens_at(checkpoint: str) -> int:
+    """The trained-token count of a checkpoint, from its log history."""
+    state = read_state(checkpoint)
+    return trained_tokens_logged(state.get("log_history", []), int(state.get("global_step", 0)))[1]

@@ -43,15 +43,23 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     try:
         os.chmod(tmp, 0o755)
         yield tmp
-        if target.is_dir() and any(target.iterdir()):
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-            os.replace(target, old / target.name)
-            os.replace(tmp, target)
-            shutil.rmtree(old)
-        else:
-            if target.is_dir():
-                target.rmdir()
-            os.replace(tmp, target)
+        replace_directory(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def replace_directory(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Move the finished folder `source` to `target` (a sibling), replacing what is there: an existing
+    `target` is moved aside first and deleted only after the rename, so `target` is at every moment
+    either the old folder or the new one, never a mix."""
+    source, target = Path(source), Path(target)
+    if target.is_dir() and any(target.iterdir()):
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(source, target)
+        shutil.rmtree(old)
+    else:
+        if target.is_dir():
+            target.rmdir()
+        os.replace(source, target)
