@@ -8,15 +8,16 @@ array), and the field."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
 
 Message = dict[str, Any]
+T = TypeVar("T")
 
 SHAREGPT_ROLES = {"system": SYSTEM, "human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT,
                   "function_call": ASSISTANT, "observation": TOOL, "tool": TOOL}
@@ -188,8 +189,10 @@ def check_role_order(row: Row, messages: list[Message], field: str, ends_with: s
         raise row.error(f"wrong role order: the last turn must be {ends_with!r}, not {previous!r}", field)
 
 
-def conversation_from_row(row: Row, fmt: str) -> Conversation:
-    """A training conversation (ends with an assistant reply) from one row of a known format."""
+def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
+    """A training conversation (ends with an assistant reply) from one row, of the given format or
+    the one detected."""
+    fmt = fmt or detect_format(row)
     if fmt == "openai":
         messages, field = openai_messages(row, row.data["messages"]), "messages"
     elif fmt == "sharegpt":
@@ -200,13 +203,22 @@ def conversation_from_row(row: Row, fmt: str) -> Conversation:
     return Conversation(row, messages)
 
 
-def load_conversations(paths: list[str], max_samples: int | None = None) -> list[Conversation]:
-    """Every conversation in the given files, in order; the format is detected per row, so files
-    that mix formats work too."""
-    conversations: list[Conversation] = []
+def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: int | None = None) -> list[T]:
+    """from_row of every row of the given files, in order, stopping after max_samples; the one reader
+    of conversations, preference pairs and prompts alike."""
+    items: list[T] = []
     for path in paths:
         for row in read_rows(path):
-            conversations.append(conversation_from_row(row, detect_format(row)))
-            if max_samples is not None and len(conversations) >= max_samples:
-                return conversations
-    return conversations
+            items.append(from_row(row))
+            if max_samples is not None and len(items) >= max_samples:
+                return items  # before reading another row: rows past the cap are never parsed
+    if not items:
+        raise DataError(f"{', '.join(map(str, paths))}: no rows found (one JSON object per line of a JSONL file, "
+                        "or a JSON array of objects)")
+    return items
+
+
+def load_conversations(paths: Sequence[str], max_samples: int | None = None) -> list[Conversation]:
+    """Every conversation in the given files, in order; the format is detected per row, so files
+    that mix formats work too."""
+    return load_items(paths, conversation_from_row, max_samples)
