@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tunesmith.data.dataset import build_sft_datasets
+from tunesmith.data.dataset import build_sft_datasets, encode_items
 from tunesmith.data.formats import DataError, Row
 from tunesmith.data.preference import (
     PREFERENCE_PAIRS,
     build_preference_datasets,
     detect_preference_format,
     encode_pair,
-    encode_pairs,
     encode_reply,
     load_pairs,
     pair_from_row,
@@ -162,7 +161,7 @@ def test_pairs_whose_replies_cannot_fit_are_dropped_and_counted(tokenizer):
     short = pair_from_row(row({**CTX, "chosen": "Hello!", "rejected": "No.", "margin": 1}, line=1))
     long = pair_from_row(row({**CTX, "chosen": "word " * 60, "rejected": "No."}, line=2))
     multi = pair_from_row(row({"prompt": LONG_CONTEXT, "chosen": GOOD, "rejected": BAD}, line=3))
-    records, stats = encode_pairs(tokenizer, [short, long, multi], max_length=48)
+    records, stats = encode_items(PREFERENCE_PAIRS, tokenizer, [short, long, multi], max_length=48)
     assert [(r["line"], r["margin"]) for r in records] == [(1, 1.0), (3, 0.0)]
     assert (stats.rows, stats.kept, stats.truncated, stats.dropped) == (3, 2, 1, 1)
     assert PREFERENCE_PAIRS.report("train", stats) == ("train: 3 pairs -> 2 kept (1 with their context truncated to max_seq_length, "

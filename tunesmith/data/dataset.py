@@ -52,14 +52,33 @@ class DataKind:
 
     name: str  # its cache folder, and part of the cache key
     version: str  # bump when the encoding changes, so older caches are not reused
-    from_row: Callable[[Row], Any]  # the parsed item of one row, or a DataError naming file, line and field
-    settings: Callable[[Any], dict[str, Any]]  # the data arguments `encode` takes: exactly what the key holds
-    encode: Callable[..., tuple[list[dict], EncodeStats]]  # (tokenizer, items, **settings) -> records, stats
-    report_line: str  # formatted with `name` and the EncodeStats fields
+    from_row: Callable[[Row], Any]  # the item of one row (with a `.row`), or a DataError naming file, line, field
+    settings: Callable[[Any], dict[str, Any]]  # the data arguments encode_one takes: exactly what the key holds
+    # (tokenizer, item, **settings) -> (record, truncated), or None when the item cannot be used
+    encode_one: Callable[..., tuple[dict, bool] | None]
+    dropped_because: str  # why encode_one gives None
+    report_line: str  # formatted with `name`, `dropped_because` and the EncodeStats fields
     nothing_kept: str  # the error when no record is kept, formatted with the settings
 
     def report(self, name: str, stats: EncodeStats) -> str:
-        return self.report_line.format(name=name, **asdict(stats))
+        return self.report_line.format(name=name, dropped_because=self.dropped_because, **asdict(stats))
+
+
+def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], **settings: Any) -> tuple[list[dict], EncodeStats]:
+    """One record per item kept, with the file and line of its row; the counts of what was cut or dropped."""
+    stats = EncodeStats(rows=len(items))
+    records = []
+    for item in items:
+        encoded = kind.encode_one(tokenizer, item, **settings)
+        if encoded is None:
+            stats.dropped += 1
+            logger.debug("%s: dropped: %s", item.row.where(), kind.dropped_because)
+            continue
+        record, truncated = encoded
+        stats.truncated += truncated
+        records.append({**record, "source": item.row.path, "line": item.row.line})
+    stats.kept = len(records)
+    return records, stats
 
 
 def report_encoding(kind: DataKind, name: str, paths: Sequence[str], stats: EncodeStats,
@@ -100,7 +119,7 @@ def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_arg
         stats = EncodeStats(**json.loads((cache_dir / STATS_FILE).read_text(encoding="utf-8")))
         report_encoding(kind, name, paths, stats, settings)
         return load_from_disk(str(cache_dir))
-    records, stats = kind.encode(tokenizer, load_items(paths, kind.from_row, max_samples), **settings)
+    records, stats = encode_items(kind, tokenizer, load_items(paths, kind.from_row, max_samples), **settings)
     report_encoding(kind, name, paths, stats, settings)
     with atomic_directory(cache_dir) as tmp:
         Dataset.from_list(records).save_to_disk(str(tmp))
@@ -135,24 +154,14 @@ def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Datas
 # --------------------------------------------------------------------------- SFT conversations
 
 
-def encode_conversations(
-    tokenizer: Any, conversations: list[Conversation], max_seq_length: int, train_on: str
-) -> tuple[list[dict], EncodeStats]:
-    """One record per kept example: input_ids, labels, and the source row it came from."""
-    stats = EncodeStats(rows=len(conversations))
-    records = []
-    for conv in conversations:
-        full = encode_conversation(tokenizer, conv.messages, train_on)
-        enc = truncate(full, max_seq_length)
-        stats.truncated += len(enc.input_ids) < len(full.input_ids)
-        if trained_token_count(enc.labels) == 0:
-            stats.dropped += 1
-            logger.debug("%s: dropped, no trained token within max_seq_length", conv.row.where())
-            continue
-        records.append({"input_ids": enc.input_ids, "labels": enc.labels,
-                        "source": conv.row.path, "line": conv.row.line})
-    stats.kept = len(records)
-    return records, stats
+def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_seq_length: int,
+                               train_on: str) -> tuple[dict, bool] | None:
+    """input_ids and labels within max_seq_length; None when no trained token is left."""
+    full = encode_conversation(tokenizer, conversation.messages, train_on)
+    enc = truncate(full, max_seq_length)
+    if trained_token_count(enc.labels) == 0:
+        return None
+    return {"input_ids": enc.input_ids, "labels": enc.labels}, len(enc.input_ids) < len(full.input_ids)
 
 
 SFT_CONVERSATIONS = DataKind(
@@ -160,9 +169,10 @@ SFT_CONVERSATIONS = DataKind(
     version="1",
     from_row=conversation_from_row,
     settings=lambda data_args: {"max_seq_length": data_args.max_seq_length, "train_on": data_args.train_on},
-    encode=encode_conversations,
+    encode_one=encode_conversation_record,
+    dropped_because="no trained token left within max_seq_length",
     report_line="{name}: {rows} rows -> {kept} examples ({truncated} truncated to max_seq_length, "
-                "{dropped} dropped: no trained token left)",
+                "{dropped} dropped: {dropped_because})",
     nothing_kept="no example has a trained token within --max_seq_length {max_seq_length} (--train_on {train_on}): "
                  "raise --max_seq_length",
 )

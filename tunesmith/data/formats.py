@@ -98,39 +98,49 @@ def _text(row: Row, value: Any, field: str) -> str:
     return value
 
 
-def openai_messages(row: Row, items: Any, field: str = "messages") -> list[Message]:
+@dataclass(frozen=True)
+class MessageShape:
+    """How one format spells a message: its two keys, and its speaker names mapped to roles."""
+
+    role_key: str
+    content_key: str
+    roles: dict[str, str]
+    unknown_role: str  # the error for a speaker not in `roles`, formatted with it
+
+
+OPENAI = MessageShape("role", "content", {role: role for role in ROLES},
+                      f"unknown role {{!r}} (expected one of {', '.join(ROLES)})")
+SHAREGPT = MessageShape("from", "value", SHAREGPT_ROLES, "unknown speaker {!r} (expected human, gpt or system)")
+
+
+def read_messages(row: Row, items: Any, field: str, shape: MessageShape) -> list[Message]:
+    """The canonical messages of a list of one format's messages; errors name the field and index."""
+    pair = f"{{{shape.role_key}, {shape.content_key}}}"
     if not isinstance(items, list):
-        raise row.error("expected a list of {role, content} messages", field)
+        raise row.error(f"expected a list of {pair} messages", field)
     messages = []
     for i, m in enumerate(items):
         where = f"{field}[{i}]"
         if not isinstance(m, dict):
-            raise row.error("expected a {role, content} object", where)
-        for key in ("role", "content"):
+            raise row.error(f"expected a {pair} object", where)
+        for key in (shape.role_key, shape.content_key):
             if key not in m:
                 raise row.error(f"missing `{key}`", where)
-        if m["role"] not in ROLES:
-            raise row.error(f"unknown role {m['role']!r} (expected one of {', '.join(ROLES)})", f"{where}.role")
-        messages.append(_message(row, m["role"], _text(row, m["content"], f"{where}.content"), m, where))
+        speaker = m[shape.role_key]
+        role = shape.roles.get(speaker) if isinstance(speaker, str) else None
+        if role is None:
+            raise row.error(shape.unknown_role.format(speaker), f"{where}.{shape.role_key}")
+        content = _text(row, m[shape.content_key], f"{where}.{shape.content_key}")
+        messages.append(_message(row, role, content, m, where))
     return messages
+
+
+def openai_messages(row: Row, items: Any, field: str = "messages") -> list[Message]:
+    return read_messages(row, items, field, OPENAI)
 
 
 def sharegpt_messages(row: Row, items: Any, field: str = "conversations") -> list[Message]:
-    if not isinstance(items, list):
-        raise row.error("expected a list of {from, value} turns", field)
-    messages = []
-    for i, m in enumerate(items):
-        where = f"{field}[{i}]"
-        if not isinstance(m, dict):
-            raise row.error("expected a {from, value} object", where)
-        for key in ("from", "value"):
-            if key not in m:
-                raise row.error(f"missing `{key}`", where)
-        role = SHAREGPT_ROLES.get(m["from"])
-        if role is None:
-            raise row.error(f"unknown speaker {m['from']!r} (expected human, gpt or system)", f"{where}.from")
-        messages.append(_message(row, role, _text(row, m["value"], f"{where}.value"), m, where))
-    return messages
+    return read_messages(row, items, field, SHAREGPT)
 
 
 def _message(row: Row, role: str, content: str, source: dict, where: str) -> Message:

@@ -13,7 +13,6 @@ its oldest tokens; a pair whose replies cannot fit is dropped and counted."""
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,11 +23,9 @@ from datasets import Dataset
 from ..constants import ASSISTANT, SYSTEM, TOOL, USER
 from ..errors import TemplateError
 from ..hparams import TrainDataArguments
-from .dataset import DataKind, EncodeStats, build_datasets
+from .dataset import DataKind, build_datasets
 from .formats import Message, Row, check_role_order, load_items, openai_messages, sharegpt_messages
 from .template import render_text
-
-logger = logging.getLogger(__name__)
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
 CONTEXT_FIELDS = ("conversations", "messages", "prompt")  # first one present is the context
@@ -163,24 +160,15 @@ def encode_pair(
     return EncodedPair(_left_cut(c_ids, c_start, budget), _left_cut(r_ids, r_start, budget), truncated=True)
 
 
-def encode_pairs(tokenizer: Any, pairs: list[PreferencePair], max_length: int | None) -> tuple[list[dict], EncodeStats]:
-    """One record per kept pair: chosen_ids, rejected_ids, margin (0 when the row has none), the
-    longer side's length and the source row."""
-    stats = EncodeStats(rows=len(pairs))
-    records = []
-    for pair in pairs:
-        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
-        if enc is None:
-            stats.dropped += 1
-            logger.debug("%s: dropped, a reply does not fit in %s tokens", pair.row.where(), max_length)
-            continue
-        stats.truncated += enc.truncated
-        records.append({"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
-                        # For --train_sampling_strategy group_by_length (the Trainer's default length column).
-                        "length": max(len(enc.chosen_ids), len(enc.rejected_ids)),
-                        "source": pair.row.path, "line": pair.row.line})
-    stats.kept = len(records)
-    return records, stats
+def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> tuple[dict, bool] | None:
+    """chosen_ids, rejected_ids, margin (0 when the row has none) and the longer side's length; None
+    when a reply does not fit."""
+    enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
+    if enc is None:
+        return None
+    return {"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
+            # For --train_sampling_strategy group_by_length (the Trainer's default length column).
+            "length": max(len(enc.chosen_ids), len(enc.rejected_ids))}, enc.truncated
 
 
 PREFERENCE_PAIRS = DataKind(
@@ -188,9 +176,10 @@ PREFERENCE_PAIRS = DataKind(
     version="1",
     from_row=pair_from_row,
     settings=lambda data_args: {"max_length": data_args.max_seq_length},
-    encode=encode_pairs,
+    encode_one=encode_pair_record,
+    dropped_because="a reply does not fit in max_seq_length",
     report_line="{name}: {rows} pairs -> {kept} kept ({truncated} with their context truncated to max_seq_length, "
-                "{dropped} dropped: a reply does not fit in max_seq_length)",
+                "{dropped} dropped: {dropped_because})",
     nothing_kept="no pair fits in --max_seq_length {max_length}; raise it",
 )
 

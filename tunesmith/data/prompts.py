@@ -7,7 +7,6 @@ error names the file, the line and the field, like the SFT formats do."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +15,9 @@ import torch
 
 from ..constants import USER
 from ..hparams import PromptDataArguments
-from .dataset import DataKind, EncodeStats, build_dataset, report_encoding
+from .dataset import DataKind, build_dataset, encode_items, report_encoding
 from .formats import Message, Row, check_role_order, load_items, openai_messages, sharegpt_messages
 from .template import encode_prompt
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,23 +60,15 @@ def load_prompts(paths: Sequence[str], max_samples: int | None = None) -> list[P
     return load_items(paths, prompt_from_row, max_samples)
 
 
-def encode_prompt_records(tokenizer: Any, prompts: list[Prompt], max_length: int) -> tuple[list[dict], EncodeStats]:
-    """One record per prompt rendered by the chat template (asking for the assistant's reply) within
-    max_length tokens; longer ones are dropped and counted: cutting a prompt would drop the question
-    the reply must answer."""
-    stats = EncodeStats(rows=len(prompts))
-    records = []
-    for p in prompts:
-        ids = encode_prompt(tokenizer, p.messages)
-        if len(ids) > max_length:
-            stats.dropped += 1
-            logger.debug("%s: dropped, %d prompt tokens > max_prompt_length %d", p.row.where(), len(ids), max_length)
-            continue
-        # Messages and the row as JSON: their keys vary from row to row, which a table column cannot hold.
-        records.append({"input_ids": ids, "messages": json.dumps(p.messages, ensure_ascii=False),
-                        "row": json.dumps(p.row.data, ensure_ascii=False), "source": p.row.path, "line": p.row.line})
-    stats.kept = len(records)
-    return records, stats
+def encode_prompt_record(tokenizer: Any, prompt: Prompt, max_length: int) -> tuple[dict, bool] | None:
+    """The prompt rendered by the chat template (asking for the assistant's reply); None when longer
+    than max_length tokens: cutting a prompt would drop the question the reply must answer."""
+    ids = encode_prompt(tokenizer, prompt.messages)
+    if len(ids) > max_length:
+        return None
+    # Messages and the row as JSON: their keys vary from row to row, which a table column cannot hold.
+    return {"input_ids": ids, "messages": json.dumps(prompt.messages, ensure_ascii=False),
+            "row": json.dumps(prompt.row.data, ensure_ascii=False)}, False
 
 
 def prompt_from_record(record: dict) -> Prompt:
@@ -92,8 +81,9 @@ PROMPTS = DataKind(
     version="1",
     from_row=prompt_from_row,
     settings=lambda data_args: {"max_length": data_args.max_prompt_length},
-    encode=encode_prompt_records,
-    report_line="{name}: {rows} prompts -> {kept} kept ({dropped} dropped: longer than max_prompt_length)",
+    encode_one=encode_prompt_record,
+    dropped_because="longer than max_prompt_length",
+    report_line="{name}: {rows} prompts -> {kept} kept ({dropped} dropped: {dropped_because})",
     nothing_kept="every prompt is longer than --max_prompt_length {max_length} tokens: raise it",
 )
 
@@ -101,7 +91,7 @@ PROMPTS = DataKind(
 def encode_prompts(tokenizer: Any, prompts: list[Prompt], max_length: int, name: str = "prompts") -> list[Prompt]:
     """The prompts that fit in max_length tokens, with their token ids (for prompts built in code;
     files go through build_prompts, which caches)."""
-    records, stats = encode_prompt_records(tokenizer, prompts, max_length)
+    records, stats = encode_items(PROMPTS, tokenizer, prompts, max_length=max_length)
     report_encoding(PROMPTS, name, sorted({p.row.path for p in prompts}), stats, {"max_length": max_length})
     return [prompt_from_record(r) for r in records]
 
