@@ -4,25 +4,35 @@ through the SFT chat-template path, and truncation that keeps both replies."""
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 
 import pytest
 
+from tunesmith.data.dataset import build_sft_datasets, encode_items
 from tunesmith.data.formats import DataError, Row
 from tunesmith.data.preference import (
+    PREFERENCE_PAIRS,
     build_preference_datasets,
     detect_preference_format,
     encode_pair,
-    encode_pairs,
     encode_reply,
     load_pairs,
     pair_from_row,
 )
 from tunesmith.data.template import render_text
-from tunesmith.hparams import TrainDataArguments
+from tunesmith.hparams import SFTDataArguments, TrainDataArguments
 
 USER_HI = {"role": "user", "content": "Hi"}
 GOOD = [{"role": "assistant", "content": "Hello! How can I help?"}]
 BAD = [{"role": "assistant", "content": "Go away."}]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    """Each test's own dataset cache."""
+    monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 def row(data: dict, line: int = 7) -> Row:
@@ -151,10 +161,10 @@ def test_pairs_whose_replies_cannot_fit_are_dropped_and_counted(tokenizer):
     short = pair_from_row(row({**CTX, "chosen": "Hello!", "rejected": "No.", "margin": 1}, line=1))
     long = pair_from_row(row({**CTX, "chosen": "word " * 60, "rejected": "No."}, line=2))
     multi = pair_from_row(row({"prompt": LONG_CONTEXT, "chosen": GOOD, "rejected": BAD}, line=3))
-    records, stats = encode_pairs(tokenizer, [short, long, multi], max_length=48)
+    records, stats = encode_items(PREFERENCE_PAIRS, tokenizer, [short, long, multi], max_length=48)
     assert [(r["line"], r["margin"]) for r in records] == [(1, 1.0), (3, 0.0)]
-    assert (stats.rows, stats.kept, stats.truncated, stats.dropped_reply_too_long) == (3, 2, 1, 1)
-    assert stats.report("train") == ("train: 3 pairs -> 2 kept (1 with their context truncated to max_seq_length, "
+    assert (stats.rows, stats.kept, stats.truncated, stats.dropped) == (3, 2, 1, 1)
+    assert PREFERENCE_PAIRS.report("train", stats) == ("train: 3 pairs -> 2 kept (1 with their context truncated to max_seq_length, "
                                      "1 dropped: a reply does not fit in max_seq_length)")
     assert all(len(r["chosen_ids"]) <= 48 and len(r["rejected_ids"]) <= 48 for r in records)
 
@@ -163,5 +173,108 @@ def test_no_pair_fitting_is_an_error_naming_the_flag(tokenizer, tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({**CTX, "chosen": "word " * 60, "rejected": "No."}) + "\n")
     args = TrainDataArguments(data_path=[str(path)], max_seq_length=16)
-    with pytest.raises(ValueError, match=r"no pair fits in --max_seq_length 16; raise it"):
+    with pytest.raises(DataError, match=r"train \(.*p.jsonl\): no pair fits in --max_seq_length 16; raise it"):
+        build_preference_datasets(tokenizer, args)
+
+
+# --------------------------------------------------------------------------- the dataset builder
+
+
+def write_pairs(path, n: int, first: int = 0, long_reply_at: int | None = None) -> str:
+    """n pairs, told apart by their question; the one at long_reply_at has a reply too long for 64 tokens."""
+    rows = [{"prompt": f"Question {first + i}?", "chosen": "word " * 80 if i == long_reply_at else "Yes.",
+             "rejected": "No."} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def lines(dataset) -> list[int]:
+    return sorted(dataset["line"])
+
+
+def _change_file(args, tokenizer, monkeypatch):
+    write_pairs(Path(args.data_path[0]), 5)
+    return args
+
+
+def _change_template(args, tokenizer, monkeypatch):
+    # A template comment renders nothing, so only the template's text changes.
+    monkeypatch.setattr(tokenizer, "chat_template", "{# edited #}" + tokenizer.chat_template)
+    return args
+
+
+def _change_max_seq_length(args, tokenizer, monkeypatch):
+    args.max_seq_length = 96
+    return args
+
+
+@pytest.mark.parametrize("change, from_cache", [
+    (lambda args, tokenizer, monkeypatch: args, True),
+    (_change_file, False),
+    (_change_template, False),
+    (_change_max_seq_length, False),
+    (lambda args, tokenizer, monkeypatch: TrainDataArguments(**{**vars(args), "overwrite_cache": True}), False),
+], ids=["same-inputs", "file-changed", "chat-template-changed", "max_seq_length-changed", "overwrite_cache"])
+def test_the_second_build_comes_from_the_cache_unless_an_input_changed(tokenizer, tmp_path, monkeypatch, caplog,
+                                                                         change, from_cache):
+    args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 4)], max_seq_length=128)
+    first, _ = build_preference_datasets(tokenizer, args)
+    args = change(args, tokenizer, monkeypatch)
+    with caplog.at_level(logging.INFO, logger="tunesmith"):
+        second, _ = build_preference_datasets(tokenizer, args)
+    assert ("train: tokenized data from cache" in caplog.text) == from_cache
+    # A cache hit reports what the first build did.
+    assert f"train: {len(second)} pairs -> {len(second)} kept" in caplog.text
+    if from_cache:
+        assert second.to_list() == first.to_list()
+
+
+def write_conversations(path, n: int) -> str:
+    rows = [{"messages": [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": "Yes."}]}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("write, build, arguments", [
+    (write_pairs, build_preference_datasets, TrainDataArguments),
+    (write_conversations, build_sft_datasets, SFTDataArguments),
+], ids=["preference", "sft"])
+def test_max_samples_caps_the_training_rows_only(tokenizer, tmp_path, write, build, arguments):
+    args = arguments(data_path=[write(tmp_path / "train.jsonl", 5)], eval_data_path=[write(tmp_path / "eval.jsonl", 4)],
+                     max_samples=2)
+    train, evaluation = build(tokenizer, args)
+    assert lines(train) == [1, 2]
+    assert lines(evaluation) == [1, 2, 3, 4]
+
+
+def test_eval_split_ratio_holds_out_pairs_of_the_capped_training_rows(tokenizer, tmp_path, cache):
+    args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 12)], eval_split_ratio=0.25, max_samples=8)
+    train, evaluation = build_preference_datasets(tokenizer, args, seed=0)
+    assert (len(train), len(evaluation)) == (6, 2)
+    assert sorted(lines(train) + lines(evaluation)) == list(range(1, 9))
+    again, _ = build_preference_datasets(tokenizer, args, seed=0)
+    assert lines(again) == lines(train)  # the same seed holds out the same pairs
+    # The split is an index in memory: the cached dataset's folder holds only what the first build wrote.
+    (cached,) = (cache / "datasets" / "preference").iterdir()
+    assert sorted(f.name for f in cached.iterdir()) == ["data-00000-of-00001.arrow", "dataset_info.json",
+                                                        "encode_stats.json", "state.json"]
+
+
+@pytest.mark.parametrize("long_reply_at, level", [(None, logging.INFO), (1, logging.WARNING)],
+                         ids=["nothing-lost-info", "one-dropped-warning"])
+def test_the_report_warns_only_when_pairs_are_dropped_or_truncated(tokenizer, tmp_path, caplog, long_reply_at, level):
+    args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 3, long_reply_at=long_reply_at)],
+                              max_seq_length=64)
+    with caplog.at_level(logging.INFO, logger="tunesmith"):
+        build_preference_datasets(tokenizer, args)
+    (record,) = [r for r in caplog.records if "pairs ->" in r.getMessage()]
+    assert record.levelno == level
+    kept = 3 if long_reply_at is None else 2
+    assert record.getMessage().startswith(f"train: 3 pairs -> {kept} kept")
+
+
+def test_a_split_that_leaves_no_training_pair_says_what_to_change(tokenizer, tmp_path):
+    args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 1)], eval_split_ratio=0.5)
+    with pytest.raises(DataError, match=r"--eval_split_ratio 0.5 of 1 training examples leaves none to train on"):
         build_preference_datasets(tokenizer, args)

@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from tunesmith.data.formats import DataError
-from tunesmith.data.prompts import encode_prompts, left_pad, load_prompts
+from tunesmith.data.prompts import build_prompts, encode_prompts, left_pad, load_prompts
 from tunesmith.data.template import encode_prompt
+from tunesmith.hparams import PromptDataArguments
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    """Each test's own dataset cache."""
+    monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 def write_jsonl(path, rows) -> str:
@@ -57,7 +65,7 @@ def test_bad_prompt_rows_name_file_line_and_field(tmp_path, row, match):
 
 def test_empty_prompt_file_is_an_error(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"empty.jsonl: no prompts found"):
+    with pytest.raises(DataError, match=r"empty.jsonl: no rows found"):
         load_prompts([str(tmp_path / "empty.jsonl")])
 
 
@@ -70,8 +78,8 @@ def test_encode_uses_the_chat_template_and_drops_prompts_that_are_too_long(tmp_p
     assert [p.row.line for p in kept] == [1]
     assert list(kept[0].input_ids) == encode_prompt(tokenizer, prompts[0].messages)
     assert tokenizer.decode(kept[0].input_ids).endswith("<|im_start|>assistant\n")
-    assert "1 of 2 prompts are longer than max_prompt_length" in caplog.text
-    with pytest.raises(DataError, match=r"every prompt is longer than max_prompt_length=3 tokens"):
+    assert "prompts: 2 prompts -> 1 kept (1 dropped: longer than max_prompt_length)" in caplog.text
+    with pytest.raises(DataError, match=r"p.jsonl\): every prompt is longer than --max_prompt_length 3 tokens"):
         encode_prompts(tokenizer, prompts, max_length=3)
 
 
@@ -80,3 +88,54 @@ def test_left_pad_puts_every_prompt_end_at_the_same_column():
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert ids.dtype == mask.dtype == torch.long
+
+
+# --------------------------------------------------------------------------- build_prompts: the shared builder
+
+ROWS = [
+    {"prompt": "What is 2+2?", "id": 7},
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi", "loss": False}]},
+    {"conversations": [{"from": "human", "value": "Q1"}, {"from": "gpt", "value": "A1"}, {"from": "human", "value": "Q2"}]},
+]
+
+
+def test_the_second_build_comes_from_the_cache_unless_an_input_changed(tokenizer, tmp_path, monkeypatch, caplog):
+    args = PromptDataArguments(data_path=[write_jsonl(tmp_path / "p.jsonl", ROWS)])
+
+    def build() -> tuple[list, bool]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tunesmith"):
+            prompts = build_prompts(tokenizer, args, "train")
+        return prompts, "train: tokenized data from cache" in caplog.text
+
+    first, cached = build()
+    assert not cached
+    # What the trainer gets is what reading and encoding in code gives: rows, messages and ids round-trip.
+    assert first == encode_prompts(tokenizer, load_prompts(args.data_path), args.max_prompt_length)
+    assert build() == (first, True)
+    # A template comment renders nothing: only the template's text changes.
+    monkeypatch.setattr(tokenizer, "chat_template", "{# edited #}" + tokenizer.chat_template)
+    assert build() == (first, False)
+    args.max_prompt_length = 256
+    assert build() == (first, False)
+    write_jsonl(tmp_path / "p.jsonl", [*ROWS, {"prompt": "One more?"}])
+    prompts, cached = build()
+    assert len(prompts) == 4 and not cached
+
+
+def test_max_samples_caps_the_prompts(tokenizer, tmp_path):
+    args = PromptDataArguments(data_path=[write_jsonl(tmp_path / "p.jsonl", ROWS)], max_samples=2)
+    assert [p.row.line for p in build_prompts(tokenizer, args)] == [1, 2]
+
+
+@pytest.mark.parametrize("long_prompt, level", [(False, logging.INFO), (True, logging.WARNING)],
+                         ids=["nothing-dropped-info", "one-dropped-warning"])
+def test_the_report_warns_only_when_prompts_are_dropped(tokenizer, tmp_path, caplog, long_prompt, level):
+    rows = [*ROWS, {"prompt": "long " * 100 if long_prompt else "short"}]
+    args = PromptDataArguments(data_path=[write_jsonl(tmp_path / "p.jsonl", rows)], max_prompt_length=64)
+    with caplog.at_level(logging.INFO, logger="tunesmith"):
+        prompts = build_prompts(tokenizer, args, "eval")
+    (record,) = [r for r in caplog.records if "prompts ->" in r.getMessage()]
+    assert record.levelno == level
+    assert record.getMessage().startswith(f"eval: 4 prompts -> {len(prompts)} kept")
+    assert len(prompts) == (3 if long_prompt else 4)

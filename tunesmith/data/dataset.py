@@ -1,61 +1,92 @@
-"""Tokenized SFT datasets: read -> render and mask -> truncate -> drop examples with nothing to
-train, cached on disk under a key made of the data files, the tokenizer, its chat template and
-the arguments that change the result."""
+"""One path from data files to a tokenized dataset, for every kind of data (SFT conversations,
+preference pairs, RLHF prompts): read -> cap at --max_samples -> encode -> report -> cache. A
+DataKind says what its kind does its own way (parse a row, encode, the words of its report); the
+rest is here, once. The cache is keyed by the files' bytes, the tokenizer (vocabulary, chat
+template, EOS token), the kind and the arguments its encoding takes, so the same inputs are
+tokenized once and any change to them tokenizes again. The SFT kind lives here too."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from datasets import Dataset, load_from_disk
 
-from ..hparams import SFTDataArguments
-from ..utils.io import atomic_directory
+from ..errors import DataError
+from ..hparams import SFTDataArguments, TrainDataArguments
+from ..utils.io import atomic_directory, atomic_write_json
 from ..utils.paths import cache_root
-from .formats import Conversation, load_conversations
+from .formats import Conversation, Row, conversation_from_row, load_items
 from .template import encode_conversation, trained_token_count, truncate
 
 logger = logging.getLogger(__name__)
 
-# Bump when encoding changes, so old caches are not reused.
-ENCODING_VERSION = "1"
+STATS_FILE = "encode_stats.json"  # beside the cached dataset, so a cache hit reports what the first build did
 
 
 @dataclass
 class EncodeStats:
+    """What encoding did to the rows it was given."""
+
     rows: int = 0
     kept: int = 0
-    dropped_no_trained_tokens: int = 0
-    truncated: int = 0
+    truncated: int = 0  # kept, but cut to fit the length limit
+    dropped: int = 0  # not kept (the kind's report says why)
 
-    def report(self, name: str) -> str:
-        return (f"{name}: {self.rows} rows -> {self.kept} examples ({self.truncated} truncated to max_seq_length, "
-                f"{self.dropped_no_trained_tokens} dropped: no trained token left)")
+    @property
+    def lossless(self) -> bool:
+        return not (self.truncated or self.dropped)
 
 
-def encode_conversations(
-    tokenizer: Any, conversations: list[Conversation], max_seq_length: int, train_on: str
-) -> tuple[list[dict], EncodeStats]:
-    """One record per kept example: input_ids, labels, and the source row it came from."""
-    stats = EncodeStats(rows=len(conversations))
+@dataclass(frozen=True)
+class DataKind:
+    """What one kind of data does its own way; build_dataset does the rest."""
+
+    name: str  # its cache folder, and part of the cache key
+    version: str  # bump when the encoding changes, so older caches are not reused
+    from_row: Callable[[Row], Any]  # the item of one row (with a `.row`), or a DataError naming file, line, field
+    settings: Callable[[Any], dict[str, Any]]  # the data arguments encode_one takes: exactly what the key holds
+    # (tokenizer, item, **settings) -> (record, truncated), or None when the item cannot be used
+    encode_one: Callable[..., tuple[dict, bool] | None]
+    dropped_because: str  # why encode_one gives None
+    report_line: str  # formatted with `name`, `dropped_because` and the EncodeStats fields
+    nothing_kept: str  # the error when no record is kept, formatted with the settings
+
+    def report(self, name: str, stats: EncodeStats) -> str:
+        return self.report_line.format(name=name, dropped_because=self.dropped_because, **asdict(stats))
+
+
+def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], **settings: Any) -> tuple[list[dict], EncodeStats]:
+    """One record per item kept, with the file and line of its row; the counts of what was cut or dropped."""
+    stats = EncodeStats(rows=len(items))
     records = []
-    for conv in conversations:
-        full = encode_conversation(tokenizer, conv.messages, train_on)
-        enc = truncate(full, max_seq_length)
-        stats.truncated += len(enc.input_ids) < len(full.input_ids)
-        if trained_token_count(enc.labels) == 0:
-            stats.dropped_no_trained_tokens += 1
-            logger.debug("%s: dropped, no trained token within max_seq_length", conv.row.where())
+    for item in items:
+        encoded = kind.encode_one(tokenizer, item, **settings)
+        if encoded is None:
+            stats.dropped += 1
+            logger.debug("%s: dropped: %s", item.row.where(), kind.dropped_because)
             continue
-        records.append({"input_ids": enc.input_ids, "labels": enc.labels,
-                        "source": conv.row.path, "line": conv.row.line})
+        record, truncated = encoded
+        stats.truncated += truncated
+        records.append({**record, "source": item.row.path, "line": item.row.line})
     stats.kept = len(records)
     return records, stats
+
+
+def report_encoding(kind: DataKind, name: str, paths: Sequence[str], stats: EncodeStats,
+                    settings: dict[str, Any]) -> None:
+    """Log what encoding did (a warning only when rows were cut or dropped); an error when nothing is left."""
+    logger.log(logging.INFO if stats.lossless else logging.WARNING, kind.report(name, stats))
+    if not stats.kept:
+        raise DataError(f"{name} ({', '.join(map(str, paths))}): {kind.nothing_kept.format(**settings)}")
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -66,40 +97,91 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return h.hexdigest()
 
 
-def cache_key(paths: list[str], tokenizer: Any, data_args: SFTDataArguments) -> str:
-    h = hashlib.sha256(ENCODING_VERSION.encode())
+def cache_key(kind: DataKind, paths: Sequence[str], tokenizer: Any, settings: dict[str, Any],
+              max_samples: int | None) -> str:
+    h = hashlib.sha256(f"{kind.name}/{kind.version}".encode())
     for p in paths:
         h.update(os.path.abspath(p).encode())
         h.update(Path(p).read_bytes())
     h.update(tokenizer_fingerprint(tokenizer).encode())
-    h.update(json.dumps([data_args.max_seq_length, data_args.train_on, data_args.max_samples]).encode())
+    h.update(json.dumps([settings, max_samples], sort_keys=True).encode())
     return h.hexdigest()[:24]
 
 
-def build_sft_dataset(tokenizer: Any, paths: list[str], data_args: SFTDataArguments, name: str = "train") -> Dataset:
-    """The tokenized dataset for these files, from the cache when the same data, tokenizer, template
-    and arguments were tokenized before."""
-    cache_dir = cache_root() / "datasets" / cache_key(paths, tokenizer, data_args)
-    if cache_dir.exists() and not data_args.overwrite_cache:
+def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_args: Any, name: str = "train",
+                  max_samples: int | None = None) -> Dataset:
+    """The encoded records of these files (the first max_samples rows, or all), from the cache when the
+    same files, tokenizer, chat template and settings were encoded before (unless --overwrite_cache)."""
+    settings = kind.settings(data_args)
+    cache_dir = cache_root() / "datasets" / kind.name / cache_key(kind, paths, tokenizer, settings, max_samples)
+    if cache_dir.is_dir() and not data_args.overwrite_cache:
         logger.info("%s: tokenized data from cache %s", name, cache_dir)
+        stats = EncodeStats(**json.loads((cache_dir / STATS_FILE).read_text(encoding="utf-8")))
+        report_encoding(kind, name, paths, stats, settings)
         return load_from_disk(str(cache_dir))
-    conversations = load_conversations(paths, data_args.max_samples)
-    records, stats = encode_conversations(tokenizer, conversations, data_args.max_seq_length, data_args.train_on)
-    logger.warning(stats.report(name))
-    if not records:
-        raise ValueError(f"{name}: no example has a trained token within --max_seq_length {data_args.max_seq_length}")
-    dataset = Dataset.from_list(records)
+    records, stats = encode_items(kind, tokenizer, load_items(paths, kind.from_row, max_samples), **settings)
+    report_encoding(kind, name, paths, stats, settings)
     with atomic_directory(cache_dir) as tmp:
-        dataset.save_to_disk(str(tmp))
+        Dataset.from_list(records).save_to_disk(str(tmp))
+        atomic_write_json(tmp / STATS_FILE, asdict(stats))
     return load_from_disk(str(cache_dir))
 
 
-def build_sft_datasets(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42) -> tuple[Dataset, Dataset | None]:
-    train = build_sft_dataset(tokenizer, data_args.data_path, data_args, "train")
-    evaluation = None
+def build_datasets(kind: DataKind, tokenizer: Any, data_args: TrainDataArguments,
+                   seed: int = 42) -> tuple[Dataset, Dataset | None]:
+    """Training and evaluation data. --max_samples caps the --data_path rows only; evaluation is
+    --eval_data_path, used whole, or --eval_split_ratio of the (capped) training examples held out."""
+    train = build_dataset(kind, tokenizer, data_args.data_path, data_args, "train", data_args.max_samples)
     if data_args.eval_data_path:
-        evaluation = build_sft_dataset(tokenizer, data_args.eval_data_path, data_args, "eval")
-    elif data_args.eval_split_ratio > 0:
-        split = train.train_test_split(test_size=data_args.eval_split_ratio, seed=seed)
-        train, evaluation = split["train"], split["test"]
-    return train, evaluation
+        return train, build_dataset(kind, tokenizer, data_args.eval_data_path, data_args, "eval")
+    if data_args.eval_split_ratio > 0:
+        return split_off(train, data_args.eval_split_ratio, seed)
+    return train, None
+
+
+def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Dataset]:
+    """(rest, held out): a seeded random `ratio` of the examples held out, at least one. Only an index
+    in memory (datasets' own train_test_split would write index files into the shared cache folder)."""
+    held_out = math.ceil(ratio * len(dataset))
+    if held_out >= len(dataset):
+        raise DataError(f"--eval_split_ratio {ratio} of {len(dataset)} training examples leaves none to train on: "
+                        "give more data, a smaller ratio, or --eval_data_path")
+    order = np.random.default_rng(seed).permutation(len(dataset))
+    return (dataset.select(order[held_out:], keep_in_memory=True),
+            dataset.select(order[:held_out], keep_in_memory=True))
+
+
+# --------------------------------------------------------------------------- SFT conversations
+
+
+def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_seq_length: int,
+                               train_on: str) -> tuple[dict, bool] | None:
+    """input_ids and labels within max_seq_length; None when no trained token is left."""
+    full = encode_conversation(tokenizer, conversation.messages, train_on)
+    enc = truncate(full, max_seq_length)
+    if trained_token_count(enc.labels) == 0:
+        return None
+    return {"input_ids": enc.input_ids, "labels": enc.labels}, len(enc.input_ids) < len(full.input_ids)
+
+
+SFT_CONVERSATIONS = DataKind(
+    name="sft",
+    version="1",
+    from_row=conversation_from_row,
+    settings=lambda data_args: {"max_seq_length": data_args.max_seq_length, "train_on": data_args.train_on},
+    encode_one=encode_conversation_record,
+    dropped_because="no trained token left within max_seq_length",
+    report_line="{name}: {rows} rows -> {kept} examples ({truncated} truncated to max_seq_length, "
+                "{dropped} dropped: {dropped_because})",
+    nothing_kept="no example has a trained token within --max_seq_length {max_seq_length} (--train_on {train_on}): "
+                 "raise --max_seq_length",
+)
+
+
+def build_sft_dataset(tokenizer: Any, paths: list[str], data_args: SFTDataArguments, name: str = "train",
+                      max_samples: int | None = None) -> Dataset:
+    return build_dataset(SFT_CONVERSATIONS, tokenizer, paths, data_args, name, max_samples)
+
+
+def build_sft_datasets(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42) -> tuple[Dataset, Dataset | None]:
+    return build_datasets(SFT_CONVERSATIONS, tokenizer, data_args, seed)

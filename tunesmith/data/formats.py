@@ -8,15 +8,16 @@ array), and the field."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
 
 Message = dict[str, Any]
+T = TypeVar("T")
 
 SHAREGPT_ROLES = {"system": SYSTEM, "human": USER, "user": USER, "gpt": ASSISTANT, "assistant": ASSISTANT,
                   "function_call": ASSISTANT, "observation": TOOL, "tool": TOOL}
@@ -97,39 +98,49 @@ def _text(row: Row, value: Any, field: str) -> str:
     return value
 
 
-def openai_messages(row: Row, items: Any, field: str = "messages") -> list[Message]:
+@dataclass(frozen=True)
+class MessageShape:
+    """How one format spells a message: its two keys, and its speaker names mapped to roles."""
+
+    role_key: str
+    content_key: str
+    roles: dict[str, str]
+    unknown_role: str  # the error for a speaker not in `roles`, formatted with it
+
+
+OPENAI = MessageShape("role", "content", {role: role for role in ROLES},
+                      f"unknown role {{!r}} (expected one of {', '.join(ROLES)})")
+SHAREGPT = MessageShape("from", "value", SHAREGPT_ROLES, "unknown speaker {!r} (expected human, gpt or system)")
+
+
+def read_messages(row: Row, items: Any, field: str, shape: MessageShape) -> list[Message]:
+    """The canonical messages of a list of one format's messages; errors name the field and index."""
+    pair = f"{{{shape.role_key}, {shape.content_key}}}"
     if not isinstance(items, list):
-        raise row.error("expected a list of {role, content} messages", field)
+        raise row.error(f"expected a list of {pair} messages", field)
     messages = []
     for i, m in enumerate(items):
         where = f"{field}[{i}]"
         if not isinstance(m, dict):
-            raise row.error("expected a {role, content} object", where)
-        for key in ("role", "content"):
+            raise row.error(f"expected a {pair} object", where)
+        for key in (shape.role_key, shape.content_key):
             if key not in m:
                 raise row.error(f"missing `{key}`", where)
-        if m["role"] not in ROLES:
-            raise row.error(f"unknown role {m['role']!r} (expected one of {', '.join(ROLES)})", f"{where}.role")
-        messages.append(_message(row, m["role"], _text(row, m["content"], f"{where}.content"), m, where))
+        speaker = m[shape.role_key]
+        role = shape.roles.get(speaker) if isinstance(speaker, str) else None
+        if role is None:
+            raise row.error(shape.unknown_role.format(speaker), f"{where}.{shape.role_key}")
+        content = _text(row, m[shape.content_key], f"{where}.{shape.content_key}")
+        messages.append(_message(row, role, content, m, where))
     return messages
+
+
+def openai_messages(row: Row, items: Any, field: str = "messages") -> list[Message]:
+    return read_messages(row, items, field, OPENAI)
 
 
 def sharegpt_messages(row: Row, items: Any, field: str = "conversations") -> list[Message]:
-    if not isinstance(items, list):
-        raise row.error("expected a list of {from, value} turns", field)
-    messages = []
-    for i, m in enumerate(items):
-        where = f"{field}[{i}]"
-        if not isinstance(m, dict):
-            raise row.error("expected a {from, value} object", where)
-        for key in ("from", "value"):
-            if key not in m:
-                raise row.error(f"missing `{key}`", where)
-        role = SHAREGPT_ROLES.get(m["from"])
-        if role is None:
-            raise row.error(f"unknown speaker {m['from']!r} (expected human, gpt or system)", f"{where}.from")
-        messages.append(_message(row, role, _text(row, m["value"], f"{where}.value"), m, where))
-    return messages
+    return read_messages(row, items, field, SHAREGPT)
 
 
 def _message(row: Row, role: str, content: str, source: dict, where: str) -> Message:
@@ -188,8 +199,10 @@ def check_role_order(row: Row, messages: list[Message], field: str, ends_with: s
         raise row.error(f"wrong role order: the last turn must be {ends_with!r}, not {previous!r}", field)
 
 
-def conversation_from_row(row: Row, fmt: str) -> Conversation:
-    """A training conversation (ends with an assistant reply) from one row of a known format."""
+def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
+    """A training conversation (ends with an assistant reply) from one row, of the given format or
+    the one detected."""
+    fmt = fmt or detect_format(row)
     if fmt == "openai":
         messages, field = openai_messages(row, row.data["messages"]), "messages"
     elif fmt == "sharegpt":
@@ -200,13 +213,22 @@ def conversation_from_row(row: Row, fmt: str) -> Conversation:
     return Conversation(row, messages)
 
 
-def load_conversations(paths: list[str], max_samples: int | None = None) -> list[Conversation]:
-    """Every conversation in the given files, in order; the format is detected per row, so files
-    that mix formats work too."""
-    conversations: list[Conversation] = []
+def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: int | None = None) -> list[T]:
+    """from_row of every row of the given files, in order, stopping after max_samples; the one reader
+    of conversations, preference pairs and prompts alike."""
+    items: list[T] = []
     for path in paths:
         for row in read_rows(path):
-            conversations.append(conversation_from_row(row, detect_format(row)))
-            if max_samples is not None and len(conversations) >= max_samples:
-                return conversations
-    return conversations
+            items.append(from_row(row))
+            if max_samples is not None and len(items) >= max_samples:
+                return items  # before reading another row: rows past the cap are never parsed
+    if not items:
+        raise DataError(f"{', '.join(map(str, paths))}: no rows found (one JSON object per line of a JSONL file, "
+                        "or a JSON array of objects)")
+    return items
+
+
+def load_conversations(paths: Sequence[str], max_samples: int | None = None) -> list[Conversation]:
+    """Every conversation in the given files, in order; the format is detected per row, so files
+    that mix formats work too."""
+    return load_items(paths, conversation_from_row, max_samples)

@@ -13,8 +13,8 @@ its oldest tokens; a pair whose replies cannot fit is dropped and counted."""
 
 from __future__ import annotations
 
-import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +23,9 @@ from datasets import Dataset
 from ..constants import ASSISTANT, SYSTEM, TOOL, USER
 from ..errors import TemplateError
 from ..hparams import TrainDataArguments
-from .formats import Message, Row, check_role_order, openai_messages, read_rows, sharegpt_messages
+from .dataset import DataKind, build_datasets
+from .formats import Message, Row, check_role_order, load_items, openai_messages, sharegpt_messages
 from .template import render_text
-
-logger = logging.getLogger(__name__)
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
 CONTEXT_FIELDS = ("conversations", "messages", "prompt")  # first one present is the context
@@ -111,14 +110,8 @@ def pair_from_row(row: Row) -> PreferencePair:
     return PreferencePair(row, context, _reply(row, CHOSEN), _reply(row, REJECTED), _margin(row))
 
 
-def load_pairs(paths: list[str], max_samples: int | None = None) -> list[PreferencePair]:
-    pairs: list[PreferencePair] = []
-    for path in paths:
-        for row in read_rows(path):
-            pairs.append(pair_from_row(row))
-            if max_samples is not None and len(pairs) >= max_samples:
-                return pairs
-    return pairs
+def load_pairs(paths: Sequence[str], max_samples: int | None = None) -> list[PreferencePair]:
+    return load_items(paths, pair_from_row, max_samples)
 
 
 def encode_reply(tokenizer: Any, context: list[Message], reply: list[Message]) -> tuple[list[int], int]:
@@ -167,58 +160,31 @@ def encode_pair(
     return EncodedPair(_left_cut(c_ids, c_start, budget), _left_cut(r_ids, r_start, budget), truncated=True)
 
 
-@dataclass
-class PairStats:
-    rows: int = 0
-    kept: int = 0
-    truncated: int = 0
-    dropped_reply_too_long: int = 0
-
-    def report(self, name: str) -> str:
-        return (f"{name}: {self.rows} pairs -> {self.kept} kept ({self.truncated} with their context truncated to "
-                f"max_seq_length, {self.dropped_reply_too_long} dropped: a reply does not fit in max_seq_length)")
-
-
-def encode_pairs(tokenizer: Any, pairs: list[PreferencePair], max_length: int | None) -> tuple[list[dict], PairStats]:
-    """One record per kept pair: chosen_ids, rejected_ids, margin (0 when the row has none), the
-    longer side's length and the source row."""
-    stats = PairStats(rows=len(pairs))
-    records = []
-    for pair in pairs:
-        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
-        if enc is None:
-            stats.dropped_reply_too_long += 1
-            logger.debug("%s: dropped, a reply does not fit in %s tokens", pair.row.where(), max_length)
-            continue
-        stats.truncated += enc.truncated
-        records.append({"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
-                        # For --train_sampling_strategy group_by_length (the Trainer's default length column).
-                        "length": max(len(enc.chosen_ids), len(enc.rejected_ids)),
-                        "source": pair.row.path, "line": pair.row.line})
-    stats.kept = len(records)
-    return records, stats
+def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> tuple[dict, bool] | None:
+    """chosen_ids, rejected_ids, margin (0 when the row has none) and the longer side's length; None
+    when a reply does not fit."""
+    enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
+    if enc is None:
+        return None
+    return {"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
+            # For --train_sampling_strategy group_by_length (the Trainer's default length column).
+            "length": max(len(enc.chosen_ids), len(enc.rejected_ids))}, enc.truncated
 
 
-def build_preference_dataset(
-    tokenizer: Any, paths: list[str], data_args: TrainDataArguments, name: str = "train"
-) -> Dataset:
-    pairs = load_pairs(paths, data_args.max_samples if name == "train" else None)
-    records, stats = encode_pairs(tokenizer, pairs, data_args.max_seq_length)
-    logger.warning(stats.report(name))
-    if not records:
-        raise ValueError(f"{name} ({', '.join(paths)}): no pair fits in --max_seq_length {data_args.max_seq_length}; "
-                         "raise it")
-    return Dataset.from_list(records)
+PREFERENCE_PAIRS = DataKind(
+    name="preference",
+    version="1",
+    from_row=pair_from_row,
+    settings=lambda data_args: {"max_length": data_args.max_seq_length},
+    encode_one=encode_pair_record,
+    dropped_because="a reply does not fit in max_seq_length",
+    report_line="{name}: {rows} pairs -> {kept} kept ({truncated} with their context truncated to max_seq_length, "
+                "{dropped} dropped: {dropped_because})",
+    nothing_kept="no pair fits in --max_seq_length {max_length}; raise it",
+)
 
 
 def build_preference_datasets(
     tokenizer: Any, data_args: TrainDataArguments, seed: int = 42
 ) -> tuple[Dataset, Dataset | None]:
-    train = build_preference_dataset(tokenizer, data_args.data_path, data_args, "train")
-    evaluation = None
-    if data_args.eval_data_path:
-        evaluation = build_preference_dataset(tokenizer, data_args.eval_data_path, data_args, "eval")
-    elif data_args.eval_split_ratio > 0:
-        split = train.train_test_split(test_size=data_args.eval_split_ratio, seed=seed)
-        train, evaluation = split["train"], split["test"]
-    return train, evaluation
+    return build_datasets(PREFERENCE_PAIRS, tokenizer, data_args, seed)

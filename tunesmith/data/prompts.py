@@ -6,7 +6,7 @@ error names the file, the line and the field, like the SFT formats do."""
 
 from __future__ import annotations
 
-import logging
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from ..constants import USER
-from .formats import DataError, Message, Row, check_role_order, openai_messages, read_rows, sharegpt_messages
+from ..hparams import PromptDataArguments
+from .dataset import DataKind, build_dataset, encode_items, report_encoding
+from .formats import Message, Row, check_role_order, load_items, openai_messages, sharegpt_messages
 from .template import encode_prompt
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,34 +57,50 @@ def prompt_from_row(row: Row) -> Prompt:
 
 def load_prompts(paths: Sequence[str], max_samples: int | None = None) -> list[Prompt]:
     """Every prompt in the given files, in order (the format is detected per row)."""
-    prompts: list[Prompt] = []
-    for path in paths:
-        for row in read_rows(path):
-            prompts.append(prompt_from_row(row))
-            if max_samples is not None and len(prompts) >= max_samples:
-                return prompts
-    if not prompts:
-        raise DataError(f"{', '.join(paths)}: no prompts found")
-    return prompts
+    return load_items(paths, prompt_from_row, max_samples)
 
 
-def encode_prompts(tokenizer: Any, prompts: list[Prompt], max_length: int) -> list[Prompt]:
-    """The prompts rendered by the chat template (asking for the assistant's reply), without those
-    longer than max_length tokens: cutting a prompt would drop the question the reply must answer."""
-    kept = []
-    for p in prompts:
-        ids = encode_prompt(tokenizer, p.messages)
-        if len(ids) > max_length:
-            logger.debug("%s: dropped, %d prompt tokens > max_prompt_length %d", p.row.where(), len(ids), max_length)
-            continue
-        kept.append(Prompt(p.row, p.messages, tuple(ids)))
-    dropped = len(prompts) - len(kept)
-    if dropped:
-        logger.warning("%d of %d prompts are longer than max_prompt_length=%d tokens and were dropped",
-                       dropped, len(prompts), max_length)
-    if not kept:
-        raise DataError(f"every prompt is longer than max_prompt_length={max_length} tokens: raise --max_prompt_length")
-    return kept
+def encode_prompt_record(tokenizer: Any, prompt: Prompt, max_length: int) -> tuple[dict, bool] | None:
+    """The prompt rendered by the chat template (asking for the assistant's reply); None when longer
+    than max_length tokens: cutting a prompt would drop the question the reply must answer."""
+    ids = encode_prompt(tokenizer, prompt.messages)
+    if len(ids) > max_length:
+        return None
+    # Messages and the row as JSON: their keys vary from row to row, which a table column cannot hold.
+    return {"input_ids": ids, "messages": json.dumps(prompt.messages, ensure_ascii=False),
+            "row": json.dumps(prompt.row.data, ensure_ascii=False)}, False
+
+
+def prompt_from_record(record: dict) -> Prompt:
+    return Prompt(Row(record["source"], record["line"], json.loads(record["row"])), json.loads(record["messages"]),
+                  tuple(record["input_ids"]))
+
+
+PROMPTS = DataKind(
+    name="prompts",
+    version="1",
+    from_row=prompt_from_row,
+    settings=lambda data_args: {"max_length": data_args.max_prompt_length},
+    encode_one=encode_prompt_record,
+    dropped_because="longer than max_prompt_length",
+    report_line="{name}: {rows} prompts -> {kept} kept ({dropped} dropped: {dropped_because})",
+    nothing_kept="every prompt is longer than --max_prompt_length {max_length} tokens: raise it",
+)
+
+
+def encode_prompts(tokenizer: Any, prompts: list[Prompt], max_length: int, name: str = "prompts") -> list[Prompt]:
+    """The prompts that fit in max_length tokens, with their token ids (for prompts built in code;
+    files go through build_prompts, which caches)."""
+    records, stats = encode_items(PROMPTS, tokenizer, prompts, max_length=max_length)
+    report_encoding(PROMPTS, name, sorted({p.row.path for p in prompts}), stats, {"max_length": max_length})
+    return [prompt_from_record(r) for r in records]
+
+
+def build_prompts(tokenizer: Any, data_args: PromptDataArguments, name: str = "prompts") -> list[Prompt]:
+    """The prompts of --data_path (the first --max_samples rows, or all), encoded, from the cache when
+    the same files, tokenizer, chat template and --max_prompt_length were encoded before."""
+    dataset = build_dataset(PROMPTS, tokenizer, data_args.data_path, data_args, name, data_args.max_samples)
+    return [prompt_from_record(r) for r in dataset]
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,25 +9,36 @@ from typing import ClassVar, Literal
 
 
 @dataclass
-class DataArguments:
+class DataFileArguments:
+    """The fields of every stage that reads data files."""
+
     role: ClassVar[str] = "data"
     _argument_group_name: ClassVar[str] = "data"
 
     data_path: list[str] = field(
         default_factory=list,
-        metadata={"help": "One or more JSON/JSONL files. Conversations: OpenAI `messages`, ShareGPT "
-                  "`conversations` or Alpaca; preference pairs add `chosen`/`rejected`; detected per row."},
+        metadata={"help": "One or more JSON/JSONL files, the format detected per row. Conversations: OpenAI "
+                  "`messages`, ShareGPT `conversations` or Alpaca; preference pairs add `chosen`/`rejected`; "
+                  "prompts (PPO, evaluation) are `prompt` strings or conversations ending with a user turn."},
     )
     max_samples: int | None = field(
-        default=None, metadata={"help": "Use only the first N rows of the training data (quick runs)."}
+        default=None,
+        metadata={"help": "Use only the first N rows of --data_path (quick runs). --eval_data_path files are "
+                  "used whole; --eval_split_ratio holds out its share of these N."},
     )
+    overwrite_cache: bool = field(
+        default=False,
+        metadata={"help": "Tokenize again even when the cache holds these files tokenized with the same tokenizer, "
+                  "chat template and settings."},
+    )
+
+
+@dataclass
+class DataArguments(DataFileArguments):
     max_seq_length: int = field(
         default=1024,
         metadata={"help": "Longest example in tokens (prompt + reply). Longer examples lose whole early or "
                   "trailing turns first; an example with no reply left is dropped and counted."},
-    )
-    overwrite_cache: bool = field(
-        default=False, metadata={"help": "Tokenize again even when a cache for this data/tokenizer exists."}
     )
 
 
@@ -55,16 +66,7 @@ class SFTDataArguments(TrainDataArguments):
 
 
 @dataclass
-class PromptDataArguments:
-    role: ClassVar[str] = "data"
-    _argument_group_name: ClassVar[str] = "data"
-
-    data_path: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Prompt files (JSON/JSONL): `prompt` strings, or `messages` / `conversations` ending "
-                  "with a user turn (e.g. data/demo/prompts.jsonl)."},
-    )
-    max_samples: int | None = field(default=None, metadata={"help": "Use only the first N prompts (quick runs)."})
+class PromptDataArguments(DataFileArguments):
     max_prompt_length: int = field(
         default=512,
         metadata={"help": "Prompts longer than this many tokens (after the chat template) are dropped, and counted."},

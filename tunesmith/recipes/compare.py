@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..boundary import entry_point
-from ..data.prompts import Prompt, encode_prompts, load_prompts
+from ..data.prompts import Prompt, build_prompts
 from ..errors import ConfigError
 from ..hparams import parse_run
 from ..models.loader import load_for_inference
@@ -59,8 +59,7 @@ def run(argv: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
     if not args.model.adapter_name_or_path:
         raise ConfigError("--adapter_name_or_path is required: the fine-tuned LoRA adapter to compare with its base")
     model, tokenizer = load_for_inference(args.model)
-    prompts = encode_prompts(tokenizer, load_prompts(args.data.data_path, args.data.max_samples),
-                             args.data.max_prompt_length)
+    prompts = build_prompts(tokenizer, args.data, "eval")
     rows = compare(model, tokenizer, prompts, args.compare.max_new_tokens)
     print_side_by_side(rows, args.compare.width)
     word = args.compare.count_word

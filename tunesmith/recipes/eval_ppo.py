@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..boundary import entry_point
-from ..data.prompts import Prompt, encode_prompts, left_pad, load_prompts
+from ..data.prompts import Prompt, build_prompts, left_pad
 from ..hparams import EvalArguments, parse_run
 from ..models.loader import inference_model_args, load_for_inference
 from ..ppo.core import logprobs_from_logits
@@ -73,7 +73,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, float]:
     ppo, _ = load_for_inference(inference_model_args(args.ppo))
     reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.reward_model), task="reward")
     scorer = RewardModelScorer(reward_model, reward_tokenizer, tokenizer, batch_size=args.batch_size)
-    prompts = encode_prompts(tokenizer, load_prompts(data.data_path, data.max_samples), data.max_prompt_length)
+    prompts = build_prompts(tokenizer, data, "eval")
 
     sft_replies, _ = answer(sft, tokenizer, prompts, args, args.do_sample, args.temperature)
     ppo_replies, _ = answer(ppo, tokenizer, prompts, args, args.do_sample, args.temperature)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..boundary import entry_point
-from ..data.prompts import encode_prompts, load_prompts
+from ..data.prompts import build_prompts
 from ..distributed import start_single_process_world
 from ..hparams import parse_run
 from ..models.loader import (
@@ -33,8 +33,8 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
     start_single_process_world(args.training)
 
     tokenizer = load_trained_tokenizer(args.model)
-    prompts = encode_prompts(tokenizer, load_prompts(args.data.data_path, args.data.max_samples),
-                             args.data.max_prompt_length)
+    with args.training.main_process_first(desc="tokenize"):  # one process fills the cache, the others read it
+        prompts = build_prompts(tokenizer, args.data, "train")
     model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume)
     reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.ppo.reward_model), task="reward")
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..boundary import entry_point
-from ..data.formats import Row, conversation_from_row, detect_format, read_rows
+from ..data.formats import Row, conversation_from_row, load_items
 from ..data.preference import encode_pair, is_pair_row, pair_from_row
 from ..hparams import DataArguments, ScoreArguments, parse_run
 from ..models.loader import load_for_inference
@@ -32,14 +32,14 @@ def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[in
         pair = pair_from_row(row)
         enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
         return None if enc is None else [enc.chosen_ids, enc.rejected_ids]
-    messages = conversation_from_row(row, detect_format(row)).messages
+    messages = conversation_from_row(row).messages
     enc = encode_pair(tokenizer, messages[:-1], messages[-1:], messages[-1:], max_length)
     return None if enc is None else [enc.chosen_ids]
 
 
 def score_file(model: Any, tokenizer: Any, data: DataArguments, score: ScoreArguments) -> list[dict]:
-    """One dict per row of the data files, in order."""
-    rows = [row for path in data.data_path for row in read_rows(path)]
+    """One dict per row of the data files (the first --max_samples rows, or all), in order."""
+    rows = load_items(data.data_path, lambda row: row, data.max_samples)
     per_row = [_sequences(tokenizer, row, data.max_seq_length) for row in rows]
     flat = [seq for seqs in per_row if seqs for seq in seqs]
     scores = iter(score_sequences(model, tokenizer, flat, score.batch_size))

@@ -1,0 +1,117 @@
+"""The package's layers: a module imports only from its own layer or the ones below it, so the bottom
+(data, models) never depends on the top (recipes, the command). Every `tunesmith` import counts,
+absolute or relative, at module level or inside a function; only a module's
+`if __name__ == "__main__":` block is exempt (a `python -m` spelling that runs the command)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tunesmith"
+
+# Bottom to top; a package or module of tunesmith/ by its first name under tunesmith/.
+LAYERS: list[set[str]] = [
+    {"constants", "errors", "utils", "boundary"},
+    {"distributed"},
+    {"hparams"},
+    {"data"},
+    {"models"},
+    {"train"},
+    {"ppo"},
+    {"chat"},
+    {"recipes"},
+    {"cli", "__main__"},
+]
+LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}
+ROOT = "__init__"  # tunesmith/__init__.py imports nothing of tunesmith; importing `tunesmith` itself is allowed
+
+
+def top_name(relative: Path) -> str:
+    """`data` for tunesmith/data/dataset.py, `cli` for tunesmith/cli.py, `__init__` for tunesmith/__init__.py."""
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def module_package(relative: Path) -> list[str]:
+    """The dotted package a module's relative imports start from, as parts: tunesmith/data/x.py -> tunesmith.data."""
+    return ["tunesmith", *relative.parts[:-1]]
+
+
+def is_main_guard(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__" and any(isinstance(c, ast.Constant) and c.value == "__main__"
+                                                   for c in test.comparators))
+
+
+def imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth, except under `if __name__ == "__main__":`."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif not is_main_guard(node):
+            todo += ast.iter_child_nodes(node)
+    return sorted(found, key=lambda n: n.lineno)
+
+
+def imported_names(node: ast.Import | ast.ImportFrom, package: list[str]) -> list[str]:
+    """The top names under tunesmith/ an import reaches (`__init__` for the package itself)."""
+    if isinstance(node, ast.Import):
+        targets = [alias.name.split(".") for alias in node.names]
+    else:
+        base = package[:len(package) - node.level + 1] if node.level else []
+        module = [*base, *(node.module.split(".") if node.module else [])]
+        # `from tunesmith import errors` and `from .. import errors` name a module in the alias.
+        targets = [[*module, alias.name] for alias in node.names] if module == ["tunesmith"] else [module]
+    return [(t[1] if t[1] in LAYER else ROOT) if len(t) > 1 else ROOT for t in targets if t[0] == "tunesmith"]
+
+
+def layer_violations(relative: Path, source: str) -> list[str]:
+    """`file:line: import` for each import of a layer above the module's own."""
+    own = top_name(relative)
+    problems = []
+    for node in imports(ast.parse(source)):
+        for name in imported_names(node, module_package(relative)):
+            if name != ROOT and LAYER[name] > LAYER[own]:
+                problems.append(f"tunesmith/{relative}:{node.lineno}: `{ast.get_source_segment(source, node)}` "
+                                f"imports {name} (layer {LAYER[name]}) into {own} (layer {LAYER[own]})")
+    return problems
+
+
+def modules() -> list[Path]:
+    return sorted(p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted({top_name(m) for m in modules()} - set(LAYER) - {ROOT})
+    assert not unplaced, f"add these to LAYERS in tests/test_layout.py (and to the layers in STYLE.md): {unplaced}"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    problems = [p for m in modules() for p in layer_violations(m, (PACKAGE / m).read_text(encoding="utf-8"))]
+    assert not problems, "imports must point down the layers:\n" + "\n".join(problems)
+
+
+def test_the_check_sees_relative_absolute_and_function_imports_but_not_the_main_guard():
+    source = """
+from ..models import loader
+from . import template
+import tunesmith.train.checkpoints
+from tunesmith import recipes, errors
+
+
+def late():
+    from ..chat.engine import ChatEngine
+
+
+if __name__ == "__main__":
+    from ..recipes.inspect import main
+"""
+    problems = layer_violations(Path("data/fake.py"), source)
+    assert [p.split(": ", 1)[0] for p in problems] == ["tunesmith/data/fake.py:2", "tunesmith/data/fake.py:4",
+                                                       "tunesmith/data/fake.py:5", "tunesmith/data/fake.py:9"]
+    assert problems[0] == ("tunesmith/data/fake.py:2: `from ..models import loader` imports models (layer 4) "
+                           "into data (layer 3)")
+    assert "imports recipes (layer 8)" in problems[2] and "ChatEngine" in problems[3]
