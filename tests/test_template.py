@@ -88,16 +88,19 @@ def test_loss_false_skips_one_reply(tokenizer):
 
 def test_truncation_drops_whole_trailing_turns(tokenizer):
     enc = encode_conversation(tokenizer, MULTI_TURN)
-    second_turn = enc.turn_starts[1]
-    cut = truncate(enc, second_turn + 3)  # room for the first turn and a bit of the second
-    assert cut.input_ids == enc.input_ids[:second_turn]
+    first_reply_end = enc.cut_points[0]
+    assert tokenizer.decode(enc.input_ids[first_reply_end - 1]) == tokenizer.eos_token
+    cut = truncate(enc, first_reply_end + 3)  # room for the first exchange and a bit of the second
+    assert cut.input_ids == enc.input_ids[:first_reply_end]
     assert trained_text(tokenizer, cut) == "2+2 is 4." + tokenizer.eos_token
 
 
-def test_truncation_cuts_inside_first_turn_only_when_it_must(tokenizer):
+def test_truncation_modes_when_not_even_the_first_reply_fits(tokenizer):
     enc = encode_conversation(tokenizer, MULTI_TURN)
     start_of_reply = next(i for i, lab in enumerate(enc.labels) if lab != IGNORE_INDEX)
-    cut = truncate(enc, start_of_reply + 2)
+    assert truncate(enc, start_of_reply + 2).input_ids == []  # drop_turns: no half-trained reply
+    assert truncate(enc, len(enc.input_ids) - 1, "drop_example").input_ids == []
+    cut = truncate(enc, start_of_reply + 2, "cut")
     assert len(cut.input_ids) == start_of_reply + 2
     assert sum(lab != IGNORE_INDEX for lab in cut.labels) == 2
 
@@ -134,5 +137,5 @@ def test_template_that_rewrites_history_is_refused(tokenizer):
     odd = copy.deepcopy(tokenizer)
     # Renders only the last message: a continuation is not an extension of its prefix.
     odd.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"
-    with pytest.raises(TemplateError, match="rewrites earlier turns"):
+    with pytest.raises(TemplateError, match="check `reply located` failed: the template renders reply 1 differently"):
         encode_conversation(odd, MULTI_TURN)

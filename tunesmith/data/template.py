@@ -1,20 +1,33 @@
-"""Chat-template rendering and label masking: the one code path that turns messages into tokens,
-for training (SFT, reward, PPO) and for chat.
+"""Chat-template rendering and label masking: the one code path that turns messages into tokens, for
+training (SFT, reward, PPO) and for chat.
 
-The tokenizer's own template renders the text. Which tokens are trained is found by rendering
-prefixes: the text between `render(messages[:i], add_generation_prompt=True)` and the end of
-`render(messages[:i + 1])` is reply i (plus its end-of-turn token). So no template needs special
-`{% generation %}` markers, and the input ids are exactly the tokenized template render."""
+The tokenizer's own template renders the text; the input ids are exactly the tokenized render.
+Which characters are a reply is found by rendering prefixes, as inference would: reply i begins
+where `render(messages[:i], add_generation_prompt=True)` and `render(messages[:i + 1])` part (a
+generation prompt may open a block, e.g. `<think>`, that the rendered reply lacks), and ends with the
+end-of-turn marker, before the template's trailing whitespace. A template with `{% generation %}`
+markers says it itself (transformers' assistant mask). A token is trained when it overlaps a reply's
+characters, so a token the tokenizer merged across the header/reply boundary trains too.
+
+A template that renders an earlier reply differently once more turns follow (Qwen3 drops the
+`<think>` block of earlier replies, Phi adds its end-of-text only at the end) is handled: trailing
+differences outside the reply are ignored, and where the reply itself changes, the conversation is
+expanded into one example per assistant turn, each rendered exactly as inference renders it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import json
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG, USER
+from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG
 from ..errors import TemplateError
 from .formats import Message
+
+logger = logging.getLogger(__name__)
 
 # For base models that ship no template (`--chat_template chatml`).
 BUILTIN_TEMPLATES = {
@@ -24,6 +37,13 @@ BUILTIN_TEMPLATES = {
         "{% endif %}"
     ),
 }
+
+TRAIN_ON = ("assistant", "last_assistant", "all")
+TRUNCATION = ("drop_turns", "drop_example", "cut")
+MULTI_TURN = ("auto", "expand", "whole")
+
+# Message keys a chat template may read; tunesmith's own (the `loss` flag) stay out of the render.
+TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
 
 
 def apply_chat_template_override(tokenizer: Any, chat_template: str | None) -> None:
@@ -45,19 +65,50 @@ def apply_chat_template_override(tokenizer: Any, chat_template: str | None) -> N
         )
 
 
-def _for_template(messages: list[Message]) -> list[dict]:
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+def _for_template(messages: list[Message], arguments_as_text: bool = False) -> list[dict]:
+    out = []
+    for m in messages:
+        message = {key: m[key] for key in TEMPLATE_KEYS if key in m}
+        if arguments_as_text and m.get("tool_calls"):
+            message["tool_calls"] = [
+                {**call, "function": {**call["function"],
+                                      "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False)}}
+                for call in m["tool_calls"]
+            ]
+        out.append(message)
+    return out
 
 
-def render_text(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(
-        _for_template(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-    )
+def render_text(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = False,
+                tools: list[dict] | None = None) -> str:
+    """The template's text for these messages. Tool-call arguments go in as a mapping (transformers'
+    convention, which most templates `tojson`); a template that joins them as text (DeepSeek's) gets
+    the JSON text instead."""
+    try:
+        return _render(tokenizer, _for_template(messages), add_generation_prompt, tools)
+    except TypeError:
+        if not any(m.get("tool_calls") for m in messages):
+            raise TemplateError("the chat template failed to render this conversation (a TypeError inside "
+                                "the template)") from None
+        return _render(tokenizer, _for_template(messages, arguments_as_text=True), add_generation_prompt, tools)
 
 
-def encode_prompt(tokenizer: Any, messages: list[Message]) -> list[int]:
+def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> str:
+    import jinja2
+
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except TypeError:
+        raise
+    except (jinja2.TemplateError, ValueError, KeyError, IndexError, AttributeError) as e:
+        # Templates refuse what their model cannot take with raise_exception (ValueError/TemplateError).
+        raise TemplateError(f"the chat template refused this conversation: {e}") from None
+
+
+def encode_prompt(tokenizer: Any, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
     """Token ids that ask the model for the next assistant reply (what chat and PPO generate from)."""
-    text = render_text(tokenizer, messages, add_generation_prompt=True)
+    text = render_text(tokenizer, messages, add_generation_prompt=True, tools=tools)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -65,61 +116,193 @@ def encode_prompt(tokenizer: Any, messages: list[Message]) -> list[int]:
 class Encoded:
     input_ids: list[int]
     labels: list[int]
-    turn_starts: list[int]  # token index where each user turn begins (where truncation may cut)
+    # Token index just after each complete assistant reply (its end-of-turn included): where a
+    # conversation may be cut without leaving a reply half-trained.
+    cut_points: list[int] = field(default_factory=list)
+    # Trained replies whose span ends in no special token (nothing teaches the model to stop there).
+    replies_without_end_marker: int = 0
 
 
-def _reply_end(segment: str, content: str, eos: str | None) -> int:
-    """Length of the trained part of a rendered reply: the content and the end-of-turn token, not
-    the template's trailing scaffolding (e.g. the newline after <|im_end|>)."""
-    at = segment.find(content) + len(content) if content else 0
-    if eos:
-        eos_at = segment.find(eos, at)
-        if eos_at >= 0:
-            return eos_at + len(eos)
-    return len(segment.rstrip())
+class RewrittenHistory(TemplateError):
+    """The template renders reply i differently once more turns follow it."""
 
 
-def encode_conversation(tokenizer: Any, messages: list[Message], train_on: str = "assistant") -> Encoded:
-    """Tokens of the full template render, with labels for the trained tokens and IGNORE_INDEX
-    everywhere else (system, user and tool turns, and the template's role headers)."""
-    full = render_text(tokenizer, messages)
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _has_generation_markers(tokenizer: Any) -> bool:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "generation %}" in template and "endgeneration" in template
+
+
+def _reply_markers(m: Message) -> list[str]:
+    """Texts that must lie inside the located reply: its content and the names of its tool calls."""
+    markers = [m["content"].strip()] if isinstance(m.get("content"), str) and m["content"].strip() else []
+    markers += [call["function"]["name"] for call in m.get("tool_calls") or []]
+    return markers
+
+
+def _reply_spans(tokenizer: Any, messages: list[Message], indices: list[int], full: str,
+                 token_starts: list[int], tools: list[dict] | None) -> list[tuple[int, int]]:
+    """(start, end) characters in `full` of each assistant message in `indices`. Where two renders
+    part inside a token of `full` (`<|im_end|>` and `<|user|>` share `<|`), they part at its start."""
+
+    def token_start(char: int) -> int:
+        return token_starts[bisect.bisect_right(token_starts, char) - 1] if char < len(full) else char
+
+    spans = []
+    for i in indices:
+        prompt = render_text(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
+        upto = full if i == len(messages) - 1 else render_text(tokenizer, messages[: i + 1], tools=tools)
+        start = token_start(_common_prefix(prompt, upto))
+        end = len(upto.rstrip())
+        if upto is not full:
+            end = min(end, token_start(_common_prefix(upto, full)))
+            end = start + len(upto[start:end].rstrip())
+        if full[:start] != upto[:start]:
+            raise RewrittenHistory(f"the template renders the turns before reply {i} differently once it follows")
+        reply = upto[start:end]
+        rendered_whole = upto[start:len(upto.rstrip())]
+        missing = [t for t in _reply_markers(messages[i]) if t in rendered_whole and t not in reply]
+        if missing or end <= start:
+            raise RewrittenHistory(f"the template renders reply {i} differently once more turns follow it")
+        spans.append((start, end))
+    return spans
+
+
+def _generation_marker_spans(tokenizer: Any, messages: list[Message], indices: list[int], offsets: list,
+                             tools: list[dict] | None) -> list[tuple[int, int]]:
+    """Reply spans from the template's own `{% generation %}` blocks (transformers' assistant mask), one
+    run of masked tokens per assistant message, in order."""
+    enc = tokenizer.apply_chat_template(_for_template(messages), tools=tools or None, tokenize=True, return_dict=True,
+                                        return_assistant_tokens_mask=True)
+    mask = enc["assistant_masks"]
+    runs, k = [], 0
+    while k < len(mask):
+        if mask[k]:
+            j = k
+            while j < len(mask) and mask[j]:
+                j += 1
+            runs.append((offsets[k][0], offsets[j - 1][1]))
+            k = j
+        else:
+            k += 1
+    assistants = [i for i, m in enumerate(messages) if m["role"] == ASSISTANT]
+    if len(runs) != len(assistants) or len(mask) != len(offsets):
+        raise TemplateError(f"the template's {{% generation %}} blocks mark {len(runs)} replies, the conversation "
+                            f"has {len(assistants)}: each assistant message needs exactly one block")
+    by_message = dict(zip(assistants, runs))
+    return [by_message[i] for i in indices]
+
+
+def _trained_indices(messages: list[Message], train_on: str) -> list[int]:
+    assistants = [i for i, m in enumerate(messages) if m["role"] == ASSISTANT]
+    if train_on == "last_assistant":
+        assistants = assistants[-1:]
+    return [i for i in assistants if messages[i].get(LOSS_FLAG, True)]
+
+
+def _labels(ids: list[int], offsets: list, spans: list[tuple[int, int]], train_on: str) -> list[int]:
+    if train_on == "all":
+        return list(ids)
+    labels = [IGNORE_INDEX] * len(ids)
+    for k, (tok_start, tok_end) in enumerate(offsets):
+        # Overlap, not start: a token merged across the header/reply boundary carries reply text too.
+        if any(tok_start < e and tok_end > s and tok_end > tok_start for s, e in spans):
+            labels[k] = ids[k]
+    return labels
+
+
+def _token_after(offsets: list, char: int) -> int:
+    return next((k for k, (s, _) in enumerate(offsets) if s >= char), len(offsets))
+
+
+def _encode_whole(tokenizer: Any, messages: list[Message], train_on: str, tools: list[dict] | None) -> Encoded:
+    full = render_text(tokenizer, messages, tools=tools)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    eos = tokenizer.eos_token
-    spans: list[tuple[int, int, bool]] = []  # (char start, char end, trained)
-    turn_chars: list[int] = []
-    for i, m in enumerate(messages):
-        if m["role"] == USER:
-            turn_chars.append(len(render_text(tokenizer, messages[:i])) if i else 0)
-        if m["role"] != ASSISTANT:
-            continue
-        prefix = render_text(tokenizer, messages[:i], add_generation_prompt=True)
-        upto = render_text(tokenizer, messages[: i + 1])
-        if not (upto.startswith(prefix) and full.startswith(upto)):
-            raise TemplateError(
-                "the chat template does not render a conversation as a prefix of its continuation "
-                "(it rewrites earlier turns), so replies cannot be located; pass --chat_template"
-            )
-        end = len(prefix) + _reply_end(upto[len(prefix):], m["content"], eos)
-        spans.append((len(prefix), end, m.get(LOSS_FLAG, True)))
-    if train_on == "last_assistant":
-        spans = [(s, e, t and k == len(spans) - 1) for k, (s, e, t) in enumerate(spans)]
-    labels = [IGNORE_INDEX] * len(ids)
-    for k, (tok_start, _) in enumerate(offsets):
-        if train_on == "all" or any(t and s <= tok_start < e for s, e, t in spans):
-            labels[k] = ids[k]
-    turn_starts = [next((k for k, (s, _) in enumerate(offsets) if s >= c), len(ids)) for c in turn_chars]
-    return Encoded(ids, labels, turn_starts)
+    assistants = [i for i, m in enumerate(messages) if m["role"] == ASSISTANT]
+    trained = _trained_indices(messages, train_on)
+    if _has_generation_markers(tokenizer):
+        all_spans = _generation_marker_spans(tokenizer, messages, assistants, offsets, tools)
+    else:
+        # Untrained earlier replies are located too (they are where a conversation may be cut), but a
+        # template that rewrites them only matters where they train.
+        all_spans = []
+        for i in assistants:
+            try:
+                all_spans += _reply_spans(tokenizer, messages, [i], full, [s for s, _ in offsets], tools)
+            except RewrittenHistory:
+                if i in trained:
+                    raise
+                all_spans.append(None)
+    spans = [span for i, span in zip(assistants, all_spans) if i in trained]
+    labels = _labels(ids, offsets, spans, train_on)
+    cut_points = [_token_after(offsets, span[1]) for span in all_spans if span]
+    special = set(tokenizer.all_special_ids)
+    no_marker = sum(1 for s, e in spans if ids[_token_after(offsets, e) - 1] not in special)
+    return Encoded(ids, labels, cut_points, no_marker)
 
 
-def truncate(encoded: Encoded, max_length: int) -> Encoded:
-    """Fit max_length by dropping whole trailing turns; cut inside a turn only when the first turn
-    alone is too long."""
+def encode_examples(tokenizer: Any, messages: list[Message], train_on: str = "assistant",
+                    tools: list[dict] | None = None, multi_turn: str = "auto") -> tuple[list[Encoded], bool]:
+    """The training examples of one conversation, and whether it was expanded: one example whose
+    labels mark every trained reply, or (multi_turn expand, or auto when the template rewrites earlier
+    replies) one example per trained reply, each the conversation up to that reply as inference
+    renders it."""
+    if multi_turn not in MULTI_TURN:
+        raise TemplateError(f"--multi_turn must be one of {', '.join(MULTI_TURN)} (got {multi_turn!r})")
+    trained = _trained_indices(messages, train_on)
+    if multi_turn != "expand" or train_on == "all" or len(trained) <= 1:
+        try:
+            return [_encode_whole(tokenizer, messages, train_on, tools)], False
+        except RewrittenHistory as e:
+            if multi_turn == "whole" or train_on == "all":
+                raise TemplateError(
+                    f"check `reply located` failed: {e}, so its tokens cannot be marked in one example; "
+                    "use --multi_turn expand (or auto), or a --chat_template that renders history as it renders replies"
+                ) from None
+    examples = [_encode_whole(tokenizer, messages[: i + 1], "last_assistant", tools) for i in trained]
+    return examples, True
+
+
+def encode_conversation(tokenizer: Any, messages: list[Message], train_on: str = "assistant",
+                        tools: list[dict] | None = None) -> Encoded:
+    """One example for the whole conversation (see encode_examples): tokens of the full template
+    render, labels on the trained replies and IGNORE_INDEX elsewhere."""
+    try:
+        return _encode_whole(tokenizer, messages, train_on, tools)
+    except RewrittenHistory as e:
+        raise TemplateError(
+            f"check `reply located` failed: {e}, so its tokens cannot be marked in one example; use "
+            "--multi_turn expand, or a --chat_template that renders history as it renders replies"
+        ) from None
+
+
+def truncate(encoded: Encoded, max_length: int, mode: str = "drop_turns") -> Encoded:
+    """Fit max_length. drop_turns: keep the longest run of whole exchanges (ending just after a reply's
+    end-of-turn) that fits and still trains something, else drop the example; drop_example: drop any
+    example that does not fit; cut: the first max_length tokens, even inside a reply. A dropped
+    example comes back with no tokens."""
+    if mode not in TRUNCATION:
+        raise TemplateError(f"--truncation must be one of {', '.join(TRUNCATION)} (got {mode!r})")
     if len(encoded.input_ids) <= max_length:
         return encoded
-    fitting = [t for t in encoded.turn_starts if 0 < t <= max_length]
-    cut = max(fitting) if fitting and any(lab != IGNORE_INDEX for lab in encoded.labels[: max(fitting)]) else max_length
-    return Encoded(encoded.input_ids[:cut], encoded.labels[:cut], [t for t in encoded.turn_starts if t < cut])
+    if mode == "cut":
+        cut = max_length
+    else:
+        fitting = [c for c in encoded.cut_points if c <= max_length
+                   and any(lab != IGNORE_INDEX for lab in encoded.labels[:c])] if mode == "drop_turns" else []
+        if not fitting:
+            return Encoded([], [], [], 0)
+        cut = max(fitting)
+    return Encoded(encoded.input_ids[:cut], encoded.labels[:cut], [c for c in encoded.cut_points if c <= cut],
+                   encoded.replies_without_end_marker)
 
 
 def trained_token_count(labels: list[int]) -> int:
