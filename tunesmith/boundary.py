@@ -1,7 +1,8 @@
 """The one error boundary every entry point runs through (stage scripts, console scripts and the
 `tunesmith` command). A user error (errors.UserError: data, config, path, template) prints one line
 naming the problem and what to do, and exits with status 2; `--debug` or TUNESMITH_DEBUG=1 adds the
-traceback. Anything else is a bug and keeps its traceback."""
+traceback. Anything else is a bug and keeps its traceback. A CPU run first hears whether torch's threads
+outnumber the cores it can use (utils/threads.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from .errors import UserError
 from .utils.logging import setup_logging
+from .utils.threads import warn_about_cpu_threads
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -30,6 +32,8 @@ def entry_point(run: Callable[[list[str]], Any]) -> Callable[[Sequence[str] | No
     def main(argv: Sequence[str] | None = None) -> None:
         args = list(sys.argv[1:] if argv is None else argv)
         setup_logging()
+        if not {"-h", "--help"} & set(args):
+            warn_about_cpu_threads()
         try:
             run(args)
         except UserError as e:
