@@ -15,7 +15,6 @@ from typing import Any
 
 from .errors import UserError
 from .utils.logging import setup_logging
-from .utils.threads import warn_about_cpu_threads
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -32,8 +31,6 @@ def entry_point(run: Callable[[list[str]], Any]) -> Callable[[Sequence[str] | No
     def main(argv: Sequence[str] | None = None) -> None:
         args = list(sys.argv[1:] if argv is None else argv)
         setup_logging()
-        if not {"-h", "--help"} & set(args):
-            warn_about_cpu_threads()
         try:
             run(args)
         except UserError as e:

@@ -23,6 +23,7 @@ from transformers import TrainingArguments as HFTrainingArguments
 
 from ..errors import ConfigError
 from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
+from ..utils.threads import warn_about_cpu_threads
 from .rules import check
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,8 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
     check(check_paths, **{config.role: config for config in configs})
     if hasattr(run, "model"):
         warn_if_not_the_recorded_base(run.model)  # after the rules: a refused run gets one message only
+    if check_paths:  # a run about to start (not a config read for inspection)
+        warn_about_cpu_threads()
     return run
 
 
