@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from tunesmith.data.formats import DataError, load_conversations
+from tunesmith.data.formats import DataError, load_conversations, read_rows
 
 EXPECTED = [
     {"role": "system", "content": "Be kind."},
@@ -99,6 +100,41 @@ def test_bad_json_array_names_row(tmp_path):
         load_conversations([str(path)])
 
 
-def test_missing_file(tmp_path):
-    with pytest.raises(DataError, match="no such data file"):
-        load_conversations([str(tmp_path / "nope.jsonl")])
+def _parquet(folder):
+    (folder / "t.parquet").write_bytes(b"PAR1\0\0PAR1")
+    return folder / "t.parquet"
+
+
+def _file(folder, name, data: bytes):
+    (folder / name).write_bytes(data)
+    return folder / name
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda d: d / "nope.jsonl", "no such file"),
+    (lambda d: _file(d, "empty.jsonl", b""), "is empty (0 bytes)"),
+    (lambda d: d, "is a directory"),
+    (_parquet, "is a Parquet file"),
+], ids=["missing", "empty", "directory", "parquet"])
+def test_files_that_are_not_data_are_named(tmp_path, make, problem):
+    # read_rows is also called on its own (score, compare, evaluation), after no rules table.
+    path = make(tmp_path)
+    with pytest.raises(DataError, match=re.escape(f"data file {path}: {problem}")):
+        list(read_rows(path))
+
+
+def test_not_utf8_names_file_line_and_byte(tmp_path):
+    first = (json.dumps(GOOD) + "\n").encode()
+    path = _file(tmp_path, "latin1.jsonl", first + json.dumps(GOOD).replace("Hello", "Café").encode("latin-1"))
+    offset = len(first) + json.dumps(GOOD).index("Hello") + 3
+    with pytest.raises(DataError, match=re.escape(f"{path}:line 2: not UTF-8 text: byte {offset} is 0xe9; save the "
+                                                  "file as UTF-8")):
+        list(read_rows(path))
+
+
+def test_utf16_is_named_and_a_utf8_byte_order_mark_is_fine(tmp_path):
+    line = json.dumps(GOOD) + "\n"
+    with pytest.raises(DataError, match="line 1: not UTF-8 text \\(it looks like UTF-16\\): byte 0"):
+        list(read_rows(_file(tmp_path, "utf16.jsonl", line.encode("utf-16"))))
+    (row,) = read_rows(_file(tmp_path, "bom.jsonl", line.encode("utf-8-sig")))
+    assert row.data == GOOD

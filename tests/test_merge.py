@@ -178,3 +178,33 @@ def test_merge_overwrites_only_when_asked(lora_adapter, tmp_path):
 def test_merge_needs_an_adapter_dir(tiny_model_dir, tmp_path):
     with pytest.raises(PathError, match=f"--adapter_name_or_path {tiny_model_dir}: no adapter_config.json there"):
         main(["--adapter_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "m")])
+
+
+def test_merging_onto_a_merge_of_the_same_adapter_is_refused(lora_adapter, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(os.path.dirname(lora_adapter))
+    merged = tmp_path / "merged"
+    main(["--adapter_name_or_path", os.path.basename(lora_adapter), "--output_dir", str(merged)])
+    # The record names the adapter absolutely, so it is recognised from any folder.
+    record = json.loads((merged / "tunesmith_config.json").read_text())["ModelArguments"]
+    assert record["adapter_name_or_path"] == lora_adapter and record["model_name_or_path"] == tiny_model_dir
+
+    monkeypatch.chdir(tmp_path)
+    caplog.clear()
+    with pytest.raises(ConfigError, match=rf"--model_name_or_path {merged} already has {lora_adapter} merged into it "
+                                          rf".*would apply it twice.*original base \({tiny_model_dir}\)"):
+        main(["--model_name_or_path", str(merged), "--adapter_name_or_path", lora_adapter,
+              "--output_dir", str(tmp_path / "twice")])
+    assert not (tmp_path / "twice").exists()
+    assert caplog.records == []  # the refusal is the one message, not a base-mismatch warning before it
+
+
+def test_a_base_other_than_the_recorded_one_is_warned_about(lora_adapter, tiny_model_dir, tmp_path, caplog):
+    import shutil
+
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "same-weights")
+    result = main(["--model_name_or_path", str(copy), "--adapter_name_or_path", lora_adapter,
+                   "--output_dir", str(tmp_path / "merged")])
+    assert result.max_abs_diff < 1e-4
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.getMessage().startswith(f"--model_name_or_path {copy} is not the base that {lora_adapter} was "
+                                           f"trained on ({tiny_model_dir}, in its adapter_config.json)")

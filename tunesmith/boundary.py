@@ -1,7 +1,8 @@
 """The one error boundary every entry point runs through (stage scripts, console scripts and the
 `tunesmith` command). A user error (errors.UserError: data, config, path, template) prints one line
 naming the problem and what to do, and exits with status 2; `--debug` or TUNESMITH_DEBUG=1 adds the
-traceback. Anything else is a bug and keeps its traceback."""
+traceback. Anything else is a bug and keeps its traceback. A CPU run first hears whether torch's threads
+outnumber the cores it can use (utils/threads.py)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ array), and the field."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 
 from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
+from ..utils.paths import problem_with_data_file
 
 Message = dict[str, Any]
 T = TypeVar("T")
@@ -47,12 +49,10 @@ class Conversation:
 
 
 def read_rows(path: str | Path) -> Iterator[Row]:
-    """Rows of a JSONL file (blank lines skipped) or of a JSON array, each with its position."""
+    """Rows of a JSONL file (blank lines skipped) or of a JSON array, each with its position. A file
+    that is missing, empty, a directory, Parquet or not UTF-8 is refused by name."""
     path = str(path)
-    if not Path(path).is_file():
-        raise DataError(f"{path}: no such data file")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = read_data_text(path)
     if path.endswith(".json"):
         try:
             data = json.loads(text)
@@ -70,6 +70,22 @@ def read_rows(path: str | Path) -> Iterator[Row]:
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
         yield _as_row(path, lineno, item)
+
+
+def read_data_text(path: str) -> str:
+    """The text of a data file, decoded as UTF-8 (a byte-order mark is allowed and dropped)."""
+    problem = problem_with_data_file(path)
+    if problem:
+        raise DataError(f"data file {path}: {problem}")
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        utf16 = " (it looks like UTF-16)" if raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else ""
+        raise DataError(f"{path}:line {line}: not UTF-8 text{utf16}: byte {e.start} is 0x{raw[e.start]:02x}; "
+                        "save the file as UTF-8") from None
+    return text.removeprefix("\ufeff")
 
 
 def _as_row(path: str, line: int, item: Any) -> Row:

@@ -22,7 +22,8 @@ from transformers import HfArgumentParser
 from transformers import TrainingArguments as HFTrainingArguments
 
 from ..errors import ConfigError
-from ..utils.paths import adapter_base_model, is_adapter_dir
+from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
+from ..utils.threads import warn_about_cpu_threads
 from .rules import check
 
 logger = logging.getLogger(__name__)
@@ -141,28 +142,36 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
             raise ConfigError(str(e)) from e
     run = ParsedRun(configs)
     if hasattr(run, "model"):
-        resolve_adapter_base(run.model)
+        resolve_adapter_base(run.model, warn=False)
     check(check_paths, **{config.role: config for config in configs})
+    if hasattr(run, "model"):
+        warn_if_not_the_recorded_base(run.model)  # after the rules: a refused run gets one message only
+    if check_paths:  # a run about to start (not a config read for inspection)
+        warn_about_cpu_threads()
     return run
 
 
-def resolve_adapter_base(model_args: Any) -> None:
+def resolve_adapter_base(model_args: Any, warn: bool = True) -> None:
     """An adapter directory given as the model becomes the adapter on its recorded base; a base left
-    out comes from the adapter's record. A base given that differs from the record is warned about
-    (it may be deliberate: the same weights in another folder)."""
+    out comes from the adapter's record. warn: say so when a base given differs from the record."""
     if model_args.adapter_name_or_path is None and is_adapter_dir(model_args.model_name_or_path):
         model_args.adapter_name_or_path, model_args.model_name_or_path = model_args.model_name_or_path, None
-    adapter = model_args.adapter_name_or_path
-    if not is_adapter_dir(adapter):
+    if is_adapter_dir(model_args.adapter_name_or_path) and model_args.model_name_or_path is None:
+        model_args.model_name_or_path = adapter_base_model(model_args.adapter_name_or_path)
+    if warn:
+        warn_if_not_the_recorded_base(model_args)
+
+
+def warn_if_not_the_recorded_base(model_args: Any) -> None:
+    """A base that differs from the one the adapter's adapter_config.json records is warned about, not
+    refused: it may be deliberate (the same weights in another folder)."""
+    adapter, base = model_args.adapter_name_or_path, model_args.model_name_or_path
+    if not is_adapter_dir(adapter) or not base or is_adapter_dir(base):
         return
-    recorded = adapter_base_model(adapter)
-    if model_args.model_name_or_path is None:
-        model_args.model_name_or_path = recorded
-    elif os.path.realpath(model_args.model_name_or_path) != os.path.realpath(recorded) \
-            and not is_adapter_dir(model_args.model_name_or_path):
+    recorded = adapter_config(adapter).get("base_model_name_or_path")
+    if recorded and os.path.realpath(base) != os.path.realpath(recorded):
         logger.warning("--model_name_or_path %s is not the base that %s was trained on (%s, in its "
-                       "adapter_config.json); go on only if it holds the same weights",
-                       model_args.model_name_or_path, adapter, recorded)
+                       "adapter_config.json); go on only if it holds the same weights", base, adapter, recorded)
 
 
 def _renamed(argv: Sequence[str], flags: set[str], where: str) -> list[str]:
@@ -178,9 +187,10 @@ def _renamed(argv: Sequence[str], flags: set[str], where: str) -> list[str]:
     return out
 
 
-def _suggestion(name: str, flags: set[str]) -> str:
+def _suggestion(name: str, flags: set[str], prefix: str = "--") -> str:
+    """` (did you mean --flag?)`; prefix "" for a run-config key."""
     close = difflib.get_close_matches(name, sorted(flags), n=1, cutoff=0.6)
-    return f" (did you mean --{close[0]}?)" if close else " (see --help for the flags)"
+    return f" (did you mean {prefix}{close[0]}?)" if close else " (see --help for the flags)"
 
 
 def _unknown_message(unknown: list[str], flags: set[str]) -> str:
@@ -214,7 +224,7 @@ def config_file_to_argv(path: str, flags: set[str]) -> list[str]:
         where = f"run config {path}:{_line_of(text, key)}"
         if key not in flags:
             if DEPRECATED_FLAGS.get(key) not in flags:
-                raise ConfigError(f"{where}: unknown key `{key}`{_suggestion(key, flags).replace(' --', ' ')}")
+                raise ConfigError(f"{where}: unknown key `{key}`{_suggestion(key, flags, prefix='')}")
         if isinstance(value, dict):
             raise ConfigError(f"{where}: `{key}` is a mapping; give a file path instead (e.g. a DeepSpeed json).")
         argv.extend(_renamed([f"--{key}"], flags, where))

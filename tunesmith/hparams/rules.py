@@ -16,7 +16,14 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, PathError
-from ..utils.paths import is_adapter_dir, looks_local, problem_with_data_file, problem_with_output_dir
+from ..utils.paths import (
+    is_adapter_dir,
+    looks_local,
+    problem_with_data_file,
+    problem_with_model_dir,
+    problem_with_output_dir,
+    run_config_record,
+)
 
 
 def deepspeed_config(training_args: Any) -> dict:
@@ -65,6 +72,23 @@ def _missing_dir(path: str | None) -> dict | None:
     return None
 
 
+def _problem(found: str | None) -> dict | None:
+    return {"problem": found} if found else None
+
+
+def _merged_from_this_adapter(model: Any) -> dict | None:
+    """{"base": the original base} when the model is a merge (tunesmith's merge recorded it) of the very
+    adapter this run puts on top of it."""
+    base, adapter = model.model_name_or_path, model.adapter_name_or_path
+    if not (base and adapter and os.path.isdir(base)):
+        return None
+    record = run_config_record(base)
+    merged = record.get("ModelArguments", {}) if "MergeArguments" in record else {}
+    if merged.get("adapter_name_or_path") and os.path.realpath(merged["adapter_name_or_path"]) == os.path.realpath(adapter):
+        return {"base": merged.get("model_name_or_path") or "the one its adapter_config.json records"}
+    return None
+
+
 def _batch(a: SimpleNamespace) -> int:
     return a.training.per_device_train_batch_size
 
@@ -78,7 +102,7 @@ RULES: list[Rule] = [
          "data file {path}: {problem}.", PathError),
     Rule("model_path", ("model",),
          lambda a: a.model.model_name_or_path and looks_local(a.model.model_name_or_path)
-         and _missing_dir(a.model.model_name_or_path),
+         and _first([a.model.model_name_or_path], problem_with_model_dir),
          "--model_name_or_path {path}: {problem}. Give a local model directory (one with config.json), "
          "or leave it out for the embedded default model.", PathError),
     Rule("adapter_path", ("model",), lambda a: _missing_dir(a.model.adapter_name_or_path),
@@ -93,8 +117,12 @@ RULES: list[Rule] = [
          "--model_name_or_path {model.model_name_or_path} is a LoRA adapter, not a base model: give the model it "
          "was trained on (or leave --model_name_or_path out to use the base its adapter_config.json records).",
          PathError),
-    Rule("output_dir", ("training",), lambda a: problem_with_output_dir(a.training.output_dir),
-         "--output_dir {training.output_dir}: {problem}.", PathError),
+    Rule("adapter_already_merged", ("model",), lambda a: _merged_from_this_adapter(a.model),
+         "--model_name_or_path {model.model_name_or_path} already has {model.adapter_name_or_path} merged into it "
+         "(its tunesmith_config.json records that merge): adding the adapter again would apply it twice. Use the "
+         "merged model alone, or the adapter on its original base ({base})."),
+    Rule("output_dir", ("training",), lambda a: _problem(problem_with_output_dir(a.training.output_dir)),
+         "--output_dir {training.output_dir}: {problem}; choose another directory.", PathError),
     # -- model loading
     Rule("quantization_bit", ("model",), lambda a: a.model.quantization_bit not in (None, 4, 8),
          "--quantization_bit must be 4 or 8 (got {model.quantization_bit})."),
@@ -182,6 +210,8 @@ RULES: list[Rule] = [
          "--adapter_name_or_path is required: the LoRA adapter directory to merge (an SFT or reward-model output)."),
     Rule("merge_output_given", ("merge",), lambda a: not a.merge.output_dir,
          "--output_dir is required: where the merged model goes."),
+    Rule("merge_output_dir", ("merge",), lambda a: a.merge.output_dir and _problem(problem_with_output_dir(a.merge.output_dir)),
+         "--output_dir {merge.output_dir}: {problem}; choose another directory.", PathError),
     Rule("merge_unquantized", ("merge", "model"), lambda a: a.model.quantization_bit is not None,
          "--quantization_bit cannot be used with merge: the base is always loaded unquantized (merging into "
          "quantized weights would round away what the adapter learned); drop the flag."),

@@ -53,7 +53,9 @@ def load_tokenizer(model_args: ModelArguments) -> Any:
     from transformers import AutoTokenizer
 
     path = resolve_model_path(model_args)
-    with _path_errors(path):
+    # transformers says ValueError ("Couldn't instantiate the backend tokenizer ...") for a folder
+    # without tokenizer files.
+    with _path_errors(path, (OSError, ValueError)):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -62,15 +64,22 @@ def load_tokenizer(model_args: ModelArguments) -> Any:
     return tokenizer
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 @contextlib.contextmanager
-def _path_errors(path: str):
-    """transformers' OSError for a folder without model files (or a hub id that cannot be fetched)
-    as one message naming the flag."""
+def _path_errors(path: str, errors: tuple[type[Exception], ...] = (OSError,)):
+    """transformers' error for a folder without model or tokenizer files (or a hub id that cannot be
+    fetched) as one message naming the flag."""
     try:
         yield
-    except OSError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PathError(f"--model_name_or_path {path}: cannot load a model or tokenizer from it ({first})") from e
+    except errors as e:
+        if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+            reason = (f"no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}) in it: copy them from the model "
+                      "it was made from")
+        else:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PathError(f"--model_name_or_path {path}: cannot load a model or tokenizer from it ({reason})") from e
 
 
 def quantization_config(model_args: ModelArguments, dtype: torch.dtype) -> Any:

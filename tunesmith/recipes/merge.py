@@ -15,6 +15,8 @@ quantize the merged weights again and lose most of what the adapter learned. Rew
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +88,16 @@ def _load_saved(path: str, task: str, dtype: str) -> Any:
     return auto.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
 
 
+def merge_record(model_args: ModelArguments) -> ModelArguments:
+    """The model arguments as the merged folder records them: local paths made absolute, so that the
+    record still names the adapter from another folder (the rules refuse adding that adapter again)."""
+    def absolute(path: str | None) -> str | None:
+        return os.path.abspath(path) if path and os.path.exists(path) else path
+
+    return dataclasses.replace(model_args, model_name_or_path=absolute(model_args.model_name_or_path),
+                               adapter_name_or_path=absolute(model_args.adapter_name_or_path))
+
+
 def merge(model_args: ModelArguments, args: MergeArguments) -> MergeResult:
     adapter, base = model_args.adapter_name_or_path, model_args.model_name_or_path
     if model_args.dtype == "auto":
@@ -104,7 +116,7 @@ def merge(model_args: ModelArguments, args: MergeArguments) -> MergeResult:
     with atomic_directory(args.output_dir) as tmp:
         merged.save_pretrained(tmp, max_shard_size=args.max_shard_size)  # with generation_config.json
         tokenizer.save_pretrained(tmp)  # with the chat template that training used
-        save_run_config(str(tmp), model_args, args)
+        save_run_config(str(tmp), merge_record(model_args), args)
         del merged, model
         # Reload what was written, so the check covers the saved files and not only the weights in memory.
         diff = (probe_logits(_load_saved(str(tmp), task, dtype), tokenizer) - expected).abs().max().item()

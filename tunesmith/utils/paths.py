@@ -6,7 +6,14 @@ import json
 import os
 from pathlib import Path
 
+from ..constants import RUN_CONFIG_FILE
+
 ADAPTER_CONFIG = "adapter_config.json"
+MODEL_CONFIG = "config.json"
+
+# Folders that training tools write their results into (tunesmith's default --output_dir is outputs/run):
+# `outputs/sft_demo` names a result on this machine even before outputs/ exists, never a hub model.
+OUTPUT_ROOTS = ("outputs", "output", "saves", "checkpoints")
 
 
 def cache_root() -> Path:
@@ -39,12 +46,38 @@ def adapter_base_model(adapter_dir: str) -> str:
 
 def looks_local(name: str) -> bool:
     """True for what can only be a path on this machine: absolute, ./ ../ ~, a Windows drive, more
-    than one slash, or a first component that exists here (outputs/x when outputs/ exists). A bare
-    `org/name` that matches nothing here may be a hub id, and is left to transformers."""
+    than one slash, a first component that exists here (data/x when data/ exists) or that is a folder
+    results are written to (outputs/x, see OUTPUT_ROOTS). A bare `org/name` that matches nothing here
+    may be a hub id, and is left to transformers."""
     if name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..") or (len(name) > 1 and name[1] == ":"):
         return True
     parts = name.replace("\\", "/").strip("/").split("/")
-    return len(parts) != 2 or os.path.exists(parts[0]) or os.path.exists(name)
+    return len(parts) != 2 or parts[0] in OUTPUT_ROOTS or os.path.exists(parts[0]) or os.path.exists(name)
+
+
+def problem_with_model_dir(path: str) -> str | None:
+    """Why the local `path` cannot be loaded as a model (or as an adapter), or None."""
+    p = Path(path)
+    if not p.exists():
+        return "no such directory"
+    if not p.is_dir():
+        return "is a file, not a directory"
+    if (p / MODEL_CONFIG).is_file() or is_adapter_dir(str(p)):
+        return None
+    inside = sorted(str(d) for d in p.iterdir() if (d / MODEL_CONFIG).is_file() or is_adapter_dir(str(d)))
+    hint = f"; these folders in it do: {', '.join(inside[:3])}" if inside else ""
+    return f"holds neither a model ({MODEL_CONFIG}) nor a LoRA adapter ({ADAPTER_CONFIG}){hint}"
+
+
+def run_config_record(directory: str) -> dict:
+    """The tunesmith_config.json a tunesmith run saved in `directory` ({} when there is none or it
+    cannot be read): what the result was made from."""
+    try:
+        with open(os.path.join(directory, RUN_CONFIG_FILE), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def problem_with_data_file(path: str) -> str | None:
