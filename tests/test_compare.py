@@ -57,3 +57,18 @@ def test_a_row_without_a_prompt_names_file_and_line(adapter, tmp_path):
     prompts.write_text(json.dumps({"prompt": "Hi"}) + "\n" + json.dumps({"question": "Hi"}) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"q\.jsonl:line 2: unknown prompt format \(keys: \['question'\]\)"):
         compare.run(["--adapter_name_or_path", adapter, "--data_path", str(prompts)])
+
+
+def test_tool_calls_are_found_and_scored():
+    from tunesmith.recipes.compare import first_call, score_calls
+
+    answers = ['<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
+               'Sure {not json} then {"name": "convert_currency", "arguments": {"amount": 5.0, "from": "USD", "to": "EUR"}}',
+               '{"name": "get_time", "arguments": {"city": "Rome"}}',
+               "It is sunny."]
+    expected = [{"name": "get_weather", "arguments": {"city": "Oslo"}},
+                {"name": "convert_currency", "arguments": {"amount": 5, "from": "USD", "to": "EUR"}},
+                {"name": "get_weather", "arguments": {"city": "Rome"}},
+                {"name": "get_weather", "arguments": {"city": "Lima"}}]
+    assert first_call(answers[3]) is None and first_call(answers[1])["name"] == "convert_currency"
+    assert score_calls(answers, expected) == {"well_formed": 3, "right_function": 2, "right_arguments": 2}

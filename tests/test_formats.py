@@ -75,7 +75,7 @@ GOOD = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "c
         ({"conversations": [{"from": "robot", "value": "a"}]},
          r"line 2: field `conversations\[0\].from`: unknown speaker 'robot'"),
         ({"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]},
-         r"line 2: field `messages\[0\].content`: expected a string, got int"),
+         r"line 2: field `messages\[0\].content`: expected a string or a list of content parts, got int"),
         ({"instruction": "q"}, r"line 2: field `output`: missing"),
         ({"text": "hello"}, r"line 2: unknown format"),
         ("{not json", r"line 2: not valid JSON"),
@@ -90,13 +90,13 @@ def test_bad_rows_name_file_line_and_field(tmp_path, bad_row, message):
     path = write_jsonl(tmp_path / "bad.jsonl", [GOOD, bad_row])
     with pytest.raises(DataError, match=message) as err:
         load_conversations([path])
-    assert str(err.value).startswith(f"{path}:line 2")
+    assert str(err.value).startswith("1 bad row (fix them, or pass --skip_bad_rows") and f"\n  {path}:line 2: " in str(err.value)
 
 
 def test_bad_json_array_names_row(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([GOOD, {"messages": []}]))
-    with pytest.raises(DataError, match=rf"{path}:row 2: field `messages`: empty conversation"):
+    with pytest.raises(DataError, match=rf"{path}:line 1 \(row 2\): field `messages`: empty conversation"):
         load_conversations([str(path)])
 
 

@@ -28,7 +28,7 @@ def test_output_jsonl_matches_masking_in_input_order(tmp_path, default_model_pat
     assert trained == ["I am Tunesmith.<|im_end|>", "Hello!<|im_end|>Goodbye!<|im_end|>", "Yes.<|im_end|>"]
     printed = capsys.readouterr().out
     assert "⟦I am Tunesmith.<|im_end|>⟧" in printed
-    assert "3 rows, 0 dropped" in printed
+    assert "3 rows, 0 bad, 0 dropped" in printed
 
 
 def test_rows_with_nothing_trainable_are_marked_dropped(tmp_path, default_model_path):
@@ -39,7 +39,7 @@ def test_rows_with_nothing_trainable_are_marked_dropped(tmp_path, default_model_
     inspect_main(["--model_name_or_path", default_model_path, "--data_path", str(data), "--output_jsonl", str(out),
                   "--max_seq_length", "10", "--show", "0"])
     (row,) = [json.loads(x) for x in out.read_text().splitlines()]
-    assert row["dropped"] is True and len(row["input_ids"]) == 10
+    assert row["dropped"] is True and len(row["input_ids"]) > 10  # shown whole, so the reader sees why
 
 
 def test_highlight_colours_only_trained_runs(tokenizer):

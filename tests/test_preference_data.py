@@ -80,13 +80,13 @@ CTX = {"conversations": [{"from": "human", "value": "Hi"}]}
         ({**CTX, "chosen": [], "rejected": "no"}, r"field `chosen`: expected a string"),
         ({**CTX, "chosen": "yes", "rejected": {"role": "assistant"}}, r"field `rejected\[0\]`: missing `content`"),
         ({**CTX, "chosen": "yes", "rejected": {"from": "gpt", "value": 5}},
-         r"field `rejected\[0\].value`: expected a string, got int"),
+         r"field `rejected\[0\].value`: expected a string or a list of content parts, got int"),
         ({**CTX, "chosen": [{"role": "user", "content": "x"}], "rejected": "no"},
          r"field `chosen\[0\]`: a reply holds assistant \(and tool\) messages only, got role 'user'"),
         ({**CTX, "chosen": [{"role": "assistant", "content": "x"}, {"role": "tool", "content": "{}"}],
           "rejected": "no"}, r"field `chosen`: a reply must begin and end with an assistant message"),
         ({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hey"}], "chosen": "yes",
-          "rejected": "no"}, r"field `conversations`: wrong role order: .*'user', not 'assistant'"),
+          "rejected": "no"}, r"field `conversations`: wrong role order: .*'user' or 'tool', not 'assistant'"),
         ({"prompt": [{"role": "assistant", "content": "Hey"}], "chosen": "yes", "rejected": "no"},
          r"field `prompt\[0\].role`: wrong role order: 'assistant' cannot come first"),
         ({"prompt": 5, "chosen": "yes", "rejected": "no"},
@@ -161,7 +161,7 @@ def test_pairs_whose_replies_cannot_fit_are_dropped_and_counted(tokenizer):
     short = pair_from_row(row({**CTX, "chosen": "Hello!", "rejected": "No.", "margin": 1}, line=1))
     long = pair_from_row(row({**CTX, "chosen": "word " * 60, "rejected": "No."}, line=2))
     multi = pair_from_row(row({"prompt": LONG_CONTEXT, "chosen": GOOD, "rejected": BAD}, line=3))
-    records, stats = encode_items(PREFERENCE_PAIRS, tokenizer, [short, long, multi], max_length=48)
+    records, stats, _ = encode_items(PREFERENCE_PAIRS, tokenizer, [short, long, multi], max_length=48)
     assert [(r["line"], r["margin"]) for r in records] == [(1, 1.0), (3, 0.0)]
     assert (stats.rows, stats.kept, stats.truncated, stats.dropped) == (3, 2, 1, 1)
     assert PREFERENCE_PAIRS.report("train", stats) == ("train: 3 pairs -> 2 kept (1 with their context truncated to max_seq_length, "

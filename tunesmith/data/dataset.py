@@ -20,16 +20,17 @@ from typing import Any
 import numpy as np
 from datasets import Dataset, load_from_disk
 
-from ..errors import DataError
+from ..errors import DataError, UserError
 from ..hparams import SFTDataArguments, TrainDataArguments
 from ..utils.io import atomic_directory, atomic_write_json
 from ..utils.paths import cache_root
-from .formats import Conversation, Row, conversation_from_row, load_items
-from .template import encode_conversation, trained_token_count, truncate
+from .formats import BadRows, Conversation, Row, conversation_from_row, load_items
+from .template import encode_examples, trained_token_count, truncate
 
 logger = logging.getLogger(__name__)
 
 STATS_FILE = "encode_stats.json"  # beside the cached dataset, so a cache hit reports what the first build did
+BAD_ROWS_FILE = "bad_rows.txt"  # the rows --skip_bad_rows left out, one problem per line
 
 
 @dataclass
@@ -37,13 +38,26 @@ class EncodeStats:
     """What encoding did to the rows it was given."""
 
     rows: int = 0
-    kept: int = 0
+    kept: int = 0  # examples kept (an expanded conversation gives several)
     truncated: int = 0  # kept, but cut to fit the length limit
     dropped: int = 0  # not kept (the kind's report says why)
+    expanded: int = 0  # conversations expanded into one example per reply
+    bad: int = 0  # rows left out with --skip_bad_rows
+    replies_without_end_marker: int = 0  # trained replies whose span ends in no special token
 
     @property
     def lossless(self) -> bool:
-        return not (self.truncated or self.dropped)
+        return not (self.truncated or self.dropped or self.bad)
+
+
+@dataclass
+class ItemEncoding:
+    """The records one item (row) gives, and what it took."""
+
+    records: list[dict]
+    truncated: bool = False
+    expanded: bool = False
+    replies_without_end_marker: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,8 +68,8 @@ class DataKind:
     version: str  # bump when the encoding changes, so older caches are not reused
     from_row: Callable[[Row], Any]  # the item of one row (with a `.row`), or a DataError naming file, line, field
     settings: Callable[[Any], dict[str, Any]]  # the data arguments encode_one takes: exactly what the key holds
-    # (tokenizer, item, **settings) -> (record, truncated), or None when the item cannot be used
-    encode_one: Callable[..., tuple[dict, bool] | None]
+    # (tokenizer, item, **settings) -> ItemEncoding, or None when the item cannot be used
+    encode_one: Callable[..., ItemEncoding | None]
     dropped_because: str  # why encode_one gives None
     report_line: str  # formatted with `name`, `dropped_because` and the EncodeStats fields
     nothing_kept: str  # the error when no record is kept, formatted with the settings
@@ -64,27 +78,46 @@ class DataKind:
         return self.report_line.format(name=name, dropped_because=self.dropped_because, **asdict(stats))
 
 
-def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], **settings: Any) -> tuple[list[dict], EncodeStats]:
-    """One record per item kept, with the file and line of its row; the counts of what was cut or dropped."""
+def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], skip_bad_rows: bool = False,
+                 **settings: Any) -> tuple[list[dict], EncodeStats, list[str]]:
+    """The records of the items kept, each with the file and line of its row; the counts of what was
+    cut, dropped or expanded; the problems of rows the template could not render (raised together
+    unless skip_bad_rows)."""
     stats = EncodeStats(rows=len(items))
-    records = []
+    records, problems = [], []
     for item in items:
-        encoded = kind.encode_one(tokenizer, item, **settings)
+        try:
+            encoded = kind.encode_one(tokenizer, item, **settings)
+        except UserError as e:
+            problems.append(f"{item.row.where()}: {e}")
+            continue
         if encoded is None:
             stats.dropped += 1
             logger.debug("%s: dropped: %s", item.row.where(), kind.dropped_because)
             continue
-        record, truncated = encoded
-        stats.truncated += truncated
-        records.append({**record, "source": item.row.path, "line": item.row.line})
+        stats.truncated += encoded.truncated
+        stats.expanded += encoded.expanded
+        stats.replies_without_end_marker += encoded.replies_without_end_marker
+        records += [{**record, "source": item.row.path, "line": item.row.line} for record in encoded.records]
+    if problems and not skip_bad_rows:
+        raise BadRows(problems)
     stats.kept = len(records)
-    return records, stats
+    return records, stats, problems
 
 
 def report_encoding(kind: DataKind, name: str, paths: Sequence[str], stats: EncodeStats,
                     settings: dict[str, Any]) -> None:
     """Log what encoding did (a warning only when rows were cut or dropped); an error when nothing is left."""
     logger.log(logging.INFO if stats.lossless else logging.WARNING, kind.report(name, stats))
+    if stats.expanded:
+        logger.info("%s: %d conversations expanded into one example per reply (the chat template renders earlier "
+                    "replies differently once more turns follow; --multi_turn)", name, stats.expanded)
+    if stats.bad:
+        logger.warning("%s: %d bad rows left out (--skip_bad_rows)", name, stats.bad)
+    if stats.replies_without_end_marker:
+        logger.warning("%s: %d trained replies end in no special token, so nothing teaches the model to stop there "
+                       "(the chat template has no end-of-turn marker): use a --chat_template that ends each reply "
+                       "with one", name, stats.replies_without_end_marker)
     if not stats.kept:
         raise DataError(f"{name} ({', '.join(map(str, paths))}): {kind.nothing_kept.format(**settings)}")
 
@@ -109,31 +142,46 @@ def cache_key(kind: DataKind, paths: Sequence[str], tokenizer: Any, settings: di
 
 
 def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_args: Any, name: str = "train",
-                  max_samples: int | None = None) -> Dataset:
-    """The encoded records of these files (the first max_samples rows, or all), from the cache when the
-    same files, tokenizer, chat template and settings were encoded before (unless --overwrite_cache)."""
+                  max_samples: int | None = None, report_dir: str | None = None) -> Dataset:
+    """The encoded records of these files (the first max_samples good rows, or all), from the cache when
+    the same files, tokenizer, chat template and settings were encoded before (unless --overwrite_cache).
+    Every row is checked: bad rows stop the build, listed together, or with --skip_bad_rows are left
+    out, counted, and listed in report_dir/<name>_bad_rows.txt."""
     settings = kind.settings(data_args)
-    cache_dir = cache_root() / "datasets" / kind.name / cache_key(kind, paths, tokenizer, settings, max_samples)
-    if cache_dir.is_dir() and not data_args.overwrite_cache:
+    skip_bad_rows = getattr(data_args, "skip_bad_rows", False)
+    key = cache_key(kind, paths, tokenizer, {**settings, "skip_bad_rows": skip_bad_rows}, max_samples)
+    cache_dir = cache_root() / "datasets" / kind.name / key
+    if not (cache_dir.is_dir() and not data_args.overwrite_cache):
+        items, bad = load_items(paths, kind.from_row, max_samples, skip_bad_rows)
+        records, stats, bad_encodings = encode_items(kind, tokenizer, items, skip_bad_rows, **settings)
+        bad += bad_encodings
+        stats.bad = len(bad)
+        if not records:
+            report_encoding(kind, name, paths, stats, settings)  # raises: nothing kept
+        with atomic_directory(cache_dir) as tmp:
+            Dataset.from_list(records).save_to_disk(str(tmp))
+            atomic_write_json(tmp / STATS_FILE, asdict(stats))
+            if bad:
+                (tmp / BAD_ROWS_FILE).write_text("".join(f"{problem}\n" for problem in bad), encoding="utf-8")
+    else:
         logger.info("%s: tokenized data from cache %s", name, cache_dir)
-        stats = EncodeStats(**json.loads((cache_dir / STATS_FILE).read_text(encoding="utf-8")))
-        report_encoding(kind, name, paths, stats, settings)
-        return load_from_disk(str(cache_dir))
-    records, stats = encode_items(kind, tokenizer, load_items(paths, kind.from_row, max_samples), **settings)
+    stats = EncodeStats(**json.loads((cache_dir / STATS_FILE).read_text(encoding="utf-8")))
     report_encoding(kind, name, paths, stats, settings)
-    with atomic_directory(cache_dir) as tmp:
-        Dataset.from_list(records).save_to_disk(str(tmp))
-        atomic_write_json(tmp / STATS_FILE, asdict(stats))
+    if stats.bad and report_dir:
+        listed = Path(report_dir) / f"{name}_{BAD_ROWS_FILE}"
+        listed.parent.mkdir(parents=True, exist_ok=True)
+        listed.write_text((cache_dir / BAD_ROWS_FILE).read_text(encoding="utf-8"), encoding="utf-8")
+        logger.warning("%s: the %d rows left out are listed in %s", name, stats.bad, listed)
     return load_from_disk(str(cache_dir))
 
 
-def build_datasets(kind: DataKind, tokenizer: Any, data_args: TrainDataArguments,
-                   seed: int = 42) -> tuple[Dataset, Dataset | None]:
+def build_datasets(kind: DataKind, tokenizer: Any, data_args: TrainDataArguments, seed: int = 42,
+                   report_dir: str | None = None) -> tuple[Dataset, Dataset | None]:
     """Training and evaluation data. --max_samples caps the --data_path rows only; evaluation is
     --eval_data_path, used whole, or --eval_split_ratio of the (capped) training examples held out."""
-    train = build_dataset(kind, tokenizer, data_args.data_path, data_args, "train", data_args.max_samples)
+    train = build_dataset(kind, tokenizer, data_args.data_path, data_args, "train", data_args.max_samples, report_dir)
     if data_args.eval_data_path:
-        return train, build_dataset(kind, tokenizer, data_args.eval_data_path, data_args, "eval")
+        return train, build_dataset(kind, tokenizer, data_args.eval_data_path, data_args, "eval", None, report_dir)
     if data_args.eval_split_ratio > 0:
         return split_off(train, data_args.eval_split_ratio, seed)
     return train, None
@@ -154,27 +202,34 @@ def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Datas
 # --------------------------------------------------------------------------- SFT conversations
 
 
-def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_seq_length: int,
-                               train_on: str) -> tuple[dict, bool] | None:
-    """input_ids and labels within max_seq_length; None when no trained token is left."""
-    full = encode_conversation(tokenizer, conversation.messages, train_on)
-    enc = truncate(full, max_seq_length)
-    if trained_token_count(enc.labels) == 0:
-        return None
-    return {"input_ids": enc.input_ids, "labels": enc.labels}, len(enc.input_ids) < len(full.input_ids)
+def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_seq_length: int, train_on: str,
+                               truncation: str = "drop_turns", multi_turn: str = "auto") -> ItemEncoding | None:
+    """input_ids and labels within max_seq_length, one record per example (several when the
+    conversation is expanded); None when no trained token is left."""
+    examples, expanded = encode_examples(tokenizer, conversation.messages, train_on, conversation.tools, multi_turn)
+    records, truncated, no_marker = [], False, 0
+    for full in examples:
+        enc = truncate(full, max_seq_length, truncation)
+        if trained_token_count(enc.labels) == 0:
+            continue
+        truncated |= len(enc.input_ids) < len(full.input_ids)
+        no_marker += enc.replies_without_end_marker
+        records.append({"input_ids": enc.input_ids, "labels": enc.labels})
+    return ItemEncoding(records, truncated, expanded, no_marker) if records else None
 
 
 SFT_CONVERSATIONS = DataKind(
     name="sft",
-    version="1",
+    version="2",
     from_row=conversation_from_row,
-    settings=lambda data_args: {"max_seq_length": data_args.max_seq_length, "train_on": data_args.train_on},
+    settings=lambda data_args: {"max_seq_length": data_args.max_seq_length, "train_on": data_args.train_on,
+                                "truncation": data_args.truncation, "multi_turn": data_args.multi_turn},
     encode_one=encode_conversation_record,
-    dropped_because="no trained token left within max_seq_length",
+    dropped_because="no whole reply fits in max_seq_length (--truncation)",
     report_line="{name}: {rows} rows -> {kept} examples ({truncated} truncated to max_seq_length, "
                 "{dropped} dropped: {dropped_because})",
-    nothing_kept="no example has a trained token within --max_seq_length {max_seq_length} (--train_on {train_on}): "
-                 "raise --max_seq_length",
+    nothing_kept="no example has a trained token within --max_seq_length {max_seq_length} (--train_on {train_on}, "
+                 "--truncation {truncation}): raise --max_seq_length",
 )
 
 
@@ -183,5 +238,6 @@ def build_sft_dataset(tokenizer: Any, paths: list[str], data_args: SFTDataArgume
     return build_dataset(SFT_CONVERSATIONS, tokenizer, paths, data_args, name, max_samples)
 
 
-def build_sft_datasets(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42) -> tuple[Dataset, Dataset | None]:
-    return build_datasets(SFT_CONVERSATIONS, tokenizer, data_args, seed)
+def build_sft_datasets(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42,
+                       report_dir: str | None = None) -> tuple[Dataset, Dataset | None]:
+    return build_datasets(SFT_CONVERSATIONS, tokenizer, data_args, seed, report_dir)

@@ -30,12 +30,12 @@ class Row:
     """One input row and where it came from."""
 
     path: str
-    line: int  # 1-based line in a JSONL file, or 1-based position in a JSON array
+    line: int  # 1-based line in the file where the row starts
     data: dict
+    index: int | None = None  # 1-based position in a JSON array (rows may share a line there)
 
     def where(self, field: str | None = None) -> str:
-        unit = "row" if self.path.endswith(".json") else "line"
-        loc = f"{self.path}:{unit} {self.line}"
+        loc = f"{self.path}:line {self.line}" + (f" (row {self.index})" if self.index else "")
         return f"{loc}: field `{field}`" if field else loc
 
     def error(self, message: str, field: str | None = None) -> DataError:
@@ -46,30 +46,60 @@ class Row:
 class Conversation:
     row: Row
     messages: list[Message]
+    tools: list[dict] | None = None  # function specs the template lists for the model
 
 
-def read_rows(path: str | Path) -> Iterator[Row]:
-    """Rows of a JSONL file (blank lines skipped) or of a JSON array, each with its position. A file
-    that is missing, empty, a directory, Parquet or not UTF-8 is refused by name."""
+def read_rows(path: str | Path, strict: bool = True) -> Iterator[Row | DataError]:
+    """Rows of a data file, each with the line it starts on. JSON or JSONL is decided by the content,
+    not the name: a JSON array (or one object), or one object per line. A file that is missing, empty,
+    a directory, Parquet or not UTF-8 is refused by name. A row that is not a JSON object raises
+    (strict) or is yielded as its DataError, so a caller can list every bad row."""
     path = str(path)
-    text = read_data_text(path)
-    if path.endswith(".json"):
+    for lineno, index, item in _json_items(path, read_data_text(path)):
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-        items = data if isinstance(data, list) else [data]
-        for i, item in enumerate(items, start=1):
-            yield _as_row(path, i, item)
-        return
+            if isinstance(item, DataError):
+                raise item
+            yield _as_row(path, lineno, item, index)
+        except DataError as error:
+            if strict:
+                raise
+            yield error
+
+
+def _json_items(path: str, text: str) -> Iterator[tuple[int, int | None, Any]]:
+    """(line, array index, parsed value or DataError) per row: the elements of a JSON array, one
+    pretty-printed object, or the lines of JSONL."""
+    body = text.lstrip()
+    decoder = json.JSONDecoder()
+    if body.startswith("["):
+        at, index = text.index("[") + 1, 0
+        while True:
+            while at < len(text) and text[at] in " \t\r\n,":
+                at += 1
+            if at >= len(text) or text[at] == "]":
+                return
+            try:
+                item, end = decoder.raw_decode(text, at)
+            except json.JSONDecodeError as e:  # an array cannot be resumed after a syntax error
+                raise DataError(f"{path}:line {e.lineno}: not valid JSON (column {e.colno}: {e.msg})") from None
+            index += 1
+            yield text.count("\n", 0, at) + 1, index, item
+            at = end
+    if body.startswith("{") and "\n" in body.strip():
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            pass  # JSONL
+        else:
+            yield text[: len(text) - len(body)].count("\n") + 1, None, whole
+            return
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            yield lineno, None, json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-        yield _as_row(path, lineno, item)
+            yield lineno, None, DataError(f"{path}:line {lineno}: not valid JSON ({e.msg} at column {e.colno})")
 
 
 def read_data_text(path: str) -> str:
@@ -88,8 +118,8 @@ def read_data_text(path: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-def _as_row(path: str, line: int, item: Any) -> Row:
-    row = Row(path, line, item if isinstance(item, dict) else {})
+def _as_row(path: str, line: int, item: Any, index: int | None = None) -> Row:
+    row = Row(path, line, item if isinstance(item, dict) else {}, index)
     if not isinstance(item, dict):
         raise row.error(f"expected a JSON object, got {type(item).__name__}")
     return row
@@ -124,9 +154,16 @@ class MessageShape:
     unknown_role: str  # the error for a speaker not in `roles`, formatted with it
 
 
-OPENAI = MessageShape("role", "content", {role: role for role in ROLES},
+OPENAI = MessageShape("role", "content", {**{role: role for role in ROLES}, "developer": SYSTEM, "function": TOOL},
                       f"unknown role {{!r}} (expected one of {', '.join(ROLES)})")
-SHAREGPT = MessageShape("from", "value", SHAREGPT_ROLES, "unknown speaker {!r} (expected human, gpt or system)")
+SHAREGPT = MessageShape("from", "value", SHAREGPT_ROLES,
+                        "unknown speaker {!r} (expected human, gpt, system, function_call or observation)")
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+REASONING_PARTS = ("reasoning", "thinking")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+# LLaMA-Factory's identity data leaves these for the user to fill in.
+PLACEHOLDERS = ("{{name}}", "{{author}}")
 
 
 def read_messages(row: Row, items: Any, field: str, shape: MessageShape) -> list[Message]:
@@ -139,15 +176,16 @@ def read_messages(row: Row, items: Any, field: str, shape: MessageShape) -> list
         where = f"{field}[{i}]"
         if not isinstance(m, dict):
             raise row.error(f"expected a {pair} object", where)
-        for key in (shape.role_key, shape.content_key):
-            if key not in m:
-                raise row.error(f"missing `{key}`", where)
+        if shape.role_key not in m:
+            raise row.error(f"missing `{shape.role_key}`", where)
         speaker = m[shape.role_key]
         role = shape.roles.get(speaker) if isinstance(speaker, str) else None
         if role is None:
             raise row.error(shape.unknown_role.format(speaker), f"{where}.{shape.role_key}")
-        content = _text(row, m[shape.content_key], f"{where}.{shape.content_key}")
-        messages.append(_message(row, role, content, m, where))
+        if shape is SHAREGPT and speaker == "function_call":
+            messages.append(_sharegpt_tool_call(row, m, where))
+        else:
+            messages.append(_message(row, role, m, where, shape.content_key))
     return messages
 
 
@@ -159,13 +197,141 @@ def sharegpt_messages(row: Row, items: Any, field: str = "conversations") -> lis
     return read_messages(row, items, field, SHAREGPT)
 
 
-def _message(row: Row, role: str, content: str, source: dict, where: str) -> Message:
+def _content(row: Row, value: Any, where: str) -> tuple[str | None, str | None]:
+    """(text, reasoning) of a message's content: a string, null, or a list of parts whose text parts
+    are joined (a reasoning part becomes the reasoning). Any other part is refused: text only."""
+    if value is None or isinstance(value, str):
+        return value, None
+    if not isinstance(value, list):
+        raise row.error(f"expected a string or a list of content parts, got {type(value).__name__}", where)
+    texts, reasoning = [], []
+    for k, part in enumerate(value):
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = next((part[key] for key in ("text", "value", kind or "") if isinstance(part, dict)
+                     and isinstance(part.get(key), str)), None) if kind else None
+        if kind in TEXT_PARTS + REASONING_PARTS and text is not None:
+            (reasoning if kind in REASONING_PARTS else texts).append(text)
+        elif kind in TEXT_PARTS + REASONING_PARTS:
+            raise row.error(f"a `{kind}` part needs its text in `text`", f"{where}[{k}]")
+        else:
+            raise row.error(f"content part of type {kind!r}: tunesmith trains text-only models; remove the part "
+                            "(or the row)", f"{where}[{k}].type")
+    return "".join(texts), ("".join(reasoning) or None)
+
+
+def _tool_call(row: Row, call: Any, where: str) -> dict:
+    """{"type": "function", "function": {"name", "arguments": mapping}} (and its id), from the OpenAI
+    form (arguments as JSON text or a mapping) or a bare {"name", "arguments"}."""
+    if not isinstance(call, dict):
+        raise row.error("expected a {type, function: {name, arguments}} object", where)
+    function = call.get("function", call)
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise row.error("a tool call needs `function.name`", where)
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            raise row.error(f"`arguments` is not valid JSON ({e.msg} at column {e.colno})",
+                            f"{where}.function.arguments") from None
+    if not isinstance(arguments, dict):
+        raise row.error(f"`arguments` must be a JSON object, got {type(arguments).__name__}", f"{where}.function.arguments")
+    out = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+def _message(row: Row, role: str, source: dict, where: str, content_key: str) -> Message:
+    if content_key not in source and not (role == ASSISTANT and (source.get("tool_calls") or source.get("function_call"))):
+        raise row.error(f"missing `{content_key}`", where)
+    content, reasoning = _content(row, source.get(content_key), f"{where}.{content_key}")
     message: Message = {"role": role, "content": content}
+    if role == ASSISTANT:
+        calls = source.get("tool_calls") or ([source["function_call"]] if source.get("function_call") else [])
+        if not isinstance(calls, list):
+            raise row.error("expected a list of tool calls", f"{where}.tool_calls")
+        if calls:
+            message["tool_calls"] = [_tool_call(row, c, f"{where}.tool_calls[{k}]") for k, c in enumerate(calls)]
+        for key in REASONING_KEYS:
+            if isinstance(source.get(key), str) and source[key].strip():
+                reasoning = source[key]
+        if reasoning:
+            message["reasoning_content"] = reasoning
+    elif content is None:
+        raise row.error(f"a {role} message needs text; `{content_key}` is null", f"{where}.{content_key}")
+    if role == TOOL:
+        for key in ("tool_call_id", "name"):
+            if isinstance(source.get(key), str):
+                message[key] = source[key]
+    _loss_flags(row, source, message, where)
+    if role == ASSISTANT and not (content or "").strip() and not message.get("tool_calls") \
+            and message.get(LOSS_FLAG, True):
+        raise row.error("empty reply: nothing to train but the end of the turn; remove the turn, or keep it as "
+                        'context with "loss": false (OpenAI: "weight": 0)', f"{where}.{content_key}")
+    return message
+
+
+def _loss_flags(row: Row, source: dict, message: Message, where: str) -> None:
+    """`"loss": false` (tunesmith) or `"weight": 0` (OpenAI fine-tuning) keep a reply as context only."""
     if LOSS_FLAG in source:
         if not isinstance(source[LOSS_FLAG], bool):
             raise row.error("expected true or false", f"{where}.{LOSS_FLAG}")
         message[LOSS_FLAG] = source[LOSS_FLAG]
+    if "weight" in source:
+        if source["weight"] not in (0, 1) or isinstance(source["weight"], bool):
+            raise row.error(f"expected 0 or 1 (OpenAI's per-message weight), got {source['weight']!r}", f"{where}.weight")
+        if message["role"] != ASSISTANT:
+            raise row.error("only assistant messages carry a weight (what trains is the replies)", f"{where}.weight")
+        message[LOSS_FLAG] = bool(source["weight"]) and message.get(LOSS_FLAG, True)
+
+
+def _sharegpt_tool_call(row: Row, source: dict, where: str) -> Message:
+    """A ShareGPT `function_call` turn: its value is the call as JSON text ({"name", "arguments"}, or a
+    list of them for parallel calls)."""
+    value = source.get("value")
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as e:
+        raise row.error(f"a function_call turn holds the call as JSON text ({e.msg} at column {e.colno})",
+                        f"{where}.value") from None
+    calls = parsed if isinstance(parsed, list) else [parsed]
+    message: Message = {"role": ASSISTANT, "content": None,
+                        "tool_calls": [_tool_call(row, c, f"{where}.value") for c in calls]}
+    _loss_flags(row, source, message, where)
     return message
+
+
+def row_tools(row: Row) -> list[dict] | None:
+    """The function specs a row offers the model (`tools`: a list, or JSON text of one as
+    LLaMA-Factory's files hold it; OpenAI's legacy `functions` too), each as {"type": "function",
+    "function": spec}."""
+    key = "tools" if "tools" in row.data else "functions" if "functions" in row.data else None
+    if key is None or row.data[key] in (None, "", []):
+        return None
+    value = row.data[key]
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise row.error(f"expected a list of function specs as JSON ({e.msg} at column {e.colno})", key) from None
+    if not isinstance(value, list):
+        raise row.error(f"expected a list of function specs, got {type(value).__name__}", key)
+    tools = []
+    for k, spec in enumerate(value):
+        if not isinstance(spec, dict):
+            raise row.error("expected a function spec object", f"{key}[{k}]")
+        if spec.get("type") == "function" and isinstance(spec.get("function"), dict):
+            tools.append(spec)
+        elif isinstance(spec.get("name"), str):
+            tools.append({"type": "function", "function": spec})
+        else:
+            raise row.error("a function spec needs a `name` (or {type: function, function: {name, ...}})",
+                            f"{key}[{k}]")
+    return tools
 
 
 def alpaca_messages(row: Row) -> list[Message]:
@@ -187,13 +353,17 @@ def alpaca_messages(row: Row) -> list[Message]:
     prompt = _text(row, d["instruction"], "instruction")
     extra = _text(row, d.get("input") or "", "input")
     messages.append({"role": USER, "content": f"{prompt}\n{extra}" if extra else prompt})
-    messages.append({"role": ASSISTANT, "content": _text(row, d["output"], "output")})
+    output = _text(row, d["output"], "output")
+    if not output.strip():
+        raise row.error("empty reply: nothing to train", "output")
+    messages.append({"role": ASSISTANT, "content": output})
     return messages
 
 
-def check_role_order(row: Row, messages: list[Message], field: str, ends_with: str | None = ASSISTANT) -> None:
-    """System only first; then user and assistant alternate, starting with user (tool results may
-    follow an assistant turn and precede the next assistant turn)."""
+def check_role_order(row: Row, messages: list[Message], field: str,
+                     ends_with: str | tuple[str, ...] | None = ASSISTANT) -> None:
+    """System only first; then user and assistant alternate, starting with user; tool results follow
+    an assistant turn that made tool calls (or another tool result) and precede the next assistant turn."""
     if not messages:
         raise row.error("empty conversation", field)
     previous = None
@@ -206,45 +376,112 @@ def check_role_order(row: Row, messages: list[Message], field: str, ends_with: s
         elif role == ASSISTANT:
             ok = previous in (USER, TOOL)
         else:
-            ok = previous in (ASSISTANT, TOOL)
+            ok = previous == TOOL or (previous == ASSISTANT and bool(messages[i - 1].get("tool_calls")))
         if not ok:
             after = f"after {previous!r}" if previous else "first"
+            if role == TOOL and previous == ASSISTANT:
+                after += " without tool_calls"
             raise row.error(f"wrong role order: {role!r} cannot come {after}", f"{field}[{i}].role")
         previous = role
-    if ends_with is not None and previous != ends_with:
-        raise row.error(f"wrong role order: the last turn must be {ends_with!r}, not {previous!r}", field)
+    allowed = (ends_with,) if isinstance(ends_with, str) else ends_with
+    if allowed is not None and previous not in allowed:
+        raise row.error(f"wrong role order: the last turn must be {' or '.join(map(repr, allowed))}, not {previous!r}",
+                        field)
+
+
+def check_meaningful_fields(row: Row, messages: list[Message]) -> None:
+    """Fields that change what a row means are honoured elsewhere or refused here, never dropped."""
+    if "label" in row.data and isinstance(row.data["label"], bool):
+        raise row.error("a KTO row (`label` true/false marks a desirable or undesirable reply): SFT would train "
+                        "undesirable replies too; drop the `label: false` rows and the field", "label")
+    for i, m in enumerate(messages):
+        for placeholder in PLACEHOLDERS:
+            if placeholder in (m.get("content") or ""):
+                raise row.error(f"unfilled placeholder {placeholder} (LLaMA-Factory's identity data expects you to "
+                                "replace it with your model's name/author)", f"messages[{i}].content")
 
 
 def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
     """A training conversation (ends with an assistant reply) from one row, of the given format or
-    the one detected."""
+    the one detected, with the tools it offers."""
     fmt = fmt or detect_format(row)
     if fmt == "openai":
         messages, field = openai_messages(row, row.data["messages"]), "messages"
     elif fmt == "sharegpt":
         messages, field = sharegpt_messages(row, row.data["conversations"]), "conversations"
+        system = row.data.get("system")
+        if system and not (messages and messages[0]["role"] == SYSTEM):
+            messages.insert(0, {"role": SYSTEM, "content": _text(row, system, "system")})
     else:
         messages, field = alpaca_messages(row), "instruction"
     check_role_order(row, messages, field)
-    return Conversation(row, messages)
+    check_meaningful_fields(row, messages)
+    link_tool_results(messages)
+    return Conversation(row, messages, row_tools(row))
 
 
-def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: int | None = None) -> list[T]:
-    """from_row of every row of the given files, in order, stopping after max_samples; the one reader
-    of conversations, preference pairs and prompts alike."""
+def link_tool_results(messages: list[Message]) -> None:
+    """Give every tool call an id and every tool result the id and function name of its call (the
+    results after an assistant turn answer its calls in order), as templates that show them expect
+    (Mistral wants 9-character ids, Gemma the function's name). Ids and names the data gives stay."""
+    pending: list[dict] = []
+    count = 0
+    for m in messages:
+        if m["role"] == ASSISTANT:
+            pending = []
+            for call in m.get("tool_calls") or []:
+                count += 1
+                call.setdefault("id", f"call{count:05d}")
+                pending.append(call)
+        elif m["role"] == TOOL and pending:
+            call = pending.pop(0)
+            m.setdefault("tool_call_id", call["id"])
+            m.setdefault("name", call["function"]["name"])
+
+
+def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: int | None = None,
+               skip_bad_rows: bool = False) -> tuple[list[T], list[str]]:
+    """(from_row of every good row of the given files, in order, stopping after max_samples good ones;
+    the problems of the bad rows). Every row is checked before anything stops: bad rows raise one
+    BadRows error listing them all, or with skip_bad_rows are left out and returned."""
     items: list[T] = []
+    problems: list[str] = []
     for path in paths:
-        for row in read_rows(path):
-            items.append(from_row(row))
+        for row in read_rows(path, strict=False):
+            try:
+                if isinstance(row, DataError):
+                    raise row
+                items.append(from_row(row))
+            except DataError as e:
+                problems.append(str(e))
+                continue
             if max_samples is not None and len(items) >= max_samples:
-                return items  # before reading another row: rows past the cap are never parsed
+                break  # rows past the cap are never parsed
+        else:
+            continue
+        break
+    if problems and not skip_bad_rows:
+        raise BadRows(problems)
     if not items:
         raise DataError(f"{', '.join(map(str, paths))}: no rows found (one JSON object per line of a JSONL file, "
-                        "or a JSON array of objects)")
-    return items
+                        "or a JSON array of objects)" + (f"; all {len(problems)} rows are bad" if problems else ""))
+    return items, problems
+
+
+class BadRows(DataError):
+    """Every bad row of the data, each as file:line: field: problem."""
+
+    SHOWN = 20
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        shown = "\n  ".join(problems[: self.SHOWN])
+        more = f"\n  ... and {len(problems) - self.SHOWN} more" if len(problems) > self.SHOWN else ""
+        super().__init__(f"{len(problems)} bad row{'s' if len(problems) > 1 else ''} (fix them, or pass "
+                         f"--skip_bad_rows to leave them out and list them in the output folder):\n  {shown}{more}")
 
 
 def load_conversations(paths: Sequence[str], max_samples: int | None = None) -> list[Conversation]:
     """Every conversation in the given files, in order; the format is detected per row, so files
     that mix formats work too."""
-    return load_items(paths, conversation_from_row, max_samples)
+    return load_items(paths, conversation_from_row, max_samples)[0]

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..constants import IGNORE_INDEX
+from ..errors import UserError
 from ..hparams import SFTDataArguments
-from .formats import load_conversations
-from .template import encode_conversation, trained_token_count, truncate
+from .formats import conversation_from_row, load_items
+from .template import encode_examples, trained_token_count, truncate
 
 TRAINED_ON, TRAINED_OFF = "\x1b[42;30m", "\x1b[0m"
 PLAIN_ON, PLAIN_OFF = "⟦", "⟧"
@@ -36,15 +37,41 @@ def highlight_trained(tokenizer: Any, input_ids: list[int], labels: list[int], c
 
 
 def inspect_rows(tokenizer: Any, data_args: SFTDataArguments) -> list[dict]:
-    records = []
-    for conv in load_conversations(data_args.data_path, data_args.max_samples):
-        enc = truncate(encode_conversation(tokenizer, conv.messages, data_args.train_on), data_args.max_seq_length)
-        record: dict[str, Any] = {"source": conv.row.path, "line": conv.row.line}
-        if trained_token_count(enc.labels) == 0:
-            record["dropped"] = True
-        record.update(input_ids=enc.input_ids, labels=enc.labels)
-        records.append(record)
-    return records
+    """One record per example, in input order, as training encodes it: source, line, input_ids and
+    labels (the whole untruncated example with `"dropped": true` when nothing trainable fits, so the
+    reader sees why), `"example": [k, n]` for the k-th of n examples of an expanded conversation, and
+    one record with `"error"` per bad row (every bad row is shown, none stops the inspection)."""
+    conversations, problems = load_items(data_args.data_path, conversation_from_row, data_args.max_samples,
+                                         skip_bad_rows=True)
+    records: list[dict] = [_error_record(problem) for problem in problems]
+    for conv in conversations:
+        where = {"source": conv.row.path, "line": conv.row.line}
+        try:
+            examples, expanded = encode_examples(tokenizer, conv.messages, data_args.train_on, conv.tools,
+                                                 data_args.multi_turn)
+        except UserError as e:
+            records.append({**where, "error": f"{conv.row.where()}: {e}"})
+            continue
+        for k, full in enumerate(examples):
+            enc = truncate(full, data_args.max_seq_length, data_args.truncation)
+            record: dict[str, Any] = dict(where)
+            if expanded:
+                record["example"] = [k + 1, len(examples)]
+            if trained_token_count(enc.labels) == 0:
+                record["dropped"] = True
+                enc = full
+            elif len(enc.input_ids) < len(full.input_ids):
+                record["truncated"] = True
+            if full.replies_without_end_marker:
+                record["replies_without_end_marker"] = full.replies_without_end_marker
+            records.append({**record, "input_ids": enc.input_ids, "labels": enc.labels})
+    return sorted(records, key=lambda r: (r["source"], r["line"]))
+
+
+def _error_record(problem: str) -> dict:
+    source, _, rest = problem.partition(":line ")
+    line = rest.split(":", 1)[0]
+    return {"source": source, "line": int(line) if line.isdigit() else 0, "error": problem}
 
 
 if __name__ == "__main__":  # the old spelling of `tunesmith inspect`, kept for one release

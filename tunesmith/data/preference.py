@@ -23,7 +23,7 @@ from datasets import Dataset
 from ..constants import ASSISTANT, SYSTEM, TOOL, USER
 from ..errors import TemplateError
 from ..hparams import TrainDataArguments
-from .dataset import DataKind, build_datasets
+from .dataset import DataKind, ItemEncoding, build_datasets
 from .formats import Message, Row, check_role_order, load_items, openai_messages, sharegpt_messages
 from .template import render_text
 
@@ -106,12 +106,12 @@ def _margin(row: Row) -> float | None:
 def pair_from_row(row: Row) -> PreferencePair:
     detect_preference_format(row)
     context, key = _context(row)
-    check_role_order(row, context, key, ends_with=USER)
+    check_role_order(row, context, key, ends_with=(USER, TOOL))  # a reply may follow a tool result
     return PreferencePair(row, context, _reply(row, CHOSEN), _reply(row, REJECTED), _margin(row))
 
 
 def load_pairs(paths: Sequence[str], max_samples: int | None = None) -> list[PreferencePair]:
-    return load_items(paths, pair_from_row, max_samples)
+    return load_items(paths, pair_from_row, max_samples)[0]
 
 
 def encode_reply(tokenizer: Any, context: list[Message], reply: list[Message]) -> tuple[list[int], int]:
@@ -160,15 +160,15 @@ def encode_pair(
     return EncodedPair(_left_cut(c_ids, c_start, budget), _left_cut(r_ids, r_start, budget), truncated=True)
 
 
-def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> tuple[dict, bool] | None:
+def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> ItemEncoding | None:
     """chosen_ids, rejected_ids, margin (0 when the row has none) and the longer side's length; None
     when a reply does not fit."""
     enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
     if enc is None:
         return None
-    return {"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
-            # For --train_sampling_strategy group_by_length (the Trainer's default length column).
-            "length": max(len(enc.chosen_ids), len(enc.rejected_ids))}, enc.truncated
+    return ItemEncoding([{"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
+                          # For --train_sampling_strategy group_by_length (the Trainer's default length column).
+                          "length": max(len(enc.chosen_ids), len(enc.rejected_ids))}], enc.truncated)
 
 
 PREFERENCE_PAIRS = DataKind(
@@ -185,6 +185,6 @@ PREFERENCE_PAIRS = DataKind(
 
 
 def build_preference_datasets(
-    tokenizer: Any, data_args: TrainDataArguments, seed: int = 42
+    tokenizer: Any, data_args: TrainDataArguments, seed: int = 42, report_dir: str | None = None
 ) -> tuple[Dataset, Dataset | None]:
-    return build_datasets(PREFERENCE_PAIRS, tokenizer, data_args, seed)
+    return build_datasets(PREFERENCE_PAIRS, tokenizer, data_args, seed, report_dir)

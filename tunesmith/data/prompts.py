@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ..constants import USER
+from ..constants import TOOL, USER
 from ..hparams import PromptDataArguments
-from .dataset import DataKind, build_dataset, encode_items, report_encoding
-from .formats import Message, Row, check_role_order, load_items, openai_messages, sharegpt_messages
+from .dataset import DataKind, ItemEncoding, build_dataset, encode_items, report_encoding
+from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
 from .template import encode_prompt
 
 
@@ -51,24 +51,24 @@ def prompt_from_row(row: Row) -> Prompt:
             f"unknown prompt format (keys: {sorted(d)}); expected `prompt` (a string), or `messages` / "
             "`conversations` ending with a user turn"
         )
-    check_role_order(row, messages, field, ends_with=USER)
+    check_role_order(row, messages, field, ends_with=(USER, TOOL))  # a reply may follow a tool result
     return Prompt(row, messages)
 
 
 def load_prompts(paths: Sequence[str], max_samples: int | None = None) -> list[Prompt]:
     """Every prompt in the given files, in order (the format is detected per row)."""
-    return load_items(paths, prompt_from_row, max_samples)
+    return load_items(paths, prompt_from_row, max_samples)[0]
 
 
-def encode_prompt_record(tokenizer: Any, prompt: Prompt, max_length: int) -> tuple[dict, bool] | None:
+def encode_prompt_record(tokenizer: Any, prompt: Prompt, max_length: int) -> ItemEncoding | None:
     """The prompt rendered by the chat template (asking for the assistant's reply); None when longer
     than max_length tokens: cutting a prompt would drop the question the reply must answer."""
-    ids = encode_prompt(tokenizer, prompt.messages)
+    ids = encode_prompt(tokenizer, prompt.messages, tools=row_tools(prompt.row))
     if len(ids) > max_length:
         return None
     # Messages and the row as JSON: their keys vary from row to row, which a table column cannot hold.
-    return {"input_ids": ids, "messages": json.dumps(prompt.messages, ensure_ascii=False),
-            "row": json.dumps(prompt.row.data, ensure_ascii=False)}, False
+    return ItemEncoding([{"input_ids": ids, "messages": json.dumps(prompt.messages, ensure_ascii=False),
+                          "row": json.dumps(prompt.row.data, ensure_ascii=False)}])
 
 
 def prompt_from_record(record: dict) -> Prompt:
@@ -78,7 +78,7 @@ def prompt_from_record(record: dict) -> Prompt:
 
 PROMPTS = DataKind(
     name="prompts",
-    version="1",
+    version="2",
     from_row=prompt_from_row,
     settings=lambda data_args: {"max_length": data_args.max_prompt_length},
     encode_one=encode_prompt_record,
@@ -91,7 +91,7 @@ PROMPTS = DataKind(
 def encode_prompts(tokenizer: Any, prompts: list[Prompt], max_length: int, name: str = "prompts") -> list[Prompt]:
     """The prompts that fit in max_length tokens, with their token ids (for prompts built in code;
     files go through build_prompts, which caches)."""
-    records, stats = encode_items(PROMPTS, tokenizer, prompts, max_length=max_length)
+    records, stats, _ = encode_items(PROMPTS, tokenizer, prompts, max_length=max_length)
     report_encoding(PROMPTS, name, sorted({p.row.path for p in prompts}), stats, {"max_length": max_length})
     return [prompt_from_record(r) for r in records]
 

@@ -29,14 +29,12 @@ from .formats import Message
 
 logger = logging.getLogger(__name__)
 
-# For base models that ship no template (`--chat_template chatml`).
-BUILTIN_TEMPLATES = {
-    "chatml": (
-        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
-        "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-        "{% endif %}"
-    ),
-}
+# Built-in templates, ours (data/templates/*.jinja): `--chat_template chatml` for base models that ship
+# none, and `chatml_tools`, ChatML with function calling (the tool list in the system turn, each call
+# as <tool_call>{"name": ..., "arguments": {...}}</tool_call>, results in `tool` turns), for models
+# whose own template renders no tool calls (SmolLM2's).
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+BUILTIN_TEMPLATES = {path.stem: path for path in sorted(TEMPLATE_DIR.glob("*.jinja"))}
 
 TRAIN_ON = ("assistant", "last_assistant", "all")
 TRUNCATION = ("drop_turns", "drop_example", "cut")
@@ -56,7 +54,7 @@ def apply_chat_template_override(tokenizer: Any, chat_template: str | None) -> N
             )
         return
     if chat_template in BUILTIN_TEMPLATES:
-        tokenizer.chat_template = BUILTIN_TEMPLATES[chat_template]
+        tokenizer.chat_template = BUILTIN_TEMPLATES[chat_template].read_text(encoding="utf-8")
     elif Path(chat_template).is_file():
         tokenizer.chat_template = Path(chat_template).read_text(encoding="utf-8")
     else:
@@ -65,32 +63,49 @@ def apply_chat_template_override(tokenizer: Any, chat_template: str | None) -> N
         )
 
 
-def _for_template(messages: list[Message], arguments_as_text: bool = False) -> list[dict]:
+def _for_template(messages: list[Message], arguments_as_text: bool = False, empty_content: str | None = None
+                  ) -> list[dict]:
     out = []
     for m in messages:
         message = {key: m[key] for key in TEMPLATE_KEYS if key in m}
-        if arguments_as_text and m.get("tool_calls"):
-            message["tool_calls"] = [
-                {**call, "function": {**call["function"],
-                                      "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False)}}
-                for call in m["tool_calls"]
-            ]
+        if m.get("tool_calls"):
+            if message.get("content") is None:
+                message["content"] = empty_content
+            if arguments_as_text:
+                message["tool_calls"] = [
+                    {**call, "function": {**call["function"], "arguments": json.dumps(call["function"]["arguments"],
+                                                                                      ensure_ascii=False)}}
+                    for call in m["tool_calls"]
+                ]
         out.append(message)
     return out
 
 
+# How a message with tool calls and no text reaches a template: most take the arguments as a mapping
+# (transformers' convention) and an empty content; DeepSeek's joins the arguments as text and renders
+# the calls only when the content is null. The first that renders every call's name is used.
+TOOL_CALL_FORMS = ((False, ""), (False, None), (True, None), (True, ""))
+
+
 def render_text(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = False,
                 tools: list[dict] | None = None) -> str:
-    """The template's text for these messages. Tool-call arguments go in as a mapping (transformers'
-    convention, which most templates `tojson`); a template that joins them as text (DeepSeek's) gets
-    the JSON text instead."""
-    try:
+    """The template's text for these messages (and the tools offered)."""
+    names = [call["function"]["name"] for m in messages for call in m.get("tool_calls") or []]
+    if not names:
         return _render(tokenizer, _for_template(messages), add_generation_prompt, tools)
-    except TypeError:
-        if not any(m.get("tool_calls") for m in messages):
-            raise TemplateError("the chat template failed to render this conversation (a TypeError inside "
-                                "the template)") from None
-        return _render(tokenizer, _for_template(messages, arguments_as_text=True), add_generation_prompt, tools)
+    problem = "it renders none of them"
+    for arguments_as_text, empty_content in TOOL_CALL_FORMS:
+        try:
+            text = _render(tokenizer, _for_template(messages, arguments_as_text, empty_content), add_generation_prompt,
+                           tools)
+        except TemplateError as e:
+            problem = str(e)
+            continue
+        if all(name in text for name in names):
+            return text
+    raise TemplateError(f"check `tool calls rendered` failed: the chat template does not render the assistant's "
+                        f"tool calls ({problem}); use a model whose template supports tools, or a --chat_template "
+                        "that renders `tool_calls`")
 
 
 def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> str:
@@ -99,10 +114,8 @@ def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, t
     try:
         return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                              add_generation_prompt=add_generation_prompt)
-    except TypeError:
-        raise
-    except (jinja2.TemplateError, ValueError, KeyError, IndexError, AttributeError) as e:
-        # Templates refuse what their model cannot take with raise_exception (ValueError/TemplateError).
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        # Templates refuse what their model cannot take with raise_exception (a TemplateError).
         raise TemplateError(f"the chat template refused this conversation: {e}") from None
 
 

@@ -31,14 +31,21 @@ class DataFileArguments:
         metadata={"help": "Tokenize again even when the cache holds these files tokenized with the same tokenizer, "
                   "chat template and settings."},
     )
+    skip_bad_rows: bool = field(
+        default=False,
+        metadata={"help": "Leave out rows that cannot be used (each reported as file:line: field: problem), count "
+                  "them and list them in output_dir/<split>_bad_rows.txt. Default: every bad row is listed and "
+                  "the run stops before training."},
+    )
 
 
 @dataclass
 class DataArguments(DataFileArguments):
     max_seq_length: int = field(
         default=1024,
-        metadata={"help": "Longest example in tokens (prompt + reply). Longer examples lose whole early or "
-                  "trailing turns first; an example with no reply left is dropped and counted."},
+        metadata={"help": "Longest example in tokens (prompt + reply). Conversations keep whole exchanges "
+                  "(--truncation); preference pairs lose early context first; what cannot fit is dropped and "
+                  "counted."},
     )
 
 
@@ -62,6 +69,20 @@ class SFTDataArguments(TrainDataArguments):
     packing: bool = field(
         default=False,
         metadata={"help": "Pack several examples into one row with no attention between them (no padding)."},
+    )
+    truncation: Literal["drop_turns", "drop_example", "cut"] = field(
+        default="drop_turns",
+        metadata={"help": "An example longer than --max_seq_length: drop_turns keeps the longest run of whole "
+                  "exchanges that fits (ending after a reply's end-of-turn), else drops the example; "
+                  "drop_example drops it; cut keeps the first max_seq_length tokens, even mid-reply. Dropped "
+                  "and truncated examples are counted in the log."},
+    )
+    multi_turn: Literal["auto", "expand", "whole"] = field(
+        default="auto",
+        metadata={"help": "whole: one example per conversation, every reply trained in place; expand: one example "
+                  "per trained reply, each the conversation up to it rendered as inference renders it; auto: "
+                  "whole, or expand where the chat template renders earlier replies differently once more "
+                  "turns follow (Qwen3's thinking blocks). Expansions are counted in the log."},
     )
 
 

@@ -1,4 +1,6 @@
-"""Base model vs fine-tuned adapter, side by side, on held-out prompts.
+"""Base model vs fine-tuned adapter, side by side, on held-out prompts; where a prompt row holds the
+tool call it should get (`expected_call`: {"name", "arguments"}), the calls each column makes are
+scored too.
 
     tunesmith compare --adapter_name_or_path outputs/sft_demo --data_path data/demo/identity_heldout.jsonl \
         --count_word Tunesmith
@@ -10,6 +12,7 @@ left-padded batch per model (the same answers as one at a time, a few times fast
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +45,41 @@ def compare(model: Any, tokenizer: Any, prompts: list[Prompt], max_new_tokens: i
     return [(p.messages[-1]["content"], b, t) for p, b, t in zip(prompts, base, tuned)]
 
 
+def first_call(text: str) -> dict | None:
+    """The first JSON object with a string `name` in a reply (how every tool-call format writes it)."""
+    decoder = json.JSONDecoder()
+    for start in (i for i, ch in enumerate(text) if ch == "{"):
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("name"), str):
+            return value
+    return None
+
+
+def score_calls(answers: list[str], expected: list[dict]) -> dict[str, int]:
+    """How many replies hold a well-formed call (a JSON object with a name and object arguments), the
+    expected function, and the expected arguments too."""
+    counts = {"well_formed": 0, "right_function": 0, "right_arguments": 0}
+    for answer, want in zip(answers, expected):
+        call = first_call(answer)
+        if call is None or not isinstance(call.get("arguments", {}), dict):
+            continue
+        counts["well_formed"] += 1
+        if call["name"] == want["name"]:
+            counts["right_function"] += 1
+            counts["right_arguments"] += _same(call.get("arguments", {}), want.get("arguments", {}))
+    return counts
+
+
+def _same(got: dict, want: dict) -> bool:
+    """Equal arguments, numbers compared as numbers (5 == 5.0)."""
+    return got.keys() == want.keys() and all(
+        float(got[k]) == float(want[k]) if isinstance(want[k], int | float) and isinstance(got[k], int | float)
+        else got[k] == want[k] for k in want)
+
+
 def print_side_by_side(rows: list[tuple[str, str, str]], width: int) -> None:
     for question, base, tuned in rows:
         print(f"\nQ: {question}")
@@ -62,6 +100,11 @@ def run(argv: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
     prompts = build_prompts(tokenizer, args.data, "eval")
     rows = compare(model, tokenizer, prompts, args.compare.max_new_tokens)
     print_side_by_side(rows, args.compare.width)
+    expected = [p.row.data.get("expected_call") for p in prompts]
+    if all(isinstance(e, dict) for e in expected):
+        for column, answers in (("base", [b for _, b, _ in rows]), ("fine-tuned", [t for _, _, t in rows])):
+            counts = score_calls(answers, expected)
+            print(f"tool calls, {column}: " + ", ".join(f"{k.replace('_', ' ')} {v}/{len(rows)}" for k, v in counts.items()))
     word = args.compare.count_word
     if word:
         before = sum(word.lower() in base.lower() for _, base, _ in rows)

@@ -28,19 +28,41 @@ def run(argv: Sequence[str] | None = None) -> list[dict]:
     color = args.inspect.color == "always" or (args.inspect.color == "auto" and sys.stdout.isatty())
     shown = records if args.inspect.show < 0 else records[: args.inspect.show]
     for r in shown:
-        n = trained_token_count(r["labels"])
-        status = "DROPPED (no trained token fits)" if r.get("dropped") else f"{n}/{len(r['input_ids'])} tokens trained"
-        print(f"=== {r['source']}:{r['line']}  {status}")
-        print(highlight_trained(tokenizer, r["input_ids"], r["labels"], color))
-    kept = [r for r in records if not r.get("dropped")]
-    total = sum(len(r["input_ids"]) for r in kept)
-    trained = sum(trained_token_count(r["labels"]) for r in kept)
-    print(f"{len(records)} rows, {len(records) - len(kept)} dropped; {trained}/{total} tokens trained "
-          f"({100 * trained / max(total, 1):.1f}%)")
+        example = " example {}/{}".format(*r["example"]) if "example" in r else ""
+        print(f"=== {r['source']}:{r['line']}{example}  {_status(r)}")
+        if "error" not in r:
+            print(highlight_trained(tokenizer, r["input_ids"], r["labels"], color))
+    print(summary(records))
     if args.inspect.output_jsonl:
         atomic_write_jsonl(args.inspect.output_jsonl, records)
     return records
 
+
+def _status(record: dict) -> str:
+    if "error" in record:
+        return f"BAD ROW: {record['error']}"
+    n, total = trained_token_count(record["labels"]), len(record["input_ids"])
+    if record.get("dropped"):
+        return f"DROPPED: no whole reply fits in --max_seq_length (shown untruncated, {total} tokens)"
+    notes = [note for key, note in (("truncated", "truncated"), ("replies_without_end_marker",
+                                                                 "a reply ends in no end-of-turn token")) if record.get(key)]
+    return f"{n}/{total} tokens trained" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def summary(records: list[dict]) -> str:
+    """rows read, bad, dropped, expanded; tokens trained."""
+    rows = {(r["source"], r["line"]) for r in records}
+    bad = sum("error" in r for r in records)
+    examples = [r for r in records if "error" not in r]
+    kept = [r for r in examples if not r.get("dropped")]
+    expanded = {(r["source"], r["line"]) for r in examples if "example" in r}
+    total = sum(len(r["input_ids"]) for r in kept)
+    trained = sum(trained_token_count(r["labels"]) for r in kept)
+    no_marker = sum(r.get("replies_without_end_marker", 0) for r in kept)
+    return (f"{len(rows)} rows, {bad} bad, {len(examples) - len(kept)} dropped, {len(expanded)} expanded into "
+            f"{sum(1 for r in examples if 'example' in r)} examples; {trained}/{total} tokens trained "
+            f"({100 * trained / max(total, 1):.1f}%)" + (f"; {no_marker} replies end in no end-of-turn token"
+                                                          if no_marker else ""))
 
 
 main = entry_point(run)

@@ -32,7 +32,8 @@ def build_trainer(argv: Sequence[str] | None = None) -> RewardTrainer:
 
     tokenizer = load_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):
-        train_dataset, eval_dataset = build_preference_datasets(tokenizer, args.data, args.training.seed)
+        train_dataset, eval_dataset = build_preference_datasets(tokenizer, args.data, args.training.seed,
+                                                                report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # the new score head is drawn at random: make it the same every run
     model = load_model(args.model, args.finetuning, args.training, task="reward")
 

@@ -39,7 +39,7 @@ def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[in
 
 def score_file(model: Any, tokenizer: Any, data: DataArguments, score: ScoreArguments) -> list[dict]:
     """One dict per row of the data files (the first --max_samples rows, or all), in order."""
-    rows = load_items(data.data_path, lambda row: row, data.max_samples)
+    rows, _ = load_items(data.data_path, lambda row: row, data.max_samples)
     per_row = [_sequences(tokenizer, row, data.max_seq_length) for row in rows]
     flat = [seq for seqs in per_row if seqs for seq in seqs]
     scores = iter(score_sequences(model, tokenizer, flat, score.batch_size))

@@ -32,7 +32,8 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
 
     tokenizer = load_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):
-        train_dataset, eval_dataset = build_sft_datasets(tokenizer, args.data, args.training.seed)
+        train_dataset, eval_dataset = build_sft_datasets(tokenizer, args.data, args.training.seed,
+                                                         report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
     model = load_model(args.model, args.finetuning, args.training)
 
