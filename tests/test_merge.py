@@ -205,6 +205,6 @@ def test_a_base_other_than_the_recorded_one_is_warned_about(lora_adapter, tiny_m
     result = main(["--model_name_or_path", str(copy), "--adapter_name_or_path", lora_adapter,
                    "--output_dir", str(tmp_path / "merged")])
     assert result.max_abs_diff < 1e-4
-    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING" and r.name == "tunesmith.hparams.parser"]
     assert warning.getMessage().startswith(f"--model_name_or_path {copy} is not the base that {lora_adapter} was "
                                            f"trained on ({tiny_model_dir}, in its adapter_config.json)")
