@@ -28,7 +28,7 @@ def test_output_jsonl_matches_masking_in_input_order(tmp_path, default_model_pat
     assert trained == ["I am Tunesmith.<|im_end|>", "Hello!<|im_end|>Goodbye!<|im_end|>", "Yes.<|im_end|>"]
     printed = capsys.readouterr().out
     assert "⟦I am Tunesmith.<|im_end|>⟧" in printed
-    assert "3 rows, 0 bad, 0 dropped" in printed
+    assert "3 rows, 0 bad, 0 dropped;" in printed
 
 
 def test_rows_with_nothing_trainable_are_marked_dropped(tmp_path, default_model_path):

@@ -166,3 +166,19 @@ def test_skip_bad_rows_trains_on_the_rest_and_lists_them_beside_the_outputs(tmp_
     assert len(trainer.train_dataset) == 3
     listed = (tmp_path / "out" / "train_bad_rows.txt").read_text().splitlines()
     assert [line.split(": field")[0] for line in listed] == [f"{data}:line 2", f"{data}:line 4"]
+
+
+def test_the_shipped_tool_demo_trains_each_call_under_chatml_tools(tokenizer):
+    from tunesmith.data.template import apply_chat_template_override
+
+    repo = Path(__file__).resolve().parents[1]
+    tok = family(tokenizer, "")
+    apply_chat_template_override(tok, "chatml_tools")
+    convs = load_conversations([str(repo / "data" / "demo" / "tools.jsonl")])
+    held_out, _ = load_items([str(repo / "data" / "demo" / "tools_heldout.jsonl")], lambda row: row)
+    assert len(convs) == 160 and all(set(r.data["expected_call"]) == {"name", "arguments"} for r in held_out)
+    for conv in convs[:5]:
+        pieces = trained_pieces(tok, encode_conversation(tok, conv.messages, tools=conv.tools))
+        call = conv.messages[1]["tool_calls"][0]["function"]
+        assert f'<tool_call>{json.dumps({"name": call["name"], "arguments": call["arguments"]})}</tool_call>' in pieces
+        assert conv.messages[2]["content"] not in pieces  # the tool's result is context

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +30,8 @@ COMMANDS = {
 def summary(module: str) -> str:
     origin = importlib.util.find_spec(module).origin
     doc = ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8"))) or ""
-    return " ".join(doc.split("\n\n")[0].split())
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    return re.split(r"(?<=[.?!])\s", paragraph, maxsplit=1)[0]  # its first sentence
 
 
 def usage() -> str:

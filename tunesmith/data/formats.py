@@ -197,14 +197,15 @@ def sharegpt_messages(row: Row, items: Any, field: str = "conversations") -> lis
     return read_messages(row, items, field, SHAREGPT)
 
 
-def _content(row: Row, value: Any, where: str) -> tuple[str | None, str | None]:
-    """(text, reasoning) of a message's content: a string, null, or a list of parts whose text parts
-    are joined (a reasoning part becomes the reasoning). Any other part is refused: text only."""
+def _content(row: Row, value: Any, where: str) -> tuple[str | None, str | None, list]:
+    """(text, reasoning, tool calls) of a message's content: a string, null, or a list of parts whose
+    text parts are joined (a reasoning part becomes the reasoning, a tool_call part a call, as
+    LLaMA-Factory's files hold them). Any other part is refused: text only."""
     if value is None or isinstance(value, str):
-        return value, None
+        return value, None, []
     if not isinstance(value, list):
         raise row.error(f"expected a string or a list of content parts, got {type(value).__name__}", where)
-    texts, reasoning = [], []
+    texts, reasoning, calls = [], [], []
     for k, part in enumerate(value):
         if isinstance(part, str):
             texts.append(part)
@@ -212,14 +213,22 @@ def _content(row: Row, value: Any, where: str) -> tuple[str | None, str | None]:
         kind = part.get("type") if isinstance(part, dict) else None
         text = next((part[key] for key in ("text", "value", kind or "") if isinstance(part, dict)
                      and isinstance(part.get(key), str)), None) if kind else None
-        if kind in TEXT_PARTS + REASONING_PARTS and text is not None:
-            (reasoning if kind in REASONING_PARTS else texts).append(text)
-        elif kind in TEXT_PARTS + REASONING_PARTS:
+        if kind in TEXT_PARTS + REASONING_PARTS + ("tool_call",) and text is None:
             raise row.error(f"a `{kind}` part needs its text in `text`", f"{where}[{k}]")
+        if kind in TEXT_PARTS:
+            texts.append(text)
+        elif kind in REASONING_PARTS:
+            reasoning.append(text)
+        elif kind == "tool_call":
+            try:
+                calls.append(json.loads(text))
+            except json.JSONDecodeError as e:
+                raise row.error(f"a tool_call part holds the call as JSON text ({e.msg} at column {e.colno})",
+                                f"{where}[{k}]") from None
         else:
             raise row.error(f"content part of type {kind!r}: tunesmith trains text-only models; remove the part "
                             "(or the row)", f"{where}[{k}].type")
-    return "".join(texts), ("".join(reasoning) or None)
+    return "".join(texts), ("".join(reasoning) or None), calls
 
 
 def _tool_call(row: Row, call: Any, where: str) -> dict:
@@ -248,12 +257,15 @@ def _tool_call(row: Row, call: Any, where: str) -> dict:
 def _message(row: Row, role: str, source: dict, where: str, content_key: str) -> Message:
     if content_key not in source and not (role == ASSISTANT and (source.get("tool_calls") or source.get("function_call"))):
         raise row.error(f"missing `{content_key}`", where)
-    content, reasoning = _content(row, source.get(content_key), f"{where}.{content_key}")
+    content, reasoning, part_calls = _content(row, source.get(content_key), f"{where}.{content_key}")
     message: Message = {"role": role, "content": content}
     if role == ASSISTANT:
         calls = source.get("tool_calls") or ([source["function_call"]] if source.get("function_call") else [])
         if not isinstance(calls, list):
             raise row.error("expected a list of tool calls", f"{where}.tool_calls")
+        calls = calls + part_calls
+        if part_calls and not (content or "").strip():
+            message["content"] = None
         if calls:
             message["tool_calls"] = [_tool_call(row, c, f"{where}.tool_calls[{k}]") for k, c in enumerate(calls)]
         for key in REASONING_KEYS:
@@ -281,12 +293,16 @@ def _loss_flags(row: Row, source: dict, message: Message, where: str) -> None:
         if not isinstance(source[LOSS_FLAG], bool):
             raise row.error("expected true or false", f"{where}.{LOSS_FLAG}")
         message[LOSS_FLAG] = source[LOSS_FLAG]
-    if "weight" in source:
-        if source["weight"] not in (0, 1) or isinstance(source["weight"], bool):
-            raise row.error(f"expected 0 or 1 (OpenAI's per-message weight), got {source['weight']!r}", f"{where}.weight")
+    for key in ("weight", "loss_weight"):  # OpenAI's, LLaMA-Factory's
+        if key not in source:
+            continue
+        if source[key] not in (0, 1) or isinstance(source[key], bool):
+            raise row.error(f"expected 0 or 1 (a per-message training weight), got {source[key]!r}", f"{where}.{key}")
         if message["role"] != ASSISTANT:
-            raise row.error("only assistant messages carry a weight (what trains is the replies)", f"{where}.weight")
-        message[LOSS_FLAG] = bool(source["weight"]) and message.get(LOSS_FLAG, True)
+            if source[key]:
+                raise row.error("only assistant messages can train (what trains is the replies)", f"{where}.{key}")
+            continue
+        message[LOSS_FLAG] = bool(source[key]) and message.get(LOSS_FLAG, True)
 
 
 def _sharegpt_tool_call(row: Row, source: dict, where: str) -> Message:
@@ -391,6 +407,10 @@ def check_role_order(row: Row, messages: list[Message], field: str,
 
 def check_meaningful_fields(row: Row, messages: list[Message]) -> None:
     """Fields that change what a row means are honoured elsewhere or refused here, never dropped."""
+    for key in ("images", "videos", "audios"):
+        if row.data.get(key):
+            raise row.error(f"a multimodal row ({key}): tunesmith trains text-only models; remove the row, or the "
+                            f"`{key}` field and the placeholders that point at it", key)
     if "label" in row.data and isinstance(row.data["label"], bool):
         raise row.error("a KTO row (`label` true/false marks a desirable or undesirable reply): SFT would train "
                         "undesirable replies too; drop the `label: false` rows and the field", "label")
@@ -460,7 +480,7 @@ def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: 
         else:
             continue
         break
-    if problems and not skip_bad_rows:
+    if problems and (not skip_bad_rows or not items):
         raise BadRows(problems)
     if not items:
         raise DataError(f"{', '.join(map(str, paths))}: no rows found (one JSON object per line of a JSONL file, "

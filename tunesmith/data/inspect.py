@@ -4,12 +4,13 @@ see them, and the rendered text with every trained run of tokens marked. The com
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..constants import IGNORE_INDEX
 from ..errors import UserError
 from ..hparams import SFTDataArguments
-from .formats import conversation_from_row, load_items
+from .formats import BadRows, conversation_from_row, load_items
 from .template import encode_examples, trained_token_count, truncate
 
 TRAINED_ON, TRAINED_OFF = "\x1b[42;30m", "\x1b[0m"
@@ -41,11 +42,14 @@ def inspect_rows(tokenizer: Any, data_args: SFTDataArguments) -> list[dict]:
     labels (the whole untruncated example with `"dropped": true` when nothing trainable fits, so the
     reader sees why), `"example": [k, n]` for the k-th of n examples of an expanded conversation, and
     one record with `"error"` per bad row (every bad row is shown, none stops the inspection)."""
-    conversations, problems = load_items(data_args.data_path, conversation_from_row, data_args.max_samples,
-                                         skip_bad_rows=True)
+    try:
+        conversations, problems = load_items(data_args.data_path, conversation_from_row, data_args.max_samples,
+                                             skip_bad_rows=True)
+    except BadRows as e:  # every row is bad: show them all
+        conversations, problems = [], e.problems
     records: list[dict] = [_error_record(problem) for problem in problems]
     for conv in conversations:
-        where = {"source": conv.row.path, "line": conv.row.line}
+        where = {"source": conv.row.path, "line": conv.row.line, **({"row": conv.row.index} if conv.row.index else {})}
         try:
             examples, expanded = encode_examples(tokenizer, conv.messages, data_args.train_on, conv.tools,
                                                  data_args.multi_turn)
@@ -65,13 +69,15 @@ def inspect_rows(tokenizer: Any, data_args: SFTDataArguments) -> list[dict]:
             if full.replies_without_end_marker:
                 record["replies_without_end_marker"] = full.replies_without_end_marker
             records.append({**record, "input_ids": enc.input_ids, "labels": enc.labels})
-    return sorted(records, key=lambda r: (r["source"], r["line"]))
+    return sorted(records, key=lambda r: (r["source"], r["line"], r.get("row") or 0))
 
 
 def _error_record(problem: str) -> dict:
-    source, _, rest = problem.partition(":line ")
-    line = rest.split(":", 1)[0]
-    return {"source": source, "line": int(line) if line.isdigit() else 0, "error": problem}
+    where = re.match(r"(.*?):line (\d+)(?: \(row (\d+)\))?", problem)
+    if not where:
+        return {"source": "", "line": 0, "error": problem}
+    record = {"source": where[1], "line": int(where[2]), "error": problem}
+    return {**record, "row": int(where[3])} if where[3] else record
 
 
 if __name__ == "__main__":  # the old spelling of `tunesmith inspect`, kept for one release

@@ -24,8 +24,8 @@ from ..constants import ASSISTANT, SYSTEM, TOOL, USER
 from ..errors import TemplateError
 from ..hparams import TrainDataArguments
 from .dataset import DataKind, ItemEncoding, build_datasets
-from .formats import Message, Row, check_role_order, load_items, openai_messages, sharegpt_messages
-from .template import render_text
+from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
+from .template import common_prefix_length, render_text
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
 CONTEXT_FIELDS = ("conversations", "messages", "prompt")  # first one present is the context
@@ -114,19 +114,19 @@ def load_pairs(paths: Sequence[str], max_samples: int | None = None) -> list[Pre
     return load_items(paths, pair_from_row, max_samples)[0]
 
 
-def encode_reply(tokenizer: Any, context: list[Message], reply: list[Message]) -> tuple[list[int], int]:
-    """Token ids of the template render of context + reply, and the index where the reply's own
-    tokens begin (after the assistant header that asks for it)."""
-    prompt = render_text(tokenizer, context, add_generation_prompt=True)
-    full = render_text(tokenizer, context + reply)
-    if not full.startswith(prompt):
-        raise TemplateError(
-            "the chat template does not render a conversation as a continuation of its generation prompt, "
-            "so the reply cannot be located; pass --chat_template"
-        )
+def encode_reply(tokenizer: Any, context: list[Message], reply: list[Message],
+                 tools: list[dict] | None = None) -> tuple[list[int], int]:
+    """Token ids of the template render of context + reply, and the index of the first token of the
+    reply's own text: where the render parts from the generation prompt (which may open a block,
+    e.g. `<think>`, that the rendered reply lacks), as SFT locates replies."""
+    prompt = render_text(tokenizer, context, add_generation_prompt=True, tools=tools)
+    full = render_text(tokenizer, context + reply, tools=tools)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = enc["input_ids"]
-    start = next((k for k, (s, _) in enumerate(enc["offset_mapping"]) if s >= len(prompt)), len(ids))
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    parted = common_prefix_length(prompt, full)
+    start = next((k for k, (_, e) in enumerate(offsets) if e > parted), len(ids))
+    if start == len(ids):
+        raise TemplateError("check `reply located` failed: the reply renders no text after its generation prompt")
     return ids, start
 
 
@@ -142,7 +142,8 @@ def _left_cut(ids: list[int], start: int, budget: int) -> list[int]:
 
 
 def encode_pair(
-    tokenizer: Any, context: list[Message], chosen: list[Message], rejected: list[Message], max_length: int | None
+    tokenizer: Any, context: list[Message], chosen: list[Message], rejected: list[Message], max_length: int | None,
+    tools: list[dict] | None = None,
 ) -> EncodedPair | None:
     """Both sequences of a pair within max_length tokens, each reply kept whole; None when a reply
     cannot fit with at least one token of context."""
@@ -150,7 +151,8 @@ def encode_pair(
     starts = [i for i, m in enumerate(context) if m["role"] == USER] if max_length is not None else [len(system)]
     for k, i in enumerate(starts):
         kept = system + context[i:]
-        (c_ids, c_start), (r_ids, r_start) = encode_reply(tokenizer, kept, chosen), encode_reply(tokenizer, kept, rejected)
+        (c_ids, c_start), (r_ids, r_start) = (encode_reply(tokenizer, kept, chosen, tools),
+                                              encode_reply(tokenizer, kept, rejected, tools))
         if max_length is None or max(len(c_ids), len(r_ids)) <= max_length:
             return EncodedPair(c_ids, r_ids, truncated=k > 0)
     # The last user turn alone is too long: keep its end, the same number of tokens on both sides.
@@ -163,7 +165,7 @@ def encode_pair(
 def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> ItemEncoding | None:
     """chosen_ids, rejected_ids, margin (0 when the row has none) and the longer side's length; None
     when a reply does not fit."""
-    enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
+    enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, row_tools(pair.row))
     if enc is None:
         return None
     return ItemEncoding([{"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
@@ -173,7 +175,7 @@ def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | N
 
 PREFERENCE_PAIRS = DataKind(
     name="preference",
-    version="1",
+    version="2",
     from_row=pair_from_row,
     settings=lambda data_args: {"max_length": data_args.max_seq_length},
     encode_one=encode_pair_record,

@@ -140,7 +140,7 @@ class RewrittenHistory(TemplateError):
     """The template renders reply i differently once more turns follow it."""
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix_length(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -172,10 +172,10 @@ def _reply_spans(tokenizer: Any, messages: list[Message], indices: list[int], fu
     for i in indices:
         prompt = render_text(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
         upto = full if i == len(messages) - 1 else render_text(tokenizer, messages[: i + 1], tools=tools)
-        start = token_start(_common_prefix(prompt, upto))
+        start = token_start(common_prefix_length(prompt, upto))
         end = len(upto.rstrip())
         if upto is not full:
-            end = min(end, token_start(_common_prefix(upto, full)))
+            end = min(end, token_start(common_prefix_length(upto, full)))
             end = start + len(upto[start:end].rstrip())
         if full[:start] != upto[:start]:
             raise RewrittenHistory(f"the template renders the turns before reply {i} differently once it follows")

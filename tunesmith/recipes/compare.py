@@ -1,4 +1,4 @@
-"""Base model vs fine-tuned adapter, side by side, on held-out prompts; where a prompt row holds the
+"""Base model vs fine-tuned adapter, side by side, on held-out prompts. Where a prompt row holds the
 tool call it should get (`expected_call`: {"name", "arguments"}), the calls each column makes are
 scored too.
 

@@ -51,16 +51,17 @@ def _status(record: dict) -> str:
 
 def summary(records: list[dict]) -> str:
     """rows read, bad, dropped, expanded; tokens trained."""
-    rows = {(r["source"], r["line"]) for r in records}
+    rows = {(r["source"], r["line"], r.get("row")) for r in records}
     bad = sum("error" in r for r in records)
     examples = [r for r in records if "error" not in r]
     kept = [r for r in examples if not r.get("dropped")]
-    expanded = {(r["source"], r["line"]) for r in examples if "example" in r}
+    expanded = {(r["source"], r["line"], r.get("row")) for r in examples if "example" in r}
     total = sum(len(r["input_ids"]) for r in kept)
     trained = sum(trained_token_count(r["labels"]) for r in kept)
     no_marker = sum(r.get("replies_without_end_marker", 0) for r in kept)
-    return (f"{len(rows)} rows, {bad} bad, {len(examples) - len(kept)} dropped, {len(expanded)} expanded into "
-            f"{sum(1 for r in examples if 'example' in r)} examples; {trained}/{total} tokens trained "
+    expansions = (f", {len(expanded)} expanded into {sum(1 for r in examples if 'example' in r)} examples"
+                  if expanded else "")
+    return (f"{len(rows)} rows, {bad} bad, {len(examples) - len(kept)} dropped{expansions}; {trained}/{total} tokens trained "
             f"({100 * trained / max(total, 1):.1f}%)" + (f"; {no_marker} replies end in no end-of-turn token"
                                                           if no_marker else ""))
 
