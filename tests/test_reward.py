@@ -225,7 +225,7 @@ def test_training_lowers_the_loss_and_scores_survive_save_and_load(
 
 @pytest.mark.slow
 def test_short_lora_run_on_the_demo_pairs_raises_held_out_accuracy(tmp_path):
-    trainer = reward.build_trainer([
+    trainer, _ = reward.build_trainer([
         str(REPO / "configs" / "reward_lora_demo.yaml"), "--output_dir", str(tmp_path), "--max_samples", "64",
         "--report_to", "none", "--plot_loss", "false",
     ])

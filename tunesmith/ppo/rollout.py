@@ -15,6 +15,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from ..constants import ASSISTANT
+from ..data.formats import row_tools
 from ..data.prompts import Prompt
 from ..data.template import render_text
 from ..models.scoring import score_sequences
@@ -89,7 +90,8 @@ class RewardModelScorer:
             if reply and reply[-1] in self.eos_ids:
                 reply = reply[:-1]  # the template adds the end-of-turn token itself
             content = self.policy_tokenizer.decode(reply, skip_special_tokens=False)
-            texts.append(render_text(self.tokenizer, [*prompt.messages, {"role": ASSISTANT, "content": content}]))
+            texts.append(render_text(self.tokenizer, [*prompt.messages, {"role": ASSISTANT, "content": content}],
+                                     tools=row_tools(prompt.row)))
         return texts
 
     def __call__(self, prompts: Sequence[Prompt], responses: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Did PPO help? Held-out prompts, answered by the SFT policy and by the PPO policy (greedy by default,
-or sampled with a fixed seed), scored by the reward model; plus KL(ppo || sft) per reply, estimated
+"""Did PPO help: held-out prompts answered by the SFT policy and by the PPO policy, scored by the reward
+model. Replies are greedy by default, or sampled with a fixed seed; KL(ppo || sft) per reply is estimated
 from replies sampled from the PPO policy at temperature 1 (the mean of log p_ppo - log p_sft over
 them, an unbiased estimate; a log-ratio on greedy replies would not be one).
 

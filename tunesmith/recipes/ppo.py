@@ -13,24 +13,17 @@ from collections.abc import Sequence
 
 from ..boundary import entry_point
 from ..data.prompts import build_prompts
-from ..distributed import start_single_process_world
-from ..hparams import parse_run
 from ..models.loader import (
     inference_model_args,
     load_for_inference,
     load_trained_tokenizer,
-    resolve_model_path,
 )
 from ..ppo import PPOTrainer, RewardModelScorer, build_actor_critic
-from ..train.checkpoints import guard_output_dir, resolve_resume
+from ..train.run_setup import prepare_training_run
 
 
 def run(argv: Sequence[str] | None = None) -> PPOTrainer:
-    args = parse_run("ppo", argv, __doc__)
-    resolve_model_path(args.model)  # the default model as its path, which a saved run records
-    guard_output_dir(args)
-    resume = resolve_resume(args.training)
-    start_single_process_world(args.training)
+    args, resume = prepare_training_run("ppo", argv, __doc__)
 
     tokenizer = load_trained_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):  # one process fills the cache, the others read it

@@ -15,20 +15,16 @@ from trl.trainer.reward_trainer import DataCollatorForPreference
 
 from ..boundary import entry_point
 from ..data.preference import build_preference_datasets
-from ..distributed import start_single_process_world
-from ..hparams import parse_run
-from ..models.loader import load_model, load_tokenizer, resolve_model_path
+from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
-from ..train.checkpoints import guard_output_dir, resolve_resume
 from ..train.reward_trainer import RewardTrainer
+from ..train.run_setup import prepare_training_run
 
 
-def build_trainer(argv: Sequence[str] | None = None) -> RewardTrainer:
-    """Everything up to training: parse, check, tokenize the pairs, load the model with its new head."""
-    args = parse_run("reward", argv, __doc__)
-    resolve_model_path(args.model)  # the default model as its path, which a saved run records
-    guard_output_dir(args)
-    start_single_process_world(args.training)
+def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str | None]:
+    """Everything up to training: parse, check, tokenize the pairs, load the model with its new head;
+    and the checkpoint to resume from."""
+    args, resume = prepare_training_run("reward", argv, __doc__)
 
     tokenizer = load_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):
@@ -37,7 +33,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> RewardTrainer:
     set_seed(args.training.seed)  # the new score head is drawn at random: make it the same every run
     model = load_model(args.model, args.finetuning, args.training, task="reward")
 
-    return RewardTrainer(
+    trainer = RewardTrainer(
         model=model,
         args=args.training,
         train_dataset=train_dataset,
@@ -48,11 +44,12 @@ def build_trainer(argv: Sequence[str] | None = None) -> RewardTrainer:
         run_configs=args.configs,
         center_rewards_coefficient=args.reward.center_rewards_coefficient,
     )
+    return trainer, resume
 
 
 def run(argv: Sequence[str] | None = None) -> RewardTrainer:
-    trainer = build_trainer(argv)
-    trainer.train(resume_from_checkpoint=resolve_resume(trainer.args))
+    trainer, resume = build_trainer(argv)
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.save_state()
     if trainer.eval_dataset is not None:

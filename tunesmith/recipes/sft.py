@@ -15,20 +15,14 @@ from transformers import set_seed
 from ..boundary import entry_point
 from ..data.dataset import build_sft_datasets
 from ..data.packing import sft_collator
-from ..distributed import start_single_process_world
-from ..hparams import parse_run
-from ..models.loader import load_model, load_tokenizer, resolve_model_path
+from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
-from ..train.checkpoints import guard_output_dir, resolve_resume
+from ..train.run_setup import prepare_training_run
 from ..train.sft_trainer import LoraTrainer
 
 
 def run(argv: Sequence[str] | None = None) -> LoraTrainer:
-    args = parse_run("sft", argv, __doc__)
-    resolve_model_path(args.model)  # the default model as its path, which a saved run records
-    guard_output_dir(args)
-    resume = resolve_resume(args.training)
-    start_single_process_world(args.training)
+    args, resume = prepare_training_run("sft", argv, __doc__)
 
     tokenizer = load_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):

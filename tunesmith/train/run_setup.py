@@ -1,0 +1,22 @@
+"""What every training stage does before it loads anything: parse and check its flags, pin the default
+model to its path (which the saved run config records), refuse an output_dir that holds a different
+run, find (and announce) the checkpoint to resume from, and describe the process group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..distributed import start_single_process_world
+from ..hparams import ParsedRun, parse_run
+from ..models.loader import resolve_model_path
+from .checkpoints import guard_output_dir, resolve_resume
+
+
+def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str | None) -> tuple[ParsedRun, str | None]:
+    """(the parsed run, the checkpoint to resume from or None)."""
+    args = parse_run(kind, argv, description)
+    resolve_model_path(args.model)
+    guard_output_dir(args)
+    resume = resolve_resume(args.training)
+    start_single_process_world(args.training)
+    return args, resume
