@@ -17,6 +17,7 @@ from pathlib import Path
 COMMANDS = {
     "sft": "tunesmith.recipes.sft",
     "reward": "tunesmith.recipes.reward",
+    "dpo": "tunesmith.recipes.dpo",
     "score": "tunesmith.recipes.score",
     "ppo": "tunesmith.recipes.ppo",
     "eval-ppo": "tunesmith.recipes.eval_ppo",

@@ -1,4 +1,4 @@
-"""Preference pairs for reward modelling: read -> render through the chat template -> truncate.
+"""Preference pairs for reward modelling and DPO: read -> render through the chat template -> truncate.
 
 Two row formats, detected per row (a file may mix them); each may carry a numeric `margin`:
 - ShareGPT: `conversations` (the shared context, ending with a user turn) plus `chosen` and
@@ -130,15 +130,29 @@ def encode_reply(tokenizer: Any, context: list[Message], reply: list[Message],
     return ids, start
 
 
+def reply_end(tokenizer: Any, ids: list[int]) -> int:
+    """The index just past the reply's last token that is not whitespace: its end-of-turn marker
+    (`<|im_end|>`), not the newline some templates render after it, which generation never produces."""
+    end = len(ids)
+    while end > 1 and not tokenizer.decode(ids[end - 1:end]).strip():
+        end -= 1
+    return end
+
+
 @dataclass
 class EncodedPair:
     chosen_ids: list[int]
     rejected_ids: list[int]
     truncated: bool
+    # [start, end) of each reply's tokens (its end-of-turn included): what DPO trains on.
+    chosen_span: tuple[int, int] = (0, 0)
+    rejected_span: tuple[int, int] = (0, 0)
 
 
-def _left_cut(ids: list[int], start: int, budget: int) -> list[int]:
-    return ids[max(0, start - budget):]
+def _left_cut(ids: list[int], start: int, budget: int) -> tuple[list[int], int]:
+    """ids without their oldest context tokens, and how many were cut."""
+    cut = max(0, start - budget)
+    return ids[cut:], cut
 
 
 def encode_pair(
@@ -154,28 +168,35 @@ def encode_pair(
         (c_ids, c_start), (r_ids, r_start) = (encode_reply(tokenizer, kept, chosen, tools),
                                               encode_reply(tokenizer, kept, rejected, tools))
         if max_length is None or max(len(c_ids), len(r_ids)) <= max_length:
-            return EncodedPair(c_ids, r_ids, truncated=k > 0)
+            return EncodedPair(c_ids, r_ids, k > 0, (c_start, reply_end(tokenizer, c_ids)),
+                               (r_start, reply_end(tokenizer, r_ids)))
     # The last user turn alone is too long: keep its end, the same number of tokens on both sides.
     budget = max_length - max(len(c_ids) - c_start, len(r_ids) - r_start)
     if budget < 1:
         return None
-    return EncodedPair(_left_cut(c_ids, c_start, budget), _left_cut(r_ids, r_start, budget), truncated=True)
+    (c_kept, c_cut), (r_kept, r_cut) = _left_cut(c_ids, c_start, budget), _left_cut(r_ids, r_start, budget)
+    return EncodedPair(c_kept, r_kept, True, (c_start - c_cut, reply_end(tokenizer, c_kept)),
+                       (r_start - r_cut, reply_end(tokenizer, r_kept)))
 
 
 def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> ItemEncoding | None:
-    """chosen_ids, rejected_ids, margin (0 when the row has none) and the longer side's length; None
-    when a reply does not fit."""
+    """chosen_ids, rejected_ids, margin (0 when the row has none), the longer side's length, and where
+    each reply starts and ends (chosen_start/chosen_end, rejected_start/rejected_end); None when a
+    reply does not fit."""
     enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, row_tools(pair.row))
     if enc is None:
         return None
     return ItemEncoding([{"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
                           # For --train_sampling_strategy group_by_length (the Trainer's default length column).
-                          "length": max(len(enc.chosen_ids), len(enc.rejected_ids))}], enc.truncated)
+                          "length": max(len(enc.chosen_ids), len(enc.rejected_ids)),
+                          "chosen_start": enc.chosen_span[0], "chosen_end": enc.chosen_span[1],
+                          "rejected_start": enc.rejected_span[0], "rejected_end": enc.rejected_span[1]}],
+                        enc.truncated)
 
 
 PREFERENCE_PAIRS = DataKind(
     name="preference",
-    version="2",
+    version="3",  # 3: the reply spans
     from_row=pair_from_row,
     settings=lambda data_args: {"max_length": data_args.max_seq_length},
     encode_one=encode_pair_record,

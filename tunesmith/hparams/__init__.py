@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
-from .finetuning_args import FinetuningArguments, RewardArguments
+from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
@@ -28,6 +28,7 @@ from .training_args import TrainingArguments
 RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, TrainingArguments),
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
+    "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
     "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),
@@ -47,7 +48,7 @@ def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | N
 __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
-    "PromptDataArguments", "FinetuningArguments", "RewardArguments", "GenerationArguments", "ChatArguments",
+    "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
     "PPOArguments", "TrainingArguments", "MergeArguments", "ScoreArguments", "InspectArguments",
     "CompareArguments", "EvalArguments", "MERGE_RELATIVE_TOLERANCES",
 ]

@@ -1,4 +1,4 @@
-"""What is trained: LoRA or every weight, and the reward model's own loss settings."""
+"""What is trained: LoRA or every weight, and the loss settings of the reward model and of DPO."""
 
 from __future__ import annotations
 
@@ -34,3 +34,37 @@ class RewardArguments:
         metadata={"help": "Add this times mean((r_chosen + r_rejected)^2) to the loss, so scores stay centred on 0 "
                   "(0.01 is typical; off by default)."},
     )
+
+
+# The DPO losses that compare the policy with a reference model.
+REFERENCE_LOSSES = ("sigmoid", "ipo")
+
+
+@dataclass
+class DPOArguments:
+    role: ClassVar[str] = "dpo"
+    _argument_group_name: ClassVar[str] = "DPO"
+
+    loss_type: Literal["sigmoid", "ipo", "simpo", "orpo"] = field(
+        default="sigmoid",
+        metadata={"help": "sigmoid: DPO against a reference (the model without its adapter). ipo: IPO's squared loss "
+                  "on length-averaged log-probs, against the reference. simpo: SimPO, reference-free, "
+                  "length-normalised, with margin --gamma. orpo: ORPO, the chosen reply's NLL plus --beta times "
+                  "an odds-ratio term, reference-free."},
+    )
+    beta: float = field(
+        default=0.1,
+        metadata={"help": "sigmoid/ipo: how far from the reference the policy may move (smaller: further). simpo: "
+                  "the reward scale. orpo: the weight (lambda) of the odds-ratio term beside the NLL."},
+    )
+    gamma: float = field(default=0.5, metadata={"help": "SimPO's target margin between chosen and rejected rewards."})
+    label_smoothing: float = field(
+        default=0.0,
+        metadata={"help": "sigmoid only: the assumed fraction of pairs whose labels are flipped (conservative DPO); "
+                  "in [0, 0.5)."},
+    )
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.loss_type in REFERENCE_LOSSES
+

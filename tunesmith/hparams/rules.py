@@ -1,7 +1,7 @@
 """One table of settings that cannot work, checked right after parsing, before any weight loads:
 each row names the flag, the value received and what to change, instead of a failure later inside a
 library. A row applies to a run that has every role it reads (model, data, finetuning, training,
-ppo, reward, generation, chat, merge, score, evaluation); `check(**roles)` runs the table."""
+ppo, reward, dpo, generation, chat, merge, score, evaluation); `check(**roles)` runs the table."""
 
 from __future__ import annotations
 
@@ -165,6 +165,21 @@ RULES: list[Rule] = [
          lambda a: a.reward.center_rewards_coefficient is not None and a.reward.center_rewards_coefficient < 0,
          "--center_rewards_coefficient must be >= 0 (got {reward.center_rewards_coefficient}); leave it unset to "
          "train without centring."),
+    # -- DPO
+    Rule("dpo_beta", ("dpo",), lambda a: not a.dpo.beta > 0,
+         "--beta must be > 0 (got {dpo.beta}); 0.1 is typical for sigmoid/ipo, 2.0 for simpo, 0.1 for orpo."),
+    Rule("dpo_label_smoothing", ("dpo",), lambda a: not 0.0 <= a.dpo.label_smoothing < 0.5,
+         "--label_smoothing must be in [0, 0.5) (got {dpo.label_smoothing}): it is the assumed fraction of flipped "
+         "pairs, and 0.5 or more would train towards the rejected replies."),
+    Rule("dpo_smoothing_sigmoid_only", ("dpo",),
+         lambda a: a.dpo.label_smoothing and a.dpo.loss_type != "sigmoid",
+         "--label_smoothing {dpo.label_smoothing} applies to --loss_type sigmoid only (got {dpo.loss_type}, whose "
+         "loss has no labels to smooth): drop it, or use --loss_type sigmoid."),
+    Rule("dpo_reference_needs_lora", ("dpo", "finetuning"),
+         lambda a: a.dpo.needs_reference and a.finetuning.finetuning_type != "lora",
+         "--loss_type {dpo.loss_type} compares the policy with a reference model, which this version takes from the "
+         "same model with its LoRA adapter switched off: --finetuning_type full is not supported yet with it. Use "
+         "--finetuning_type lora, or a reference-free loss (--loss_type simpo or orpo)."),
     # -- PPO (the reward-model rows need "data" too: they are the recipe's, not the trainer's, which
     # may be given a reward function instead)
     Rule("ppo_reward_model_given", ("ppo", "data"), lambda a: not a.ppo.reward_model,

@@ -1,0 +1,219 @@
+"""DPO: each loss against a hand calculation, the reply-only loss mask, the reference as the model
+without its adapter, a short LoRA run through the recipe, and the rules that refuse impossible settings."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tunesmith.data.collator import PreferenceCollator
+from tunesmith.data.preference import encode_pair
+from tunesmith.errors import ConfigError
+from tunesmith.hparams import (
+    DPOArguments,
+    FinetuningArguments,
+    ModelArguments,
+    TrainingArguments,
+    check,
+    parse_run,
+)
+from tunesmith.models.loader import load_model
+from tunesmith.recipes import dpo
+from tunesmith.train.dpo_loss import preference_loss
+from tunesmith.train.dpo_trainer import DPOTrainer, sequence_logps
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _neg_logsigmoid(x: float) -> float:
+    return math.log1p(math.exp(-x))
+
+
+# ---- the losses, on a toy batch of two pairs ----
+
+POLICY_C, POLICY_R = torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0])
+REF_C, REF_R = torch.tensor([-1.5, -2.0]), torch.tensor([-1.5, -2.0])
+LEN_C, LEN_R = torch.tensor([2, 3]), torch.tensor([4, 1])
+
+
+def _loss(loss_type: str, **kwargs):
+    return preference_loss(loss_type, POLICY_C, POLICY_R, LEN_C, LEN_R, REF_C, REF_R, **kwargs)
+
+
+def test_sigmoid_loss_with_label_smoothing():
+    # h = (pi_c - ref_c) - (pi_r - ref_r) = [0.5 + 0.5, -1 - 1] = [1, -2]; beta h = [0.5, -1]
+    result = _loss("sigmoid", beta=0.5, label_smoothing=0.1)
+    expected = [0.9 * _neg_logsigmoid(x) + 0.1 * _neg_logsigmoid(-x) for x in (0.5, -1.0)]
+    assert result.loss.item() == pytest.approx(sum(expected) / 2)
+    assert result.chosen_rewards.tolist() == pytest.approx([0.25, -0.5])  # beta (pi_c - ref_c)
+    assert result.rejected_rewards.tolist() == pytest.approx([-0.25, 0.5])
+
+
+def test_ipo_loss_on_length_averaged_logps():
+    # averages: pi_c [-0.5, -1], ref_c [-0.75, -2/3], pi_r [-0.5, -1], ref_r [-0.375, -2]
+    # h = [0.25 + 0.125, -1/3 - 1] = [0.375, -4/3]; target 1 / (2 beta) = 1
+    result = _loss("ipo", beta=0.5)
+    assert result.loss.item() == pytest.approx(((0.375 - 1) ** 2 + (-4 / 3 - 1) ** 2) / 2)
+    assert result.chosen_rewards.tolist() == pytest.approx([0.5 * 0.25, 0.5 * (-1 + 2 / 3)])
+
+
+def test_simpo_loss_ignores_the_reference():
+    # averages: chosen [-0.5, -1], rejected [-0.5, -1] -> beta * 0 - gamma = -0.5 for both pairs
+    result = preference_loss("simpo", POLICY_C, POLICY_R, LEN_C, LEN_R, beta=2.0, gamma=0.5)
+    assert result.loss.item() == pytest.approx(_neg_logsigmoid(-0.5))
+    assert result.chosen_rewards.tolist() == pytest.approx([-1.0, -2.0])  # beta * average
+    rejected = torch.tensor([-4.0, -1.0])  # averages [-1, -1]: margins beta * [0.5, 0] - gamma = [0.5, -0.5]
+    result = preference_loss("simpo", POLICY_C, rejected, LEN_C, LEN_R, beta=2.0, gamma=0.5)
+    assert result.loss.item() == pytest.approx((_neg_logsigmoid(0.5) + _neg_logsigmoid(-0.5)) / 2)
+
+
+def test_orpo_loss_is_nll_plus_weighted_odds_ratio():
+    rejected = torch.tensor([-4.0, -1.0])  # averages [-1, -1]; chosen averages [-0.5, -1]
+    result = preference_loss("orpo", POLICY_C, rejected, LEN_C, LEN_R, beta=0.1)
+
+    def log_odds(lp: float) -> float:
+        return lp - math.log(1 - math.exp(lp))
+
+    nll = (1 + 3) / (2 + 3)  # the chosen tokens' mean negative log-prob over the batch
+    ratio = [_neg_logsigmoid(log_odds(c) - log_odds(r)) for c, r in ((-0.5, -1.0), (-1.0, -1.0))]
+    assert result.loss.item() == pytest.approx(nll + 0.1 * sum(ratio) / 2)
+    assert result.rejected_rewards.tolist() == pytest.approx([-0.1, -0.1])
+
+
+def test_reference_losses_need_the_reference():
+    with pytest.raises(ValueError, match="needs the reference"):
+        preference_loss("sigmoid", POLICY_C, POLICY_R, LEN_C, LEN_R)
+
+
+# ---- the loss mask ----
+
+def _mask_rows(tokenizer, context, chosen, rejected, max_length=None):
+    enc = encode_pair(tokenizer, context, [{"role": "assistant", "content": chosen}],
+                      [{"role": "assistant", "content": rejected}], max_length)
+    record = {"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, "chosen_start": enc.chosen_span[0],
+              "chosen_end": enc.chosen_span[1], "rejected_start": enc.rejected_span[0],
+              "rejected_end": enc.rejected_span[1]}
+    batch = PreferenceCollator(tokenizer.pad_token_id)([record])
+    return [tokenizer.decode(ids[mask.bool()]) for ids, mask in zip(batch["input_ids"], batch["loss_mask"])]
+
+
+@pytest.mark.parametrize("max_length", [None, 40], ids=["whole", "context_cut"])
+def test_only_the_reply_and_its_end_of_turn_are_in_the_loss(tokenizer, max_length):
+    context = [{"role": "system", "content": "Be kind."},
+               {"role": "user", "content": "Tell me about the weather today " * 4}]
+    chosen, rejected = "It is sunny and warm.", "No."
+    assert _mask_rows(tokenizer, context, chosen, rejected, max_length) == [chosen + "<|im_end|>",
+                                                                            rejected + "<|im_end|>"]
+
+
+# ---- the reference ----
+
+def _direct_logps(model, ids: list[int], start: int, end: int) -> float:
+    with torch.no_grad():
+        logp = model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    return sum(logp[t - 1, ids[t]].item() for t in range(start, end))
+
+
+def test_reference_logps_are_the_model_without_its_adapter(tiny_model_dir, tokenizer, tmp_path):
+    model = load_model(ModelArguments(model_name_or_path=tiny_model_dir),
+                       FinetuningArguments(finetuning_type="lora", lora_r=4, lora_dropout=0.0))
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # zero at initialisation: give the adapter something to change
+            torch.nn.init.normal_(p, std=0.5)
+    model.eval()
+    trainer = DPOTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True),
+                         dpo_args=DPOArguments(), data_collator=PreferenceCollator(tokenizer.pad_token_id))
+    context = [{"role": "user", "content": "Hi"}]
+    enc = encode_pair(tokenizer, context, [{"role": "assistant", "content": "Hello there!"}],
+                      [{"role": "assistant", "content": "Go away."}], None)
+    record = {"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, "chosen_start": enc.chosen_span[0],
+              "chosen_end": enc.chosen_span[1], "rejected_start": enc.rejected_span[0],
+              "rejected_end": enc.rejected_span[1]}
+    batch = PreferenceCollator(tokenizer.pad_token_id)([record])
+
+    base = load_model(ModelArguments(model_name_or_path=tiny_model_dir), FinetuningArguments(finetuning_type="full"),
+                      is_trainable=False)
+    expected = [_direct_logps(base, enc.chosen_ids, *enc.chosen_span),
+                _direct_logps(base, enc.rejected_ids, *enc.rejected_span)]
+    assert trainer.reference_logps(model, batch).tolist() == pytest.approx(expected, abs=1e-4)
+    with torch.no_grad():
+        policy, lengths = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+    assert lengths.tolist() == [enc.chosen_span[1] - enc.chosen_span[0], enc.rejected_span[1] - enc.rejected_span[0]]
+    assert abs(policy[0].item() - expected[0]) > 1e-2  # the adapter is on outside the reference
+
+
+# ---- training through the recipe ----
+
+POLITE = ["Sure! Here is a clear and friendly answer for you.", "Happy to help: the answer is four.",
+          "Of course, thank you for asking. It is Paris."]
+RUDE = ["No.", "Figure it out yourself.", "Stop asking me things."]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_short_lora_run_learns_the_pairs_and_saves_a_loadable_adapter(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    questions = ["What is 2 + 2?", "Capital of France?", "Can you help me?", "Say something nice."]
+    rows = [{"prompt": q, "chosen": POLITE[i % 3], "rejected": RUDE[i % 3]} for i, q in enumerate(questions)]
+    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    out = tmp_path / "dpo"
+    trainer = dpo.run([
+        "--model_name_or_path", tiny_model_dir, "--data_path", data, "--eval_data_path", data,
+        "--output_dir", str(out), "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0",
+        "--max_seq_length", "64", "--per_device_train_batch_size", "4", "--max_steps", "4",
+        "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--logging_steps", "1", "--beta", "0.5",
+        "--save_strategy", "no", "--report_to", "none", "--plot_loss", "false",
+    ])
+    logs = [r for r in trainer.state.log_history if "loss" in r]
+    assert len(logs) == 4
+    # A new adapter starts as the reference itself: every margin is 0 and the loss is log 2.
+    assert logs[0]["loss"] == pytest.approx(math.log(2), abs=1e-3)
+    assert logs[0]["rewards/margin"] == pytest.approx(0.0, abs=1e-4)
+    assert logs[-1]["loss"] < logs[0]["loss"]
+    assert logs[-1]["rewards/margin"] > 0
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracy", "logps/chosen", "logps/rejected"):
+        assert key in logs[-1]
+    evaluation = trainer.state.log_history[-1]
+    assert evaluation["eval_rewards/accuracy"] > 0.5 and evaluation["eval_loss"] < math.log(2)
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    reloaded = PeftModel.from_pretrained(base, str(out))
+    assert any("lora_A" in name for name, _ in reloaded.named_parameters())
+
+
+# ---- settings ----
+
+@pytest.mark.parametrize("dpo_args, finetuning_type, words", [
+    (DPOArguments(beta=0.0), "lora", r"--beta must be > 0 \(got 0.0\)"),
+    (DPOArguments(label_smoothing=0.5), "lora", r"--label_smoothing must be in \[0, 0.5\) \(got 0.5\)"),
+    (DPOArguments(loss_type="ipo", label_smoothing=0.1), "lora", r"applies to --loss_type sigmoid only \(got ipo"),
+    (DPOArguments(loss_type="sigmoid"), "full", r"--finetuning_type full is not supported yet.*--finetuning_type lora"),
+    (DPOArguments(loss_type="ipo"), "full", r"--loss_type ipo compares the policy with a reference model"),
+], ids=["beta", "label_smoothing", "smoothing_ipo", "full_sigmoid", "full_ipo"])
+def test_impossible_settings_are_refused(dpo_args, finetuning_type, words):
+    with pytest.raises(ConfigError, match=words):
+        check(dpo=dpo_args, finetuning=FinetuningArguments(finetuning_type=finetuning_type))
+
+
+def test_reference_free_losses_may_train_every_weight():
+    for loss_type in ("simpo", "orpo"):
+        check(dpo=DPOArguments(loss_type=loss_type), finetuning=FinetuningArguments(finetuning_type="full"))
+
+
+def test_shipped_config_and_command():
+    from tunesmith.cli import usage
+
+    run = parse_run("dpo", [str(REPO / "configs" / "dpo_lora_demo.yaml")], check_paths=False)
+    assert run.model.adapter_name_or_path == "outputs/sft_demo" and run.dpo.loss_type == "sigmoid"
+    assert run.data.eval_data_path == ["data/demo/preference_eval.jsonl"]
+    assert "dpo " in usage()
