@@ -191,6 +191,33 @@ def test_short_lora_run_learns_the_pairs_and_saves_a_loadable_adapter(tiny_model
     assert any("lora_A" in name for name, _ in reloaded.named_parameters())
 
 
+def test_a_run_that_continues_an_adapter_uses_that_adapter_as_its_reference(tiny_model_dir, tmp_path):
+    """Continuing the SFT adapter, the reference is the SFT policy, not the bare base: before the first
+    update the policy equals it, so every margin is 0 and the loss log 2, although the SFT adapter moves
+    the log-probs away from the base's."""
+    sft = load_model(ModelArguments(model_name_or_path=tiny_model_dir),
+                     FinetuningArguments(finetuning_type="lora", lora_r=4, lora_dropout=0.0))
+    torch.manual_seed(0)
+    for name, p in sft.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    sft.save_pretrained(tmp_path / "sft")
+    rows = [{"prompt": "Hi?", "chosen": POLITE[0], "rejected": RUDE[0]}] * 4
+    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    trainer, _ = dpo.build_trainer([
+        "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", str(tmp_path / "sft"), "--data_path", data,
+        "--output_dir", str(tmp_path / "dpo"), "--max_seq_length", "64", "--report_to", "none"])
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    model = trainer.model.eval()
+    result, _ = trainer.pair_loss(model, batch)
+    assert result.loss.item() == pytest.approx(math.log(2), abs=1e-5)
+    assert result.chosen_rewards.abs().max().item() < 1e-5
+    with torch.no_grad(), model.disable_adapter():
+        base, _ = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+    assert abs(base[0].item() - trainer.reference_logps(model, batch)[0].item()) > 1e-2
+    assert [n for n, p in model.named_parameters() if p.requires_grad and ".reference." in n] == []
+
+
 # ---- settings ----
 
 @pytest.mark.parametrize("dpo_args, finetuning_type, words", [

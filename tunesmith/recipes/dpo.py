@@ -18,7 +18,7 @@ from ..data.collator import PreferenceCollator
 from ..data.preference import build_preference_datasets
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
-from ..train.dpo_trainer import DPOTrainer
+from ..train.dpo_trainer import DPOTrainer, add_reference_adapter
 from ..train.run_setup import prepare_training_run
 
 
@@ -33,6 +33,9 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
                                                                 report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # a new adapter is drawn at random: make it the same every run
     model = load_model(args.model, args.finetuning, args.training)
+    if args.model.adapter_name_or_path and args.dpo.needs_reference:
+        # Continuing an adapter (the SFT one): it, frozen, is the reference, not the bare base.
+        add_reference_adapter(model, args.model.adapter_name_or_path)
 
     trainer = DPOTrainer(
         model=model,

@@ -8,6 +8,8 @@ its adapter switched off, so no second copy of the weights is held."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,33 @@ def sequence_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     summed = torch.where(mask, picked, torch.zeros((), dtype=picked.dtype, device=picked.device)).sum(-1)
     return summed, mask.sum(-1)
+
+
+REFERENCE_ADAPTER = "reference"
+
+
+@contextlib.contextmanager
+def reference_weights(peft_model: Any) -> Iterator[None]:
+    """Run the reference: the frozen REFERENCE_ADAPTER where there is one, else no adapter. PEFT's
+    set_adapter also moves requires_grad to the active adapter, so the trained one is made active again
+    (and trainable) on the way out."""
+    if REFERENCE_ADAPTER not in peft_model.peft_config:
+        with peft_model.disable_adapter():
+            yield
+        return
+    trained = peft_model.active_adapter
+    peft_model.set_adapter(REFERENCE_ADAPTER)
+    try:
+        yield
+    finally:
+        peft_model.set_adapter(trained)
+
+
+def add_reference_adapter(peft_model: Any, adapter_dir: str) -> None:
+    """Load the adapter a run continues a second time, frozen, as the reference (one base in memory)."""
+    trained = peft_model.active_adapter
+    peft_model.load_adapter(adapter_dir, adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+    peft_model.set_adapter(trained)
 
 
 def pair_statistics(result: PreferenceLoss, policy_chosen: torch.Tensor, policy_rejected: torch.Tensor) -> torch.Tensor:
@@ -68,12 +97,14 @@ class DPOTrainer(LoraTrainer):
                                        "rejected_end", "length"]
 
     def reference_logps(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The summed reply log-probs under the reference: the model with its LoRA adapter disabled."""
+        """The summed reply log-probs under the reference: the frozen copy of the adapter the run
+        started from (REFERENCE_ADAPTER, when it continues one, e.g. the SFT adapter), else the model
+        with its adapter disabled (the base)."""
         peft_model = self.accelerator.unwrap_model(model)
         if not hasattr(peft_model, "disable_adapter"):
             raise TypeError(f"loss_type {self.dpo_args.loss_type} needs a LoRA model (the reference is the model "
                             "without its adapter)")
-        with torch.no_grad(), peft_model.disable_adapter():
+        with torch.no_grad(), reference_weights(peft_model):
             return sequence_logps(model, inputs["input_ids"], inputs["attention_mask"], inputs["loss_mask"])[0]
 
     def pair_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[PreferenceLoss, torch.Tensor]:
