@@ -19,7 +19,7 @@ from ..data.preference import build_preference_datasets
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
 from ..train.dpo_trainer import DPOTrainer, add_reference_adapter
-from ..train.run_setup import prepare_training_run
+from ..train.run_setup import prepare_training_run, train_save_evaluate
 
 
 def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | None]:
@@ -53,13 +53,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
 
 def run(argv: Sequence[str] | None = None) -> DPOTrainer:
     trainer, resume = build_trainer(argv)
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()
-    trainer.save_state()
-    if trainer.eval_dataset is not None:
-        metrics = trainer.evaluate()
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+    train_save_evaluate(trainer, resume)
     return trainer
 
 

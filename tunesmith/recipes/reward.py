@@ -18,7 +18,7 @@ from ..data.preference import build_preference_datasets
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
 from ..train.reward_trainer import RewardTrainer
-from ..train.run_setup import prepare_training_run
+from ..train.run_setup import prepare_training_run, train_save_evaluate
 
 
 def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str | None]:
@@ -49,13 +49,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str
 
 def run(argv: Sequence[str] | None = None) -> RewardTrainer:
     trainer, resume = build_trainer(argv)
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()
-    trainer.save_state()
-    if trainer.eval_dataset is not None:
-        metrics = trainer.evaluate()
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+    train_save_evaluate(trainer, resume)
     return trainer
 
 

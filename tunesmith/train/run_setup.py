@@ -1,10 +1,12 @@
 """What every training stage does before it loads anything: parse and check its flags, pin the default
 model to its path (which the saved run config records), refuse an output_dir that holds a different
-run, find (and announce) the checkpoint to resume from, and describe the process group."""
+run, find (and announce) the checkpoint to resume from, and describe the process group; and what the
+Trainer stages do at the end: train, save, evaluate."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..distributed import start_single_process_world
 from ..hparams import ParsedRun, parse_run
@@ -20,3 +22,15 @@ def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str
     resume = resolve_resume(args.training)
     start_single_process_world(args.training)
     return args, resume
+
+
+def train_save_evaluate(trainer: Any, resume: str | None) -> None:
+    """Train (continuing `resume`, if any), save the result and the trainer's state, and report the
+    metrics of the evaluation data, when there is some."""
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model()
+    trainer.save_state()
+    if trainer.eval_dataset is not None:
+        metrics = trainer.evaluate()
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
