@@ -288,13 +288,7 @@ def encode_conversation(tokenizer: Any, messages: list[Message], train_on: str =
                         tools: list[dict] | None = None) -> Encoded:
     """One example for the whole conversation (see encode_examples): tokens of the full template
     render, labels on the trained replies and IGNORE_INDEX elsewhere."""
-    try:
-        return _encode_whole(tokenizer, messages, train_on, tools)
-    except RewrittenHistory as e:
-        raise TemplateError(
-            f"check `reply located` failed: {e}, so its tokens cannot be marked in one example; use "
-            "--multi_turn expand, or a --chat_template that renders history as it renders replies"
-        ) from None
+    return encode_examples(tokenizer, messages, train_on, tools, multi_turn="whole")[0][0]
 
 
 def truncate(encoded: Encoded, max_length: int, mode: str = "drop_turns") -> Encoded:

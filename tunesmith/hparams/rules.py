@@ -223,6 +223,8 @@ RULES: list[Rule] = [
     # -- merge
     Rule("merge_adapter_given", ("merge", "model"), lambda a: not a.model.adapter_name_or_path,
          "--adapter_name_or_path is required: the LoRA adapter directory to merge (an SFT or reward-model output)."),
+    Rule("compare_adapter_given", ("compare", "model"), lambda a: not a.model.adapter_name_or_path,
+         "--adapter_name_or_path is required: the fine-tuned LoRA adapter to compare with its base."),
     Rule("merge_output_given", ("merge",), lambda a: not a.merge.output_dir,
          "--output_dir is required: where the merged model goes."),
     Rule("merge_output_dir", ("merge",), lambda a: a.merge.output_dir and _problem(problem_with_output_dir(a.merge.output_dir)),

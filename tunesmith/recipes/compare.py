@@ -21,7 +21,6 @@ import torch
 
 from ..boundary import entry_point
 from ..data.prompts import Prompt, build_prompts
-from ..errors import ConfigError
 from ..hparams import parse_run
 from ..models.loader import load_for_inference
 
@@ -94,8 +93,6 @@ def print_side_by_side(rows: list[tuple[str, str, str]], width: int) -> None:
 
 def run(argv: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
     args = parse_run("compare", argv, __doc__)
-    if not args.model.adapter_name_or_path:
-        raise ConfigError("--adapter_name_or_path is required: the fine-tuned LoRA adapter to compare with its base")
     model, tokenizer = load_for_inference(args.model)
     prompts = build_prompts(tokenizer, args.data, "eval")
     rows = compare(model, tokenizer, prompts, args.compare.max_new_tokens)
