@@ -18,7 +18,7 @@ from transformers import EvalPrediction
 
 from ..hparams import DPOArguments
 from .dpo_loss import PreferenceLoss, preference_loss
-from .sft_trainer import LoraTrainer
+from .pair_trainer import PairTrainer
 
 # Per-pair statistics, summed over the pairs seen since the last log; their means are logged.
 STAT_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin", "logps/chosen",
@@ -76,7 +76,7 @@ def dpo_metrics(prediction: EvalPrediction) -> dict[str, float]:
     return dict(zip(STAT_NAMES, stats.mean(axis=0).tolist()))
 
 
-class DPOTrainer(LoraTrainer):
+class DPOTrainer(PairTrainer):
     """Batches come from data/collator.PreferenceCollator: the chosen sequences, then the rejected
     ones, and a loss mask on the reply tokens; both sides go through the model in one forward (and,
     for the reference, one more without the adapter, without gradients). Logs the loss, the implicit
@@ -126,16 +126,6 @@ class DPOTrainer(LoraTrainer):
                 sums = stats.double().sum(0).cpu()
                 self._train_stats += torch.cat([sums, torch.tensor([len(stats)], dtype=torch.float64)])
         return (result.loss, stats) if return_outputs else result.loss
-
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            loss, stats = self.compute_loss(model, inputs, return_outputs=True)
-        if prediction_loss_only:
-            return loss.detach(), None, None
-        # Labels are required for compute_metrics to run; every pair's preferred reply is the chosen one.
-        labels = torch.zeros(stats.shape[0], dtype=torch.long, device=stats.device)
-        return loss.detach(), stats.detach(), labels
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from transformers import EvalPrediction
 
 from ..models.scoring import sequence_scores
-from .sft_trainer import LoraTrainer
+from .pair_trainer import PairTrainer
 
 
 def pairwise_loss(
@@ -45,7 +45,7 @@ def preference_metrics(prediction: EvalPrediction) -> dict[str, float]:
             "chosen_score": float(chosen.mean()), "rejected_score": float(rejected.mean())}
 
 
-class RewardTrainer(LoraTrainer):
+class RewardTrainer(PairTrainer):
     """Batches hold the chosen sequences then the rejected ones (trl's DataCollatorForPreference),
     so both go through the model in one forward. Logs train accuracy and margin; evaluation
     reports preference_metrics."""
@@ -74,16 +74,6 @@ class RewardTrainer(LoraTrainer):
                 self._train_stats += torch.tensor([len(diff), (diff > 0).sum().item(), diff.sum().item()],
                                                   dtype=torch.float64)
         return (loss, torch.stack([chosen, rejected], dim=-1)) if return_outputs else loss
-
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            loss, scores = self.compute_loss(model, inputs, return_outputs=True)
-        if prediction_loss_only:
-            return loss.detach(), None, None
-        # Label 0: the first column, the chosen reply, is the preferred one.
-        labels = torch.zeros(scores.shape[0], dtype=torch.long, device=scores.device)
-        return loss.detach(), scores.detach(), labels
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
