@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunesmith.data.collator import PreferenceCollator
+from tunesmith.data.packing import PreferencePackingCollator
 from tunesmith.data.preference import encode_pair
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import (
@@ -97,8 +97,8 @@ def _mask_rows(tokenizer, context, chosen, rejected, max_length=None):
     record = {"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, "chosen_start": enc.chosen_span[0],
               "chosen_end": enc.chosen_span[1], "rejected_start": enc.rejected_span[0],
               "rejected_end": enc.rejected_span[1]}
-    batch = PreferenceCollator(tokenizer.pad_token_id)([record])
-    return [tokenizer.decode(ids[mask.bool()]) for ids, mask in zip(batch["input_ids"], batch["loss_mask"])]
+    batch = PreferencePackingCollator()([record])
+    return [tokenizer.decode(batch["reply_targets"][batch["reply_index"] == i]) for i in range(2)]
 
 
 @pytest.mark.parametrize("max_length", [None, 40], ids=["whole", "context_cut"])
@@ -127,14 +127,14 @@ def test_reference_logps_are_the_model_without_its_adapter(tiny_model_dir, token
             torch.nn.init.normal_(p, std=0.5)
     model.eval()
     trainer = DPOTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True),
-                         dpo_args=DPOArguments(), data_collator=PreferenceCollator(tokenizer.pad_token_id))
+                         dpo_args=DPOArguments(), data_collator=PreferencePackingCollator())
     context = [{"role": "user", "content": "Hi"}]
     enc = encode_pair(tokenizer, context, [{"role": "assistant", "content": "Hello there!"}],
                       [{"role": "assistant", "content": "Go away."}], None)
     record = {"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, "chosen_start": enc.chosen_span[0],
               "chosen_end": enc.chosen_span[1], "rejected_start": enc.rejected_span[0],
               "rejected_end": enc.rejected_span[1]}
-    batch = PreferenceCollator(tokenizer.pad_token_id)([record])
+    batch = PreferencePackingCollator()([record])
 
     base = load_model(ModelArguments(model_name_or_path=tiny_model_dir), FinetuningArguments(finetuning_type="full"),
                       is_trainable=False)
@@ -142,7 +142,7 @@ def test_reference_logps_are_the_model_without_its_adapter(tiny_model_dir, token
                 _direct_logps(base, enc.rejected_ids, *enc.rejected_span)]
     assert trainer.reference_logps(model, batch).tolist() == pytest.approx(expected, abs=1e-4)
     with torch.no_grad():
-        policy, lengths = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        policy, lengths = sequence_logps(model, batch)
     assert lengths.tolist() == [enc.chosen_span[1] - enc.chosen_span[0], enc.rejected_span[1] - enc.rejected_span[0]]
     assert abs(policy[0].item() - expected[0]) > 1e-2  # the adapter is on outside the reference
 
@@ -213,9 +213,45 @@ def test_a_run_that_continues_an_adapter_uses_that_adapter_as_its_reference(tiny
     assert result.loss.item() == pytest.approx(math.log(2), abs=1e-5)
     assert result.chosen_rewards.abs().max().item() < 1e-5
     with torch.no_grad(), model.disable_adapter():
-        base, _ = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        base, _ = sequence_logps(model, batch)
     assert abs(base[0].item() - trainer.reference_logps(model, batch)[0].item()) > 1e-2
     assert [n for n, p in model.named_parameters() if p.requires_grad and ".reference." in n] == []
+
+
+def _losses(tiny_model_dir: str, data: str, out: Path, *flags: str) -> tuple[DPOTrainer, list[float]]:
+    trainer = dpo.run([
+        "--model_name_or_path", tiny_model_dir, "--data_path", data, "--output_dir", str(out), "--lora_r", "8",
+        "--lora_alpha", "16", "--lora_dropout", "0", "--max_seq_length", "64", "--per_device_train_batch_size", "2",
+        "--max_steps", "3", "--learning_rate", "1e-3", "--lr_scheduler_type", "constant", "--logging_steps", "1",
+        "--save_strategy", "no", "--report_to", "none", "--plot_loss", "false", *flags])
+    return trainer, [r["loss"] for r in trainer.state.log_history if "loss" in r]
+
+
+@pytest.mark.parametrize("finetuning_type", ["lora", "full"])
+def test_precomputed_reference_trains_exactly_as_the_reference_in_each_step(tiny_model_dir, tmp_path,
+                                                                           finetuning_type):
+    """With --precompute_ref_logps the reference is scored once before training (for full fine-tuning by
+    the model itself, before its first update; else by a frozen copy in every step): the same losses."""
+    rows = [{"prompt": q, "chosen": POLITE[i % 3], "rejected": RUDE[i % 3]}
+            for i, q in enumerate(["Hi?", "2 + 2?", "Help?", "Paris?", "Name?", "Why?"])]
+    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    flags = ("--finetuning_type", finetuning_type, "--beta", "0.5")
+    in_step, losses = _losses(tiny_model_dir, data, tmp_path / "in_step", *flags)
+    precomputed, precomputed_losses = _losses(tiny_model_dir, data, tmp_path / "pre", *flags,
+                                              "--precompute_ref_logps", "true")
+    assert (in_step.reference_model is not None) == (finetuning_type == "full")
+    assert precomputed.reference_model is None
+    assert precomputed.train_dataset.column_names[-2:] == ["reference_chosen_logps", "reference_rejected_logps"]
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-4)  # the policy starts as its reference
+    assert losses[-1] < losses[0]
+    assert precomputed_losses == pytest.approx(losses, abs=1e-4)
+    if finetuning_type == "full":  # the frozen copy stayed the starting model while the policy moved
+        start = load_model(ModelArguments(model_name_or_path=tiny_model_dir), FinetuningArguments(finetuning_type="full"),
+                           is_trainable=False)
+        reference, policy = in_step.reference_model.state_dict(), in_step.model.state_dict()
+        for name, weight in start.state_dict().items():
+            assert torch.equal(reference[name], weight), name
+        assert not torch.equal(policy["model.layers.0.mlp.up_proj.weight"], start.state_dict()["model.layers.0.mlp.up_proj.weight"])
 
 
 # ---- settings ----
@@ -224,16 +260,19 @@ def test_a_run_that_continues_an_adapter_uses_that_adapter_as_its_reference(tiny
     (DPOArguments(beta=0.0), "lora", r"--beta must be > 0 \(got 0.0\)"),
     (DPOArguments(label_smoothing=0.5), "lora", r"--label_smoothing must be in \[0, 0.5\) \(got 0.5\)"),
     (DPOArguments(loss_type="ipo", label_smoothing=0.1), "lora", r"applies to --loss_type sigmoid only \(got ipo"),
-    (DPOArguments(loss_type="sigmoid"), "full", r"--finetuning_type full is not supported yet.*--finetuning_type lora"),
-    (DPOArguments(loss_type="ipo"), "full", r"--loss_type ipo compares the policy with a reference model"),
-], ids=["beta", "label_smoothing", "smoothing_ipo", "full_sigmoid", "full_ipo"])
+    (DPOArguments(loss_type="simpo", precompute_ref_logps=True), "lora", r"simpo has no reference model to score"),
+    (DPOArguments(precompute_ref_logps=True), "lora", r"cannot be used with ZeRO-3.*or use ZeRO-2"),
+    (DPOArguments(loss_type="ipo"), "full", r"ipo with --finetuning_type full keeps a frozen copy.*not shard"),
+], ids=["beta", "label_smoothing", "smoothing_ipo", "precompute_simpo", "precompute_zero3", "full_ipo_zero3"])
 def test_impossible_settings_are_refused(dpo_args, finetuning_type, words):
+    zero3 = TrainingArguments(output_dir="unused", deepspeed=str(REPO / "configs" / "ds_zero3.json"), use_cpu=True,
+                              report_to="none")
     with pytest.raises(ConfigError, match=words):
-        check(dpo=dpo_args, finetuning=FinetuningArguments(finetuning_type=finetuning_type))
+        check(dpo=dpo_args, finetuning=FinetuningArguments(finetuning_type=finetuning_type), training=zero3)
 
 
-def test_reference_free_losses_may_train_every_weight():
-    for loss_type in ("simpo", "orpo"):
+def test_every_loss_may_train_every_weight_without_zero3():
+    for loss_type in ("sigmoid", "ipo", "simpo", "orpo"):
         check(dpo=DPOArguments(loss_type=loss_type), finetuning=FinetuningArguments(finetuning_type="full"))
 
 

@@ -141,3 +141,46 @@ def sft_collator(model: nn.Module, tokenizer: Any, data_args: Any, training_args
     use_varlen_attention(model)
     full_logits = training_args.use_liger_kernel or training_args.label_smoothing_factor != 0
     return PackingCollator(trained_logits_only=not full_logits)
+
+
+@dataclass
+class PreferencePackingCollator:
+    """Preference pairs (data/preference.py records) as one padding-free row: every chosen sequence, then
+    every rejected one, with position ids, boundaries and `use_cache` as PackingCollator sets them.
+
+    Only reply tokens are scored, so the LM head runs only where the next token is in a reply:
+    `logits_to_keep` marks those positions (the model returns their logits flattened, in order),
+    `reply_targets` holds the tokens they predict and `reply_index` the sequence each belongs to
+    (0..2B-1: chosen i is i, rejected i is B + i). Precomputed reference log-probs, when the records
+    carry them, come along as `reference_logps` in the same order."""
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = [(f["chosen_ids"], f["chosen_start"], f["chosen_end"]) for f in features]
+        rows += [(f["rejected_ids"], f["rejected_start"], f["rejected_end"]) for f in features]
+        lengths = [len(ids) for ids, _, _ in rows]
+        input_ids = torch.cat([torch.as_tensor(ids, dtype=torch.long) for ids, _, _ in rows])
+        offsets = torch.as_tensor([0, *lengths]).cumsum(0)
+        keep = torch.zeros(len(input_ids), dtype=torch.bool)
+        for offset, (_, start, end) in zip(offsets.tolist(), rows):
+            # Token t is predicted at t - 1; a reply never opens a sequence (the template puts its role
+            # header first), so start - 1 stays inside the same sequence.
+            keep[offset + start - 1:offset + end - 1] = True
+        cu_seq_lens = offsets.to(torch.int32)
+        batch: dict[str, Any] = {
+            "input_ids": input_ids[None],
+            "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+            "cu_seq_lens_q": cu_seq_lens,
+            "cu_seq_lens_k": cu_seq_lens,
+            "max_length_q": max(lengths),
+            "max_length_k": max(lengths),
+            "use_cache": False,
+            "logits_to_keep": keep[None],
+            "reply_targets": input_ids[1:][keep[:-1]],
+            "reply_index": torch.repeat_interleave(torch.arange(len(rows)),
+                                                   torch.as_tensor([end - start for _, start, end in rows])),
+        }
+        if "reference_chosen_logps" in features[0]:
+            batch["reference_logps"] = torch.as_tensor(
+                [f["reference_chosen_logps"] for f in features] + [f["reference_rejected_logps"] for f in features],
+                dtype=torch.float32)
+        return batch

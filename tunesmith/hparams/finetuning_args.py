@@ -47,7 +47,7 @@ class DPOArguments:
 
     loss_type: Literal["sigmoid", "ipo", "simpo", "orpo"] = field(
         default="sigmoid",
-        metadata={"help": "sigmoid: DPO against a reference (the model without its adapter). ipo: IPO's squared loss "
+        metadata={"help": "sigmoid: DPO against a reference (the model the run starts from: the adapter it continues, the base without its adapter, or with --finetuning_type full a frozen copy). ipo: IPO's squared loss "
                   "on length-averaged log-probs, against the reference. simpo: SimPO, reference-free, "
                   "length-normalised, with margin --gamma. orpo: ORPO, the chosen reply's NLL plus --beta times "
                   "an odds-ratio term, reference-free."},
@@ -62,6 +62,13 @@ class DPOArguments:
         default=0.0,
         metadata={"help": "sigmoid only: the assumed fraction of pairs whose labels are flipped (conservative DPO); "
                   "in [0, 0.5)."},
+    )
+
+    precompute_ref_logps: bool = field(
+        default=False,
+        metadata={"help": "sigmoid/ipo: score every pair under the reference once, before training, instead of in "
+                  "every step: one forward less per step, and with --finetuning_type full no frozen copy of the "
+                  "model in memory. Not with ZeRO-3."},
     )
 
     @property

@@ -175,11 +175,19 @@ RULES: list[Rule] = [
          lambda a: a.dpo.label_smoothing and a.dpo.loss_type != "sigmoid",
          "--label_smoothing {dpo.label_smoothing} applies to --loss_type sigmoid only (got {dpo.loss_type}, whose "
          "loss has no labels to smooth): drop it, or use --loss_type sigmoid."),
-    Rule("dpo_reference_needs_lora", ("dpo", "finetuning"),
-         lambda a: a.dpo.needs_reference and a.finetuning.finetuning_type != "lora",
-         "--loss_type {dpo.loss_type} compares the policy with a reference model, which this version takes from the "
-         "same model with its LoRA adapter switched off: --finetuning_type full is not supported yet with it. Use "
-         "--finetuning_type lora, or a reference-free loss (--loss_type simpo or orpo)."),
+    Rule("dpo_precompute_needs_reference", ("dpo",),
+         lambda a: a.dpo.precompute_ref_logps and not a.dpo.needs_reference,
+         "--precompute_ref_logps: --loss_type {dpo.loss_type} has no reference model to score; drop the flag."),
+    Rule("dpo_precompute_zero3", ("dpo", "training"),
+         lambda a: a.dpo.precompute_ref_logps and zero_stage(a.training) == 3,
+         "--precompute_ref_logps cannot be used with ZeRO-3: the pass runs before DeepSpeed gathers the sharded "
+         "weights. Drop it (the reference then runs in each step, sharded like the policy), or use ZeRO-2."),
+    Rule("dpo_full_reference_zero3", ("dpo", "finetuning", "training"),
+         lambda a: a.dpo.needs_reference and a.finetuning.finetuning_type == "full" and zero_stage(a.training) == 3,
+         "--loss_type {dpo.loss_type} with --finetuning_type full keeps a frozen copy of the model as its "
+         "reference, which this version does not shard under ZeRO-3. Use --finetuning_type lora (the reference is "
+         "the model without its adapter, sharded like the policy), ZeRO-2 with --precompute_ref_logps, or a "
+         "reference-free loss (--loss_type simpo or orpo)."),
     # -- PPO (the reward-model rows need "data" too: they are the recipe's, not the trainer's, which
     # may be given a reward function instead)
     Rule("ppo_reward_model_given", ("ppo", "data"), lambda a: not a.ppo.reward_model,

@@ -1,6 +1,8 @@
 """DPO on preference pairs: teach the policy (usually an SFT adapter, continued) to prefer the chosen
-reply over the rejected one. The reference is the model without its adapter (sigmoid, ipo), or there
-is none (simpo, orpo); held-out implicit-reward accuracy and margin at the end.
+reply over the rejected one. The reference (sigmoid, ipo) is the model the run starts from: the adapter
+it continues, the base without its adapter, or with --finetuning_type full a frozen copy, each scored
+in every step or once before training (--precompute_ref_logps); simpo and orpo have none. Held-out
+implicit-reward accuracy and margin at the end.
 
     python dpo/train.py configs/dpo_lora_demo.yaml
     python dpo/train.py --adapter_name_or_path outputs/sft_demo --data_path data/demo/preference.jsonl \
@@ -9,12 +11,13 @@ is none (simpo, orpo); held-out implicit-reward accuracy and margin at the end.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 from transformers import set_seed
 
 from ..boundary import entry_point
-from ..data.collator import PreferenceCollator
+from ..data.packing import PreferencePackingCollator, use_varlen_attention
 from ..data.preference import build_preference_datasets
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
@@ -33,9 +36,13 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
                                                                 report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # a new adapter is drawn at random: make it the same every run
     model = load_model(args.model, args.finetuning, args.training)
+    use_varlen_attention(model)  # the pairs of a batch go through the model as one padding-free row
+    reference_model = None
     if args.model.adapter_name_or_path and args.dpo.needs_reference:
         # Continuing an adapter (the SFT one): it, frozen, is the reference, not the bare base.
         add_reference_adapter(model, args.model.adapter_name_or_path)
+    elif args.finetuning.finetuning_type == "full" and args.dpo.needs_reference and not args.dpo.precompute_ref_logps:
+        reference_model = copy.deepcopy(model)
 
     trainer = DPOTrainer(
         model=model,
@@ -43,10 +50,11 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=PreferenceCollator(tokenizer.pad_token_id),
+        data_collator=PreferencePackingCollator(),
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
         dpo_args=args.dpo,
+        reference_model=reference_model,
     )
     return trainer, resume
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from datasets import Dataset
 from transformers import EvalPrediction
 
 from ..hparams import DPOArguments
@@ -25,18 +26,28 @@ STAT_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards
               "logps/rejected")
 
 
-def sequence_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: the log-prob of its masked tokens, summed (float32), and how many there are. Token t
-    is predicted by the logits at t - 1, so the mask is read from position 1 on."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    labels, mask = input_ids[:, 1:], loss_mask[:, 1:].bool()
-    picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    summed = torch.where(mask, picked, torch.zeros((), dtype=picked.dtype, device=picked.device)).sum(-1)
-    return summed, mask.sum(-1)
+# The model's own inputs in a PreferencePackingCollator batch (the rest is for the loss).
+MODEL_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+                "use_cache", "logits_to_keep")
+
+
+def sequence_logps(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence of a packed batch (data/packing.PreferencePackingCollator): the log-prob of its
+    reply tokens, summed (float32), and how many there are. The model returns logits only at the
+    positions that predict a reply token, flattened; each is scored against its target and summed into
+    its sequence."""
+    logits = model(**{key: batch[key] for key in MODEL_INPUTS}).logits
+    logits = logits.reshape(-1, logits.shape[-1]).float()
+    picked = logits.gather(-1, batch["reply_targets"][:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    sequences = batch["cu_seq_lens_q"].numel() - 1
+    index = batch["reply_index"]
+    summed = torch.zeros(sequences, dtype=picked.dtype, device=picked.device).index_add(0, index, picked)
+    return summed, torch.bincount(index, minlength=sequences)
 
 
 REFERENCE_ADAPTER = "reference"
+# The dataset columns of precomputed reference log-probs (DPOTrainer.precompute_reference).
+REFERENCE_COLUMNS = ("reference_chosen_logps", "reference_rejected_logps")
 
 
 @contextlib.contextmanager
@@ -77,39 +88,83 @@ def dpo_metrics(prediction: EvalPrediction) -> dict[str, float]:
 
 
 class DPOTrainer(PairTrainer):
-    """Batches come from data/collator.PreferenceCollator: the chosen sequences, then the rejected
-    ones, and a loss mask on the reply tokens; both sides go through the model in one forward (and,
-    for the reference, one more without the adapter, without gradients). Logs the loss, the implicit
+    """Batches come from data/packing.PreferencePackingCollator: the chosen and the rejected sequences
+    of a batch in one padding-free row, so both sides go through the model in one forward, with logits
+    only where a reply token is predicted. The reference is, in this order: log-probs precomputed in one
+    pass before training (`precompute_reference`), a frozen `reference_model` (full fine-tuning), the
+    frozen adapter the run continues (REFERENCE_ADAPTER), or the model with its adapter disabled; each
+    but the first costs one more forward per step, without gradients. Logs the loss, the implicit
     rewards and the log-probs; evaluation reports the same as eval_* metrics."""
 
     # The loss is a mean over the pairs of one batch; the Trainer divides it for gradient accumulation.
     loss_is_scaled_for_ga = False
 
-    def __init__(self, *args: Any, dpo_args: DPOArguments, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, dpo_args: DPOArguments, reference_model: Any = None, **kwargs: Any) -> None:
         kwargs.setdefault("compute_metrics", dpo_metrics)
         super().__init__(*args, **kwargs)
         self.dpo_args = dpo_args
+        self.reference_model = reference_model
+        if reference_model is not None:
+            reference_model.eval().requires_grad_(False).to(self.args.device)
         self._train_stats = torch.zeros(len(STAT_NAMES) + 1, dtype=torch.float64)  # the sums, then the pair count
 
     def _set_signature_columns_if_needed(self) -> None:
         if self._signature_columns is None:
             self._signature_columns = ["chosen_ids", "rejected_ids", "chosen_start", "chosen_end", "rejected_start",
-                                       "rejected_end", "length"]
+                                       "rejected_end", "length", *REFERENCE_COLUMNS]
 
-    def reference_logps(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The summed reply log-probs under the reference: the frozen copy of the adapter the run
-        started from (REFERENCE_ADAPTER, when it continues one, e.g. the SFT adapter), else the model
-        with its adapter disabled (the base)."""
+    @torch.no_grad()
+    def reference_logps(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        """The summed reply log-probs of each sequence under the reference (see the class docstring)."""
+        if "reference_logps" in inputs:
+            return inputs["reference_logps"]
+        if self.reference_model is not None:
+            return sequence_logps(self.reference_model, inputs)[0]
         peft_model = self.accelerator.unwrap_model(model)
         if not hasattr(peft_model, "disable_adapter"):
-            raise TypeError(f"loss_type {self.dpo_args.loss_type} needs a LoRA model (the reference is the model "
-                            "without its adapter)")
-        with torch.no_grad(), reference_weights(peft_model):
-            return sequence_logps(model, inputs["input_ids"], inputs["attention_mask"], inputs["loss_mask"])[0]
+            raise TypeError(f"loss_type {self.dpo_args.loss_type} needs a reference: a LoRA model, a reference_model "
+                            "or precomputed reference log-probs")
+        with reference_weights(peft_model):
+            return sequence_logps(model, inputs)[0]
+
+    @torch.no_grad()
+    def precompute_reference(self, dataset: Dataset) -> Dataset:
+        """`dataset` with the reference log-probs of every pair as two more columns, from one pass of
+        the model as it is now (before training: for full fine-tuning that is the reference itself).
+        Each rank scores every world_size-th pair and the ranks exchange their results."""
+        model = self.model
+        is_peft = hasattr(model, "disable_adapter")
+        was_training = model.training
+        model.eval()
+        rank, world = self.args.process_index, self.args.world_size
+        mine: dict[int, tuple[float, float]] = {}
+        indices = list(range(rank, len(dataset), world))
+        batch_size = self.args.per_device_eval_batch_size
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start:start + batch_size]
+            batch = self._prepare_inputs(self.data_collator([dataset[i] for i in chunk]))
+            logps = self.reference_logps(model, batch) if is_peft else sequence_logps(model, batch)[0]
+            chosen, rejected = logps.float().cpu().chunk(2)
+            mine.update(zip(chunk, zip(chosen.tolist(), rejected.tolist())))
+        model.train(was_training)
+        found = mine
+        if world > 1:
+            gathered: list[Any] = [None] * world
+            torch.distributed.all_gather_object(gathered, mine)
+            found = {i: v for part in gathered for i, v in part.items()}
+        dataset = dataset.add_column(REFERENCE_COLUMNS[0], [found[i][0] for i in range(len(dataset))])
+        return dataset.add_column(REFERENCE_COLUMNS[1], [found[i][1] for i in range(len(dataset))])
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        if self.dpo_args.precompute_ref_logps and self.dpo_args.needs_reference:
+            self.train_dataset = self.precompute_reference(self.train_dataset)
+            if self.eval_dataset is not None:
+                self.eval_dataset = self.precompute_reference(self.eval_dataset)
+        return super().train(*args, **kwargs)
 
     def pair_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[PreferenceLoss, torch.Tensor]:
         """The loss of a batch and its per-pair statistics (pair_statistics)."""
-        logps, lengths = sequence_logps(model, inputs["input_ids"], inputs["attention_mask"], inputs["loss_mask"])
+        logps, lengths = sequence_logps(model, inputs)
         reference = self.reference_logps(model, inputs) if self.dpo_args.needs_reference else None
         (policy_c, policy_r), (length_c, length_r) = logps.chunk(2), lengths.chunk(2)
         ref_c, ref_r = reference.chunk(2) if reference is not None else (None, None)
@@ -122,7 +177,7 @@ class DPOTrainer(PairTrainer):
         result, stats = self.pair_loss(model, inputs)
         if model.training:
             with torch.no_grad():
-                self._trained_tokens += inputs["loss_mask"].sum().cpu()
+                self._trained_tokens += len(inputs["reply_targets"])
                 sums = stats.double().sum(0).cpu()
                 self._train_stats += torch.cat([sums, torch.tensor([len(stats)], dtype=torch.float64)])
         return (result.loss, stats) if return_outputs else result.loss
