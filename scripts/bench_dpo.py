@@ -1,0 +1,227 @@
+"""DPO throughput: tunesmith's DPO trainer against TRL's DPOTrainer, on the same model, pairs, steps and LoRA.
+
+    .venv/bin/python scripts/bench_dpo.py [--model DIR] [--steps 6] [--batch_size 8] [--repeats 3]
+                                          [--variants ours,trl,ours_precomputed]
+
+Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r 16, alpha 32, no
+dropout) with sigmoid DPO (beta 0.1) against the model with its adapter disabled, from the same token
+ids in the same order (data/demo/preference.jsonl through tunesmith's template path; TRL is handed
+those ids as its own prompt_ids / chosen_ids / rejected_ids columns), for the same number of AdamW
+steps at the same learning rate, without gradient checkpointing:
+  ours              tunesmith's DPOTrainer: chosen and rejected in one padding-free row, logits only
+                    where a reply token is predicted, the reference in every step
+  trl               TRL's DPOTrainer (padded batches; its chunked LM head over every position)
+  ours_precomputed  tunesmith with --precompute_ref_logps: the reference scored once before training
+                    (its pass is not timed; TRL has the same option)
+Each run is its own subprocess (peak RSS is its own); the variants take turns, --repeats times, and
+the table gives the median of each column with the spread (min-max) of pairs/s. The first step is
+a warm-up: pairs/s counts the pairs of steps 2.. over the time from the end of step 1 to the end of
+the last step. The 1-minute load average is read before each run; a run that started on a busy
+machine (load above --quiet_load) is flagged with '!' and its variant's row with '(loaded)'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench_sft import StepClock, peak_rss_mb, trainer_clock  # one step clock for every benchmark
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+VARIANTS = ("ours", "trl", "ours_precomputed")
+PAIRS = ROOT / "data" / "demo" / "preference.jsonl"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="Model directory (default: the embedded SmolLM2-135M-Instruct).")
+    p.add_argument("--steps", type=int, default=6, help="Optimizer steps per run; the first is not timed.")
+    p.add_argument("--batch_size", type=int, default=8, help="Pairs per step.")
+    p.add_argument("--lora_r", type=int, default=16, help="LoRA rank (alpha = 2 r) on every linear layer.")
+    p.add_argument("--learning_rate", type=float, default=5e-5)
+    p.add_argument("--repeats", type=int, default=3, help="Runs of each variant, interleaved.")
+    p.add_argument("--quiet_load", type=float, default=1.0, help="A load average above this flags the run.")
+    p.add_argument("--variants", default=",".join(VARIANTS[:2]), help=f"Comma-separated subset of {', '.join(VARIANTS)}.")
+    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants {args.variants}: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    return args
+
+
+def prepare_data(args: argparse.Namespace, workdir: Path) -> dict:
+    """Tokenize the pairs once through tunesmith's template path; every variant reads these ids."""
+    from tunesmith.data.preference import build_preference_datasets
+    from tunesmith.hparams import ModelArguments, TrainDataArguments
+    from tunesmith.models.loader import load_tokenizer
+
+    tokenizer = load_tokenizer(ModelArguments(model_name_or_path=args.model))
+    dataset, _ = build_preference_datasets(tokenizer, TrainDataArguments(data_path=[str(PAIRS)], eval_split_ratio=0.0))
+    dataset = dataset.select(range(min(len(dataset), args.steps * args.batch_size)))
+    dataset.save_to_disk(str(workdir / "pairs"))
+    lengths = [len(c) + len(r) for c, r in zip(dataset["chosen_ids"], dataset["rejected_ids"])]
+    replies = [c_end - c_start + r_end - r_start for c_start, c_end, r_start, r_end in
+               zip(dataset["chosen_start"], dataset["chosen_end"], dataset["rejected_start"], dataset["rejected_end"])]
+    return {"pairs": len(dataset), "tokens": sum(lengths) / len(lengths), "reply_tokens": sum(replies) / len(replies)}
+
+
+class CountingCollator:
+    """Wraps a collator; records, per batch, the positions the model computes."""
+
+    def __init__(self, collator: Any) -> None:
+        self.collator, self.positions = collator, []
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.collator(features)
+        self.positions.append(batch["input_ids"].numel())
+        return batch
+
+
+def load(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, Any]:
+    from datasets import load_from_disk
+    from transformers import set_seed
+
+    from tunesmith.hparams import FinetuningArguments, ModelArguments
+    from tunesmith.models.loader import load_model, load_tokenizer
+
+    model_args = ModelArguments(model_name_or_path=args.model)
+    set_seed(0)
+    model = load_model(model_args, FinetuningArguments(lora_r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0))
+    return load_from_disk(str(workdir / "pairs")), load_tokenizer(model_args), model
+
+
+def summarize(clock: StepClock, positions: list[int], trainer: Any, args: argparse.Namespace) -> dict:
+    """Throughput and memory, and the losses of the first and last step: the same ids, order and
+    optimizer give both trainers the same losses, which shows they optimise the same objective."""
+    seconds = clock.ends[args.steps - 1] - clock.ends[0]
+    pairs = (args.steps - 1) * args.batch_size
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    return {"pairs_per_s": pairs / seconds, "seconds": seconds, "positions_per_step": statistics.mean(positions[1:]),
+            "peak_rss_mb": peak_rss_mb(), "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+def run_ours(args: argparse.Namespace, workdir: Path, precompute: bool) -> dict:
+    from tunesmith.data.packing import PreferencePackingCollator, use_varlen_attention
+    from tunesmith.hparams import DPOArguments, TrainingArguments
+    from tunesmith.train.dpo_trainer import DPOTrainer
+
+    dataset, tokenizer, model = load(args, workdir)
+    use_varlen_attention(model)
+    training_args = TrainingArguments(
+        output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
+        report_to="none", logging_steps=1, disable_tqdm=True, use_cpu=True)
+    clock, callback = trainer_clock()
+    collator = CountingCollator(PreferencePackingCollator())
+    trainer = DPOTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
+                         data_collator=collator, callbacks=[callback],
+                         dpo_args=DPOArguments(beta=0.1, precompute_ref_logps=precompute))
+    trainer.train()
+    positions = collator.positions[-args.steps:]  # a precomputing pass batches through the same collator first
+    return summarize(clock, positions, trainer, args)
+
+
+def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
+    from datasets import Dataset
+    from trl import DPOConfig
+    from trl import DPOTrainer as TRLDPOTrainer
+
+    dataset, tokenizer, model = load(args, workdir)
+    # The same ids as ours: the shared context, then each reply up to and with its end-of-turn.
+    records = {"prompt_ids": [], "chosen_ids": [], "rejected_ids": []}
+    for row in dataset:
+        records["prompt_ids"].append(row["chosen_ids"][:row["chosen_start"]])
+        records["chosen_ids"].append(row["chosen_ids"][row["chosen_start"]:row["chosen_end"]])
+        records["rejected_ids"].append(row["rejected_ids"][row["rejected_start"]:row["rejected_end"]])
+    config = DPOConfig(
+        output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
+        report_to="none", logging_steps=1, disable_tqdm=True, use_cpu=True, bf16=False,
+        gradient_checkpointing=False, max_length=None, beta=0.1, loss_type=["sigmoid"])
+    clock, callback = trainer_clock()
+    tiny = Dataset.from_list([{"prompt": "x", "chosen": "y", "rejected": "z"}])  # replaced below, ids and all
+    trainer = TRLDPOTrainer(model=model, args=config, train_dataset=tiny, processing_class=tokenizer,
+                            callbacks=[callback])
+    trainer.train_dataset = Dataset.from_dict(records)
+    trainer.data_collator = collator = CountingCollator(trainer.data_collator)
+    trainer.train()
+    return summarize(clock, collator.positions, trainer, args)
+
+
+def worker(args: argparse.Namespace) -> None:
+    workdir = Path(args.workdir)
+    runs = {"ours": lambda a, w: run_ours(a, w, precompute=False), "trl": run_trl,
+            "ours_precomputed": lambda a, w: run_ours(a, w, precompute=True)}
+    (workdir / f"{args.worker}.json").write_text(json.dumps(runs[args.worker](args, workdir)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if args.worker:
+        return worker(args)
+    if args.model is None:
+        from tunesmith.models.default_model import ensure_default_model
+
+        args.model = str(ensure_default_model())
+    variants = args.variants.split(",")
+    with tempfile.TemporaryDirectory(prefix="bench_dpo.") as tmp:
+        workdir = Path(tmp)
+        os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")
+        data = prepare_data(args, workdir)
+        print(f"model {args.model}\ndata: {data['pairs']} pairs of {PAIRS.name}, mean {data['tokens']:.0f} tokens per "
+              f"pair (chosen + rejected), {data['reply_tokens']:.0f} of them reply tokens\nsteps {args.steps} (first "
+              f"untimed), batch {args.batch_size} pairs, LoRA r {args.lora_r}, {args.repeats} runs each, interleaved",
+              flush=True)
+        results: dict[str, list[dict]] = {v: [] for v in variants}
+        for repeat in range(args.repeats):
+            for variant in variants:
+                load_before = os.getloadavg()[0]
+                command = [sys.executable, __file__, "--worker", variant, "--workdir", tmp, "--model", args.model,
+                           "--steps", str(args.steps), "--batch_size", str(args.batch_size),
+                           "--lora_r", str(args.lora_r), "--learning_rate", str(args.learning_rate)]
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode != 0:
+                    print(f"{variant}: failed (exit {done.returncode})\n{done.stderr[-3000:]}", flush=True)
+                    continue
+                result = {**json.loads((workdir / f"{variant}.json").read_text()), "load": load_before}
+                results[variant].append(result)
+                flag = "!" if load_before > args.quiet_load else ""
+                print(f"run {repeat + 1} {variant}: {result['pairs_per_s']:.2f} pairs/s, peak RSS "
+                      f"{result['peak_rss_mb']:.0f} MB, load {load_before:.1f}{flag}", flush=True)
+    print_table(results, args.quiet_load)
+
+
+def print_table(results: dict[str, list[dict]], quiet_load: float) -> None:
+    print(f"\n{'variant':<18}{'pairs/s':>9}{'spread':>14}{'positions/step':>16}{'peak RSS MB':>13}"
+          f"{'loss first -> last':>21}{'load':>6}")
+    medians = {}
+    for name, runs in results.items():
+        if not runs:
+            continue
+        rates = [r["pairs_per_s"] for r in runs]
+        medians[name] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        m = medians[name]
+        loaded = " (loaded)" if max(r["load"] for r in runs) > quiet_load else ""
+        spread, losses = f"{min(rates):.2f}-{max(rates):.2f}", f"{m['first_loss']:.4f} -> {m['last_loss']:.4f}"
+        print(f"{name:<18}{m['pairs_per_s']:>9.2f}{spread:>14}{m['positions_per_step']:>16.0f}"
+              f"{m['peak_rss_mb']:>13.0f}{losses:>21}{m['load']:>6.1f}{loaded}")
+    if "ours" in medians and "trl" in medians:
+        print(f"pairs/s ratio vs TRL: {medians['ours']['pairs_per_s'] / medians['trl']['pairs_per_s']:.2f}; "
+              f"peak RSS ratio vs TRL: {medians['ours']['peak_rss_mb'] / medians['trl']['peak_rss_mb']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
