@@ -1,5 +1,5 @@
 """Two CPU ranks (gloo) under torchrun and the deepspeed launcher with DeepSpeed ZeRO-2 and ZeRO-3,
-for SFT, the reward model and PPO: runs train, saves are complete and load back with plain
+for SFT, the reward model, DPO and PPO: runs train, saves are complete and load back with plain
 transformers/peft, and two ranks follow the one-rank run at the same global batch."""
 
 from __future__ import annotations
@@ -167,6 +167,53 @@ def test_two_rank_reward_adapter_saves_its_trained_score_head(tiny_model_dir, pr
     assert metrics["eval_chosen_score"] == pytest.approx(chosen.mean().item(), abs=1e-4)
     assert metrics["eval_rejected_score"] == pytest.approx(rejected.mean().item(), abs=1e-4)
     assert torch.isfinite(chosen).all() and chosen.std() > 0
+
+
+# --------------------------------------------------------------------------- DPO
+
+def dpo_flags(model_dir: str, data: dict[str, str], out: Path, batch: int) -> list[str]:
+    return ["--model_name_or_path", model_dir, "--data_path", data["train"], "--eval_data_path", data["eval"],
+            "--output_dir", str(out), "--max_steps", "3", "--per_device_train_batch_size", str(batch),
+            "--per_device_eval_batch_size", "2", "--learning_rate", "5e-3", "--lr_scheduler_type", "constant",
+            "--beta", "0.5", "--lora_r", "8", "--lora_dropout", "0.0", "--max_seq_length", "64",
+            "--logging_steps", "1", "--save_strategy", "no", "--plot_loss", "false", "--report_to", "none",
+            "--seed", "0"]
+
+
+@pytest.fixture(scope="module")
+def one_process_dpo_losses(tiny_model_dir, preference_data, tmp_path_factory) -> list[float]:
+    from tunesmith.recipes import dpo
+
+    trainer = dpo.run(dpo_flags(tiny_model_dir, preference_data, tmp_path_factory.mktemp("dpo") / "one", 4))
+    return [r["loss"] for r in trainer.state.log_history if "loss" in r]
+
+
+@pytest.mark.parametrize("config, launcher, extra", [
+    ("ds_zero2.json", "torchrun", ("--precompute_ref_logps", "true")),
+    ("ds_zero3.json", "deepspeed", ()),
+], ids=["zero2-torchrun-precomputed", "zero3-deepspeed-launcher"])
+def test_two_rank_dpo_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, preference_data,
+                                                                    one_process_dpo_losses, tmp_path, config, launcher,
+                                                                    extra):
+    """Two ranks of 2 pairs follow one process of 4 pairs: the reference (the model without its adapter,
+    sharded like the policy under ZeRO-3; or precomputed, each rank scoring half the pairs) and the
+    loss agree. The adapter saves whole and loads with plain peft."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "two"
+    launch("dpo/train.py", 2, *dpo_flags(tiny_model_dir, preference_data, out, 2), *extra,
+           "--deepspeed", str(ROOT / "configs" / config), launcher=launcher)
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    two_losses = [r["loss"] for r in history if "loss" in r]
+    assert two_losses[0] == pytest.approx(math.log(2), abs=1e-4)  # a new adapter starts as its reference
+    assert two_losses == pytest.approx(one_process_dpo_losses, rel=2e-3)
+    assert two_losses[-1] < two_losses[0]
+    assert empty_tensors(str(out)) == []
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(out))
+    assert sum("lora_B" in k for k in model.state_dict()) == sum("lora_B" in k for k in saved)
 
 
 # --------------------------------------------------------------------------- PPO

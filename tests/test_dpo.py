@@ -254,6 +254,22 @@ def test_precomputed_reference_trains_exactly_as_the_reference_in_each_step(tiny
         assert not torch.equal(policy["model.layers.0.mlp.up_proj.weight"], start.state_dict()["model.layers.0.mlp.up_proj.weight"])
 
 
+@pytest.mark.parametrize("bits", ["4", "8"])
+def test_qlora_run_trains_against_the_quantized_base_without_its_adapter(tiny_model_dir, tmp_path, bits):
+    import bitsandbytes as bnb
+
+    rows = [{"prompt": q, "chosen": POLITE[i % 3], "rejected": RUDE[i % 3]}
+            for i, q in enumerate(["Hi?", "2 + 2?", "Help?", "Paris?"])]
+    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    trainer, losses = _losses(tiny_model_dir, data, tmp_path / "qlora", "--quantization_bit", bits, "--beta", "0.5",
+                              "--learning_rate", "1e-2")
+    layer = trainer.model.get_base_model().model.layers[0].mlp.up_proj.base_layer
+    assert isinstance(layer, bnb.nn.Linear4bit if bits == "4" else bnb.nn.Linear8bitLt)
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-3)
+    assert losses[-1] < losses[0]
+    assert (tmp_path / "qlora" / "adapter_model.safetensors").is_file()
+
+
 # ---- settings ----
 
 @pytest.mark.parametrize("dpo_args, finetuning_type, words", [
