@@ -1,7 +1,6 @@
-"""The `tunesmith eval-ppo` command as a script: the recipe, its flags and its examples are in
-tunesmith/recipes/eval_ppo.py (`python scripts/eval_ppo.py --help`)."""
+"""The first name of scripts/eval_policy.py (`--sft`/`--ppo` are the old spellings of `--baseline`/`--policy`)."""
 
-from tunesmith.recipes.eval_ppo import main
+from tunesmith.recipes.eval_policy import main
 
 if __name__ == "__main__":
     main()

@@ -217,6 +217,11 @@ def test_a_run_that_continues_an_adapter_uses_that_adapter_as_its_reference(tiny
     assert abs(base[0].item() - trainer.reference_logps(model, batch)[0].item()) > 1e-2
     assert [n for n, p in model.named_parameters() if p.requires_grad and ".reference." in n] == []
 
+    trainer.save_model(str(tmp_path / "saved"))  # what the run made, without the frozen reference it started from
+    saved = sorted(p.name for p in (tmp_path / "saved").iterdir())
+    assert "adapter_model.safetensors" in saved and "reference" not in saved
+    assert "reference" in trainer.model.peft_config  # and still there to train against
+
 
 def _losses(tiny_model_dir: str, data: str, out: Path, *flags: str) -> tuple[DPOTrainer, list[float]]:
     trainer = dpo.run([

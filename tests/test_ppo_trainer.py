@@ -279,7 +279,7 @@ def test_reward_model_scores_the_chat_rendering_of_prompt_and_reply(reward_model
 
 
 def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_model_dir, capsys):
-    from tunesmith.recipes import eval_ppo
+    from tunesmith.recipes import eval_policy
     from tunesmith.recipes.ppo import run as main
 
     data = tmp_path / "prompts.jsonl"
@@ -301,16 +301,21 @@ def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_mo
     assert trainer.step == 3 and log[:2] == first and json.loads(log[2])["step"] == 3
 
     common = ["--reward_model", reward_model_dir, "--data_path", str(data), "--max_new_tokens", "6"]
-    same = eval_ppo.run(["--sft", str(out), "--ppo", str(out), *common])
-    assert same["kl_ppo_sft"] == 0.0 and same["sft_reward"] == same["ppo_reward"]
-    assert same["ppo_higher"] == same["ppo_lower"] == 0 and same["reward_change"] == 0.0
-    result = eval_ppo.run(["--sft", policy_dir, "--ppo", str(out), *common, "--output_file", str(tmp_path / "e.jsonl")])
-    assert result["kl_ppo_sft"] != 0.0 and result["prompts"] == len(WORDS)
-    assert result["reward_change"] == pytest.approx(result["ppo_reward"] - result["sft_reward"], abs=1e-5)
-    assert result["ppo_higher"] + result["ppo_lower"] <= len(WORDS)
+    same = eval_policy.run(["--sft", str(out), "--ppo", str(out), *common])  # the first spellings still work
+    assert same["kl_policy_baseline"] == 0.0 and same["baseline_reward"] == same["policy_reward"]
+    assert same["policy_higher"] == same["policy_lower"] == 0 and same["reward_change"] == 0.0
+    capsys.readouterr()
+    result = eval_policy.run(["--baseline", policy_dir, "--policy", str(out), *common, "--show", "2",
+                              "--output_file", str(tmp_path / "e.jsonl")])
+    assert result["kl_policy_baseline"] != 0.0 and result["prompts"] == len(WORDS)
+    assert result["reward_change"] == pytest.approx(result["policy_reward"] - result["baseline_reward"], abs=1e-5)
+    assert result["policy_higher"] + result["policy_lower"] <= len(WORDS)
     printed = capsys.readouterr().out
-    assert re.search(r"mean reward: sft -?\d+\.\d{3} -> ppo -?\d+\.\d{3} \(change [+-]\d+\.\d{3} ± \d+\.\d{3}", printed)
-    assert re.search(r"KL\(ppo \|\| sft\): -?\d+\.\d{3} nats/reply", printed)
+    assert re.search(r"mean reward: baseline -?\d+\.\d{3} -> policy -?\d+\.\d{3} \(change [+-]\d+\.\d{3} ± "
+                     r"\d+\.\d{3}", printed)
+    assert re.search(r"KL\(policy \|\| baseline\): -?\d+\.\d{3} nats/reply", printed)
+    assert printed.count("\n  baseline (") == 2 and printed.count("\n  policy   (") == 2
+    assert "> Say cat.\n" in printed
 
 
 # --------------------------------------------------------------------------- settings

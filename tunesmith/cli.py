@@ -20,7 +20,8 @@ COMMANDS = {
     "dpo": "tunesmith.recipes.dpo",
     "score": "tunesmith.recipes.score",
     "ppo": "tunesmith.recipes.ppo",
-    "eval-ppo": "tunesmith.recipes.eval_ppo",
+    "eval-policy": "tunesmith.recipes.eval_policy",
+    "eval-ppo": "tunesmith.recipes.eval_policy",  # its first name, kept
     "merge": "tunesmith.recipes.merge",
     "chat": "tunesmith.recipes.chat",
     "inspect": "tunesmith.recipes.inspect",

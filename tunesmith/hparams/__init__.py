@@ -35,7 +35,7 @@ RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "score": (ModelArguments, DataArguments, ScoreArguments),
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
-    "eval_ppo": (PromptDataArguments, EvalArguments),
+    "eval_policy": (PromptDataArguments, EvalArguments),
 }
 
 

@@ -39,6 +39,8 @@ DEPRECATED_FLAGS = {
     "max_input_tokens": "max_prompt_length",
     "prompts": "data_path",
     "sample": "do_sample",
+    "sft": "baseline",
+    "ppo": "policy",
 }
 DEPRECATED_UNTIL = "0.3"
 

@@ -248,12 +248,13 @@ RULES: list[Rule] = [
     Rule("score_output_given", ("score",), lambda a: not a.score.output_jsonl,
          "--output_jsonl is required: where to write one line of scores per input row."),
     Rule("eval_models_given", ("evaluation",),
-         lambda a: not (a.evaluation.sft and a.evaluation.ppo and a.evaluation.reward_model),
-         "--sft, --ppo and --reward_model are all required: the SFT policy, the PPO policy and the reward model "
-         "(output directories of sft/train.py, ppo/train.py and reward/train.py)."),
+         lambda a: not (a.evaluation.baseline and a.evaluation.policy and a.evaluation.reward_model),
+         "--baseline, --policy and --reward_model are all required: e.g. the SFT policy, the PPO or DPO policy and "
+         "the reward model (output directories of sft/train.py, ppo/ or dpo/train.py and reward/train.py)."),
     Rule("eval_model_paths", ("evaluation",),
-         lambda a: _first([a.evaluation.sft, a.evaluation.ppo, a.evaluation.reward_model], _missing_dir_problem),
-         "{path}: {problem} (--sft, --ppo and --reward_model take output directories).", PathError),
+         lambda a: _first([a.evaluation.baseline, a.evaluation.policy, a.evaluation.reward_model],
+                          _missing_dir_problem),
+         "{path}: {problem} (--baseline, --policy and --reward_model take output directories).", PathError),
 ]
 
 

@@ -70,13 +70,17 @@ class CompareArguments:
 @dataclass
 class EvalArguments:
     role: ClassVar[str] = "evaluation"
-    _argument_group_name: ClassVar[str] = "PPO evaluation"
+    _argument_group_name: ClassVar[str] = "policy evaluation"
 
-    sft: str | None = field(default=None, metadata={"help": "The SFT policy: an adapter directory or a model directory."})
-    ppo: str | None = field(default=None, metadata={"help": "The PPO policy (output_dir of ppo/train.py)."})
+    baseline: str | None = field(
+        default=None, metadata={"help": "The policy compared against, usually the SFT one: an adapter directory or a "
+                                "model directory."})
+    policy: str | None = field(
+        default=None, metadata={"help": "The tuned policy (output_dir of ppo/train.py or dpo/train.py)."})
     reward_model: str | None = field(
         default=None, metadata={"help": "The reward model (output_dir of reward/train.py)."}
     )
+    show: int = field(default=3, metadata={"help": "Print the first this many prompts with both replies."})
     max_new_tokens: int = field(default=48, metadata={"help": "Longest reply."})
     do_sample: bool = field(default=False, metadata={"help": "Sample replies (fixed seed) instead of greedy decoding."})
     temperature: float = field(default=1.0, metadata={"help": "With --do_sample: sampling temperature."})

@@ -4,7 +4,7 @@ the SFT model by default) against a KL penalty to the SFT policy.
     python ppo/train.py configs/ppo_lora_demo.yaml
     python ppo/train.py --adapter_name_or_path outputs/sft_demo --reward_model outputs/rm_demo \
         --data_path data/demo/prompts.jsonl --output_dir outputs/ppo_demo --max_steps 30
-    python scripts/eval_ppo.py --sft outputs/sft_demo --ppo outputs/ppo_demo --reward_model outputs/rm_demo
+    python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/ppo_demo --reward_model outputs/rm_demo
 """
 
 from __future__ import annotations

@@ -155,6 +155,17 @@ class DPOTrainer(PairTrainer):
         dataset = dataset.add_column(REFERENCE_COLUMNS[0], [found[i][0] for i in range(len(dataset))])
         return dataset.add_column(REFERENCE_COLUMNS[1], [found[i][1] for i in range(len(dataset))])
 
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # PEFT saves every adapter a model holds; the frozen reference is the adapter the run started from
+        # (the recipe loads it again on resume), not part of what this run made. Hidden from the save only.
+        peft_config = getattr(self.accelerator.unwrap_model(self.model), "peft_config", {})
+        reference = peft_config.pop(REFERENCE_ADAPTER, None)
+        try:
+            super()._save(output_dir, state_dict=state_dict)
+        finally:
+            if reference is not None:
+                peft_config[REFERENCE_ADAPTER] = reference
+
     def train(self, *args: Any, **kwargs: Any) -> Any:
         if self.dpo_args.precompute_ref_logps and self.dpo_args.needs_reference:
             self.train_dataset = self.precompute_reference(self.train_dataset)
