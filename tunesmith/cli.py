@@ -23,6 +23,7 @@ COMMANDS = {
     "eval-ppo": "tunesmith.recipes.eval_ppo",
     "merge": "tunesmith.recipes.merge",
     "chat": "tunesmith.recipes.chat",
+    "serve": "tunesmith.recipes.serve",
     "inspect": "tunesmith.recipes.inspect",
     "compare": "tunesmith.recipes.compare",
 }
