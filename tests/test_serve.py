@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -22,8 +23,10 @@ from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.engine import ChatSession
 from tunesmith.data.template import encode_prompt
-from tunesmith.hparams import GenerationArguments
-from tunesmith.serve.decoding import IncrementalDecoder, StopMatcher
+from tunesmith.errors import ConfigError
+from tunesmith.hparams import GenerationArguments, ServeArguments, check
+from tunesmith.serve.decoding import IncrementalDecoder, Sampling, StopMatcher
+from tunesmith.serve.generation import Batch, Job, generate_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key"
@@ -210,7 +213,59 @@ def test_a_burst_of_concurrent_requests_is_batched_and_every_answer_is_complete(
     for k, (text, finish, tokens) in enumerate(answers):
         assert finish in ("stop", "length") and (finish == "stop" or tokens == MAX_TOKENS)
         assert text == _engine_reply(engine, prompts[k])  # left padding changed no answer
-    assert httpx.get(server + "/health").json()["largest_batch"] > 1
+    assert httpx.get(server + "/health").json()["largest_batch"] > 1  # some were generated together
+
+
+def test_rows_join_a_running_batch_and_leave_it_with_the_answers_they_get_alone(engine, tokenizer):
+    model, stop_ids = engine.model, {tokenizer.eos_token_id}
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": text}])
+               for text in ("A long question, " * 8, "Hi", "Why is the sky blue?")]
+    lengths = [3, 10, 6]  # the long prompt leaves first: the others' left padding is cut away
+
+    def job(k: int, texts: dict) -> Job:
+        return Job(prompts[k], Sampling(max_tokens=lengths[k]),
+                   emit=lambda event: texts.__setitem__(k, texts.get(k, "") + event.text))
+
+    alone: dict[int, str] = {}
+    for k in range(3):
+        generate_batch(model, tokenizer, [job(k, alone)], stop_ids)
+    together: dict[int, str] = {}
+    batch = Batch(model, tokenizer, stop_ids)
+    batch.admit([job(0, together)])
+    batch.step()
+    batch.admit([job(1, together), job(2, together)])  # mid-generation, with prompts of other lengths
+    widths = []
+    while len(batch):
+        batch.step()
+        widths.append(batch.mask.shape[1] if len(batch) else 0)
+
+    assert together == alone and len(alone) == 3
+    assert min(w for w in widths if w) < widths[0]  # the long prompt's columns went with it
+    assert len(batch) == 0 and batch.cache is None
+
+
+def test_a_busy_port_is_refused_before_the_model_loads(model_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir,
+                               "--port", str(port)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().endswith(f"tunesmith: config error: --host 127.0.0.1 --port {port}: cannot listen "
+                                        "there (Address already in use); choose another --port, or stop what uses it")
+    assert "Loading weights" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(port=70000), r"--port must be in 0..65535 \(got 70000\); 0 takes any free port"),
+    (dict(max_batch_size=0), r"--max_batch_size must be at least 1 and --batch_wait_ms at least 0 \(got 0 and 10.0\)"),
+    (dict(context_length=4), r"--context_length must be at least 8 tokens \(got 4\)"),
+])
+def test_serve_flags_are_checked(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        check(serve=ServeArguments(**flags))
 
 
 def test_incremental_decoding_never_splits_a_character(tokenizer):

@@ -1,7 +1,7 @@
-"""Generate the replies of several requests together: one left-padded prefill, then one token per
-step for every row still going, each row with its own sampling, stop strings and token limit. A row
-that finishes (end-of-turn token, stop string, max_tokens, or its client gone) leaves the batch, so
-the others stop paying for it."""
+"""Generate the replies of several requests together: a left-padded prefill per group of requests
+that arrive together, then one token per step for every row still going, each row with its own
+sampling, stop strings and token limit. Rows join the running batch between steps, and a row that
+finishes (end-of-turn token, stop string, max_tokens, or its client gone) leaves it at once."""
 
 from __future__ import annotations
 
@@ -72,45 +72,113 @@ def _sampled(job: Job, device: torch.device) -> torch.Generator | None:
     return job.generator
 
 
-@torch.inference_mode()
-def generate_batch(model: Any, tokenizer: Any, jobs: list[Job], stop_ids: set[int]) -> None:
-    """Run the jobs' rows to completion, emitting events as text comes."""
-    rows = [_Row(job, i, tokenizer) for job in jobs for i in range(job.n)]
-    device = model.device
-    width = max(len(row.job.prompt_ids) for row in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[pad] * (width - len(r.job.prompt_ids)) + r.job.prompt_ids for r in rows], device=device)
-    mask = torch.tensor([[0] * (width - len(r.job.prompt_ids)) + [1] * len(r.job.prompt_ids) for r in rows],
-                        device=device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    penalized = any(r.job.sampling.repetition_penalty != 1.0 for r in rows)
-    seen = [torch.tensor(r.job.prompt_ids, device=device) for r in rows] if penalized else None
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1].float()
-    live = rows
-    while True:
+def _left_pad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """x with zeros in front along `dim` (a cache's time axis or a mask's), up to `length`."""
+    missing = length - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+class Batch:
+    """The rows being generated now, with their shared KV cache, attention mask (0 over each row's
+    left padding), next positions and next-token logits. Rows join between steps (`admit`: their own
+    prefill, then cache and mask left-padded to a common length and stacked), so a request arriving
+    mid-generation starts at the next step instead of waiting for the batch to end; rows leave as they
+    finish. The cache's tensors are edited the way transformers' own batch_select_indices does."""
+
+    def __init__(self, model: Any, tokenizer: Any, stop_ids: set[int]) -> None:
+        self.model, self.tokenizer, self.stop_ids = model, tokenizer, stop_ids
+        self.device = model.device
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every row (the next admit starts a new cache)."""
+        self.rows: list[_Row] = []
+        self.cache: DynamicCache | None = None
+        self.mask = self.positions = self.logits = torch.empty(0)
+        self.seen: list[torch.Tensor] = []  # prompt and reply ids per row, for a repetition penalty
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def jobs(self) -> list[Job]:
+        return list({id(row.job): row.job for row in self.rows}.values())
+
+    @torch.inference_mode()
+    def admit(self, jobs: list[Job]) -> None:
+        """Prefill the jobs' prompts (left-padded together) and add their rows to the batch."""
+        rows = [_Row(job, i, self.tokenizer) for job in jobs for i in range(job.n)]
+        prompts = [row.job.prompt_ids for row in rows]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        seen = [torch.tensor(p, device=self.device) for p in prompts]
+        if self.cache is None:
+            self.rows, self.cache, self.mask, self.positions, self.logits, self.seen = \
+                rows, cache, mask, positions[:, -1:], logits, seen
+            return
+        length = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([_left_pad(old.keys, length, 2), _left_pad(new.keys, length, 2)])
+            old.values = torch.cat([_left_pad(old.values, length, 2), _left_pad(new.values, length, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(mask, length, 1)])
+        self.positions = torch.cat([self.positions, positions[:, -1:]])
+        self.logits = torch.cat([self.logits, logits])
+        self.rows, self.seen = self.rows + rows, self.seen + seen
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Choose every row's next token, emit its text, let finished rows go, and run the model one
+        token further for the others."""
         tokens = []
-        for k, row in enumerate(live):
-            token = next_token(logits[k], row.job.sampling, seen[k] if seen else None, _sampled(row.job, device))
+        for k, row in enumerate(self.rows):
+            sampling = row.job.sampling
+            token = next_token(self.logits[k], sampling, self.seen[k] if sampling.repetition_penalty != 1.0 else None,
+                               _sampled(row.job, self.device))
             tokens.append(token)
             if row.job.cancelled:
                 row.finished = True
             else:
-                row.advance(token, stop_ids)
-        keep = [k for k, row in enumerate(live) if not row.finished]
+                row.advance(token, self.stop_ids)
+        keep = [k for k, row in enumerate(self.rows) if not row.finished]
         if not keep:
+            self.reset()
             return
-        if len(keep) < len(live):
-            index = torch.tensor(keep, device=device)
-            cache.batch_select_indices(index)
-            mask, positions = mask[index], positions[index]
-            live, tokens = [live[k] for k in keep], [tokens[k] for k in keep]
-            seen = [seen[k] for k in keep] if seen else None
-        step = torch.tensor(tokens, device=device)[:, None]
-        if seen:
-            seen = [torch.cat([s, step[k]]) for k, s in enumerate(seen)]
-        mask = torch.cat([mask, torch.ones_like(step)], dim=-1)
-        positions = positions[:, -1:] + 1
-        logits = model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                       use_cache=True).logits[:, -1].float()
+        if len(keep) < len(self.rows):
+            self._select(keep)
+            tokens = [tokens[k] for k in keep]
+        step = torch.tensor(tokens, device=self.device)[:, None]
+        self.seen = [torch.cat([s, step[k]]) for k, s in enumerate(self.seen)]
+        self.mask = torch.cat([self.mask, torch.ones_like(step)], dim=-1)
+        self.positions = self.positions + 1
+        self.logits = self.model(input_ids=step, attention_mask=self.mask, position_ids=self.positions,
+                                 past_key_values=self.cache, use_cache=True).logits[:, -1].float()
+
+    def _select(self, keep: list[int]) -> None:
+        index = torch.tensor(keep, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.rows, self.seen = [self.rows[k] for k in keep], [self.seen[k] for k in keep]
+        self.mask, self.positions = self.mask[index], self.positions[index]
+        # Columns that are padding in every remaining row (a long row just left) are cut away.
+        start = int(self.mask.any(0).nonzero()[0])
+        if start:
+            self.mask = self.mask[:, start:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+
+
+def generate_batch(model: Any, tokenizer: Any, jobs: list[Job], stop_ids: set[int]) -> None:
+    """Run the jobs' rows to completion together, emitting events as text comes."""
+    batch = Batch(model, tokenizer, stop_ids)
+    batch.admit(jobs)
+    while len(batch):
+        batch.step()
