@@ -28,9 +28,9 @@ def tokenizer(default_model_path):
     return load_tokenizer(ModelArguments(model_name_or_path=default_model_path))
 
 
-def build_tiny_model_dir(path, tokenizer, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> str:
+def build_tiny_model_dir(path, tokenizer, hidden_size: int = 64, layers: int = 2, seed: int = 0, **overrides) -> str:
     """A random LlamaForCausalLM (SmolLM2's architecture) with the real tokenizer, saved like a
-    normal HF model directory."""
+    normal HF model directory; `overrides` sets LlamaConfig fields."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -47,6 +47,8 @@ def build_tiny_model_dir(path, tokenizer, hidden_size: int = 64, layers: int = 2
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    for key, value in overrides.items():
+        setattr(config, key, value)
     model = LlamaForCausalLM(config)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -8,10 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import build_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.engine import ChatSession
@@ -45,6 +47,20 @@ def test_truncation_drops_oldest_whole_turns_and_keeps_the_system_prompt(tokeniz
     assert session.conversation() == [system] + history  # /save still has the whole conversation
 
 
+def test_a_turn_leaving_the_context_is_noticed_once(tokenizer):
+    history, new = _turns(4), {"role": "user", "content": "Next?"}
+    budget = len(encode_prompt(tokenizer, history[-6:] + [new]))  # room for the newest 3 of 4 turns
+    notices: list[str] = []
+    session = ChatSession(None, tokenizer, max_prompt_length=budget, notify=notices.append)
+    session.messages = list(history)
+
+    assert session.context("Next?") == history[-6:] + [new]
+    session.context("Next?")
+
+    assert notices == [f"note: the oldest turn left the model's context (--max_prompt_length {budget}); 1 of 4 "
+                       "turns are out of it now, and /save still keeps them"]
+
+
 def test_truncation_keeps_the_templates_default_system_prompt(tokenizer):
     history, new = _turns(4), {"role": "user", "content": "Hello"}
     budget = len(encode_prompt(tokenizer, history[-5:] + [new]))  # the template adds its own system prompt
@@ -65,30 +81,31 @@ def test_a_message_too_long_for_the_budget_is_refused_and_history_kept(tokenizer
 
     outcome = session.handle("word " * 100)
 
-    assert outcome.kind == "error"
+    assert outcome.kind == "refused"
     assert f"more than --max_prompt_length {budget}: shorten them or raise --max_prompt_length" in outcome.text
     assert session.context("Hi") == history + [hi]  # the refused message did not push the history out
 
 
-def test_commands(tokenizer, tmp_path):
-    session = ChatSession(None, tokenizer)
-    session.messages = _turns(2)
+def test_commands_start_with_a_slash(tokenizer, tmp_path):
+    session = ChatSession(None, tokenizer, system="Be kind.")
+    session.messages, session.turn_systems = _turns(2), ["Be kind.", "Be kind."]
     saved = tmp_path / "chats.jsonl"
 
     assert session.handle("  ").kind == "nothing"
-    assert session.handle("/system Be brief.").kind == "info" and session.system == "Be brief."
     assert session.handle(f"/save {saved}").text == f"saved 5 messages to {saved}"
-    session.handle("/system")
-    assert session.system is None
-    assert session.handle(f"/save {saved}").kind == "info"
-    assert session.handle("clear").kind == "info" and session.messages == []
+    assert session.handle("/system Be brief.").kind == "info" and session.system == "Be brief."
+    assert session.handle("/system").text == "system prompt back to the template's default" and session.system is None
+    assert session.handle("/clear").kind == "info" and session.messages == [] and session.turn_systems == []
     assert session.handle(f"/save {saved}").text.endswith("nothing to save yet: the conversation is empty")
     assert session.handle("/save").text == "usage: /save FILE"
-    assert session.handle("/sytem hi").text.startswith("unknown command /sytem; commands: clear")
-    assert [session.handle(w).kind for w in ("quit", "EXIT", "stop")] == ["quit"] * 3
+    assert session.handle("/sytem hi").text.startswith("unknown command /sytem; commands: /clear")
+    assert session.handle("/help").text.startswith("commands: /clear")
+    assert [session.handle(w).kind for w in ("/quit", "/EXIT")] == ["quit"] * 2
+    # `quit` and `exit` alone leave only where a person types them (a terminal): from a pipe they are messages.
+    assert [ChatSession(None, tokenizer, bare_quit=True).handle(w).kind for w in ("quit", " EXIT ")] == ["quit"] * 2
 
-    rows = load_conversations([str(saved)])  # the SFT data loader reads what /save wrote
-    assert [c.messages for c in rows] == [[{"role": "system", "content": "Be brief."}] + _turns(2), _turns(2)]
+    (row,) = load_conversations([str(saved)])  # the SFT data loader reads what /save wrote
+    assert row.messages == [{"role": "system", "content": "Be kind."}] + _turns(2)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -101,6 +118,13 @@ def test_generation_flags_are_checked(flags, message):
     with pytest.raises(ConfigError, match=message):
         check(generation=GenerationArguments(**flags))
     check(generation=GenerationArguments(do_sample=False, temperature=0.0))  # greedy decoding ignores the temperature
+
+
+@pytest.fixture(scope="module")
+def chatty_model_dir(tmp_path_factory, tokenizer) -> str:
+    # Larger random weights than the shared tiny model (whose greedy reply is "\n" over and over): replies
+    # with words in them, which the SFT loader takes back from /save.
+    return build_tiny_model_dir(tmp_path_factory.mktemp("chatty"), tokenizer, initializer_range=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -143,24 +167,118 @@ def _run_cli(argv, stdin, monkeypatch, capsys) -> tuple[str, str]:
 
 
 def test_cli_from_a_pipe_prints_only_answers_and_stops_at_quit(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    saved = tmp_path / "chat.jsonl"
-    script = f"Hello\n/system Be brief.\nHow are you?\n/save {saved}\nquit\nNever asked\n"
+    script = "Hello\n/system Be brief.\nHow are you?\n/quit\nNever asked\n"
     out, err = _run_cli(["--model_name_or_path", tiny_model_dir, "--do_sample", "false", "--max_new_tokens", "5"],
                         _Pipe(script), monkeypatch, capsys)
 
-    (line,) = saved.read_text(encoding="utf-8").splitlines()  # a random tiny model's reply may be empty,
-    answers = [m["content"] for m in json.loads(line)["messages"] if m["role"] == "assistant"]  # which SFT refuses
-    assert len(answers) == 2 and out == "".join(a + "\n" for a in answers)
-    assert f"saved 5 messages to {saved}" in err and "User:" not in out + err
+    assert out == "\n\n\n\n\n\n" * 2  # the shared tiny model answers "\n" five times, then its line ends
+    assert "system prompt set" in err and "User:" not in out + err
 
 
-def test_cli_ends_cleanly_on_ctrl_c(tiny_model_dir, monkeypatch, capsys):
+def test_cli_jsonl_output_one_object_per_message_stop_and_exit_are_messages(chatty_model_dir, tokenizer, tmp_path,
+                                                                            monkeypatch, capsys):
+    saved = tmp_path / "chat.jsonl"
+    # Room for the first message and a few tokens more, not for a whole earlier turn besides.
+    budget = len(encode_prompt(tokenizer, [{"role": "user", "content": "Hello"}])) + 8
+    script = (f"Hello\nstop\n/system Be brief.\nexit\n{'long ' * 150}\n/save {saved}\n/quit\nNever asked\n")
+    out, err = _run_cli(["--model_name_or_path", chatty_model_dir, "--do_sample", "false", "--max_new_tokens", "6",
+                         "--max_prompt_length", str(budget), "--output", "jsonl"], _Pipe(script), monkeypatch, capsys)
+
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [sorted(line) for line in lines] == [["content", "finish_reason"]] * 3 + [["error"]]
+    assert all(line["finish_reason"] == "length" and line["content"].strip() for line in lines[:3])
+    assert f"more than --max_prompt_length {budget}" in lines[3]["error"]
+    assert "note: the oldest turn left the model's context" in err  # "stop" pushed "Hello" out
+    # /save: each reply with the system prompt it was generated with; earlier replies come along as context.
+    first, second = (c.messages for c in load_conversations([str(saved)]))
+    replies = [line["content"] for line in lines[:3]]
+    assert first == [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": replies[0]},
+                      {"role": "user", "content": "stop"}, {"role": "assistant", "content": replies[1]}]
+    assert second == [{"role": "system", "content": "Be brief."}] + [
+        {**m, "loss": False} if m["role"] == "assistant" else m for m in first] + [
+        {"role": "user", "content": "exit"}, {"role": "assistant", "content": replies[2]}]
+
+
+def test_ctrl_c_at_the_prompt_leaves_with_status_130(tiny_model_dir, monkeypatch, capsys):
+    from tunesmith.recipes.chat import main
+
     class Interrupted(_Pipe):
         def readline(self, *args):
             raise KeyboardInterrupt
 
-    out, _ = _run_cli(["--model_name_or_path", tiny_model_dir], Interrupted(), monkeypatch, capsys)
-    assert out == ""
+    monkeypatch.setattr(sys, "stdin", Interrupted())
+    with pytest.raises(SystemExit) as leaving:
+        main(["--model_name_or_path", tiny_model_dir])
+    assert leaving.value.code == 130 and "tunesmith: interrupted" in capsys.readouterr().err
+
+
+def test_inference_runs_on_the_best_device(tiny_model_dir, monkeypatch):
+    from tunesmith.hparams import ModelArguments
+    from tunesmith.models import loader
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert loader.inference_device() == torch.device("cuda")
+    monkeypatch.undo()
+    monkeypatch.setattr(loader, "inference_device", lambda: torch.device("meta"))  # stands in for a GPU here
+    model, _ = loader.load_for_inference(ModelArguments(model_name_or_path=tiny_model_dir))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+class _Terminal:
+    """chat/cli.py in a pseudo-terminal of its own (its controlling terminal), so that a typed Ctrl-C
+    reaches it as a real terminal sends it: SIGINT to the foreground process."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import fcntl
+        import pty
+        import termios
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "chat" / "cli.py"), *argv], stdin=slave, stdout=slave, stderr=slave,
+            start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+            env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+        os.close(slave)
+        self.screen, self.read = "", 0  # all output so far; how much of it read_until has passed
+
+    def read_until(self, text: str, timeout: float = 60) -> None:
+        """Wait for `text` to appear after what the last call found."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        while text not in self.screen[self.read:]:
+            assert time.monotonic() < deadline, f"waited for {text!r}; the screen:\n{self.screen[-3000:]}"
+            if select.select([self.master], [], [], 0.1)[0]:
+                try:
+                    self.screen += os.read(self.master, 4096).decode("utf-8", "replace")
+                except OSError:  # the child closed the terminal
+                    assert text in self.screen[self.read:], f"waited for {text!r}; the screen:\n{self.screen[-3000:]}"
+        self.read = self.screen.index(text, self.read) + len(text)
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+
+def test_ctrl_c_in_a_terminal_stops_the_reply_and_keeps_the_session(tiny_model_dir, tmp_path):
+    # The shared tiny model answers "\n" without end: a reply that is still going when Ctrl-C comes.
+    terminal = _Terminal(["--model_name_or_path", tiny_model_dir, "--do_sample", "false", "--max_new_tokens", "100000"])
+    try:
+        terminal.read_until("User: ")
+        terminal.type("Tell me everything\r")
+        terminal.read_until("Assistant: ")
+        terminal.type("\x03")  # Ctrl-C mid-reply
+        terminal.read_until("(reply stopped; this turn is not kept. Ctrl-C at the prompt leaves.)")
+        terminal.type(f"/save {tmp_path / 'chat.jsonl'}\r")  # the session goes on, without the stopped turn
+        terminal.read_until("nothing to save yet: the conversation is empty")
+        terminal.read_until("User: ")
+        terminal.type("\x03")  # Ctrl-C at the prompt
+        terminal.read_until("tunesmith: interrupted")
+        assert terminal.proc.wait(timeout=30) == 130
+        assert "Traceback" not in terminal.screen
+    finally:
+        if terminal.proc.poll() is None:
+            terminal.proc.kill()
+        os.close(terminal.master)
 
 
 @pytest.mark.slow
@@ -168,7 +286,7 @@ def test_chat_pipe_with_the_default_model_remembers_until_clear(tmp_path):
     saved = tmp_path / "chat.jsonl"
     # The 4-bit-sourced 135M model does not recall "My name is Alice and I like tea." when asked
     # "What is my name?" (it answers with a name of its own), but it does carry this greeting over.
-    script = f"Hi, I'm Alice!\nWhat's my name?\n/save {saved}\nclear\nWhat's my name?\n/save {saved}\n"
+    script = f"Hi, I'm Alice!\nWhat's my name?\n/save {saved}\n/clear\nWhat's my name?\n/save {saved}\n"
     run = subprocess.run(
         [sys.executable, str(REPO / "chat" / "cli.py"), "--do_sample", "false", "--max_new_tokens", "20"],
         input=script, capture_output=True, text=True, timeout=600, cwd=tmp_path,

@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"train"},
     {"ppo"},
-    {"chat"},
+    {"chat", "serve"},
     {"recipes"},
     {"cli", "__main__"},
 ]

@@ -24,6 +24,7 @@ COMMANDS = {
     "eval-ppo": "tunesmith.recipes.eval_policy",  # its first name, kept
     "merge": "tunesmith.recipes.merge",
     "chat": "tunesmith.recipes.chat",
+    "serve": "tunesmith.recipes.serve",
     "inspect": "tunesmith.recipes.inspect",
     "compare": "tunesmith.recipes.compare",
 }

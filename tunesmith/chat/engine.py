@@ -1,5 +1,6 @@
 """Multi-round chat without a terminal: the history, the token budget it is cut to, the commands,
-and streamed generation. The chat recipe (recipes/chat.py) is a read-print loop around `ChatSession.handle`.
+and streamed generation that a Ctrl-C can stop. The chat recipe (recipes/chat.py) is a read-print
+loop around `ChatSession.handle`.
 
 Prompts are rendered by `encode_prompt`, the same chat-template code that training uses, so a model
 sees at chat time exactly the layout it was trained on."""
@@ -13,17 +14,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from transformers import TextStreamer
+from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
 
-from ..constants import ASSISTANT, SYSTEM, USER
+from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, USER
 from ..data.formats import Message
 from ..data.template import encode_prompt
 from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
 
-COMMANDS = "clear (forget the history), /system TEXT (set the system prompt; /system alone restores the " \
-    "default), /save FILE (append the conversation to FILE as one JSON line), quit | exit | stop"
-QUIT_WORDS = ("quit", "exit", "stop")
+COMMANDS = ("/clear (forget the history; the system prompt stays), /system TEXT (set the system prompt; /system "
+            "alone: the template's default), /save FILE (append the conversation to FILE as training data), "
+            "/quit, /help; a line starting with // is a message that starts with /")
+# Words that leave when typed alone, in a terminal only: there a person typing just `quit` means it,
+# while a piped line is data (a script ends with /quit or the end of its input).
+BARE_QUIT_WORDS = ("quit", "exit")
 
 
 class PromptTooLong(ValueError):
@@ -32,11 +36,13 @@ class PromptTooLong(ValueError):
 
 @dataclass
 class Outcome:
-    """What one input line did: an answer (already streamed), a command's acknowledgement, an
-    error to show, a request to quit, or nothing (a blank line)."""
+    """What one input line did: an answer (already streamed; finish_reason stop, length or
+    interrupted), a command's acknowledgement, an error to show, a message refused unanswered, a
+    request to quit, or nothing (a blank line)."""
 
-    kind: Literal["answer", "info", "error", "quit", "nothing"]
+    kind: Literal["answer", "info", "error", "refused", "quit", "nothing"]
     text: str = ""
+    finish_reason: str | None = None
 
 
 class _CallbackStreamer(TextStreamer):
@@ -55,23 +61,48 @@ class _CallbackStreamer(TextStreamer):
                 self.on_text(text)
 
 
+class _UntilInterrupted(StoppingCriteria):
+    """Ends generation after the current token once the session is interrupted (a plain flag, so a
+    signal handler can set it: no lock it could deadlock on)."""
+
+    def __init__(self, session: ChatSession) -> None:
+        self.session = session
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.session.interrupted, dtype=torch.bool, device=input_ids.device)
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Tokens that end a reply: the model's configured eos ids and the tokenizer's eos, which is the
+    template's end-of-turn token that a base model's generation config may not list."""
+    configured = model.generation_config.eos_token_id
+    ids = configured if isinstance(configured, list) else [configured] if configured is not None else []
+    return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
+
+
 class ChatSession:
     """A conversation with one model. `messages` holds every user/assistant turn since the last
-    `clear` (what `/save` writes); the prompt holds the system prompt plus the newest whole turns
-    that fit `max_prompt_length`, and a turn once dropped for length stays dropped."""
+    `/clear` and `turn_systems` the system prompt each turn was generated with (what `/save` writes);
+    the prompt holds the current system prompt plus the newest whole turns that fit
+    `max_prompt_length`, and a turn once dropped for length stays dropped (`notify` hears when)."""
 
     def __init__(self, model: Any, tokenizer: Any, generation: GenerationArguments | None = None,
-                 max_prompt_length: int = 2048, system: str | None = None) -> None:
+                 max_prompt_length: int = 2048, system: str | None = None, bare_quit: bool = False,
+                 notify: Callable[[str], None] | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.generation = generation or GenerationArguments()
         self.max_prompt_length = max_prompt_length
         self.system = system
+        self.bare_quit = bare_quit
+        self.notify = notify or (lambda text: None)
         self.messages: list[Message] = []
+        self.turn_systems: list[str | None] = []
+        self.interrupted = False
         self._first_turn = 0  # index (in turns) of the oldest turn still in the prompt
 
     def conversation(self) -> list[Message]:
-        """The whole conversation, system prompt first when one is set."""
+        """The whole conversation, the current system prompt first when one is set."""
         head = [{"role": SYSTEM, "content": self.system}] if self.system else []
         return head + self.messages
 
@@ -85,48 +116,75 @@ class ChatSession:
             window = head + self.messages[2 * first:] + new
             size = len(encode_prompt(self.tokenizer, window))
             if size <= self.max_prompt_length:
-                self._first_turn = first
-                return window
+                break
             if 2 * first >= len(self.messages):
                 raise PromptTooLong(
                     f"the message and system prompt alone take {size} tokens, more than --max_prompt_length "
                     f"{self.max_prompt_length}: shorten them or raise --max_prompt_length"
                 )
             first += 1
+        if first > self._first_turn:
+            dropped = first - self._first_turn
+            self.notify(f"note: the oldest {'turn' if dropped == 1 else f'{dropped} turns'} left the model's context "
+                        f"(--max_prompt_length {self.max_prompt_length}); {first} of {len(self.messages) // 2} "
+                        "turns are out of it now, and /save still keeps them")
+        self._first_turn = first
+        return window
 
-    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> str:
-        """Generate (streaming each piece of text to on_text) and record the turn. The turn is only
-        recorded once the reply is complete, so an interrupted reply leaves no half turn."""
+    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> Outcome:
+        """Generate (streaming each piece of text to on_text) and record the turn. A reply that
+        `interrupt()` stopped is not recorded, so the history holds no half turn."""
         ids = encode_prompt(self.tokenizer, self.context(user_text))
         input_ids = torch.tensor([ids], device=self.model.device)
         streamer = _CallbackStreamer(self.tokenizer, on_text)
-        self.model.generate(
+        stop_ids = stop_token_ids(self.model, self.tokenizer)
+        output = self.model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
             streamer=streamer,
-            eos_token_id=self._stop_ids(),
+            eos_token_id=stop_ids,
             pad_token_id=self.tokenizer.pad_token_id,
+            stopping_criteria=StoppingCriteriaList([_UntilInterrupted(self)]),
             **self.generation.generate_kwargs(),
         )
         answer = "".join(streamer.pieces)
+        if self.interrupted:
+            return Outcome("answer", answer, "interrupted")
+        new_ids = output[0, len(ids):].tolist()
         self.messages += [{"role": USER, "content": user_text}, {"role": ASSISTANT, "content": answer}]
-        return answer
+        self.turn_systems.append(self.system)
+        return Outcome("answer", answer, "stop" if new_ids and new_ids[-1] in stop_ids else "length")
 
-    def _stop_ids(self) -> list[int]:
-        # The tokenizer's eos is the template's end-of-turn token, which a base model's generation
-        # config may not list.
-        configured = self.model.generation_config.eos_token_id
-        ids = configured if isinstance(configured, list) else [configured] if configured is not None else []
-        return sorted({i for i in [*ids, self.tokenizer.eos_token_id] if i is not None})
+    def interrupt(self) -> None:
+        """Stop the reply being generated (safe to call from a signal handler)."""
+        self.interrupted = True
 
     def clear(self) -> None:
         self.messages = []
+        self.turn_systems = []
         self._first_turn = 0
 
-    def save(self, path: str) -> int:
-        """Append the conversation as one `{"messages": [...]}` line (the OpenAI format training
-        reads); returns how many messages were written."""
-        if not self.messages:
+    def records(self) -> list[list[Message]]:
+        """The conversation as training rows, each reply with the system prompt it was generated with:
+        one row per run of turns that shared a system prompt, the turns before the run coming along as
+        context (their replies `"loss": false`, so that every reply trains once)."""
+        rows: list[list[Message]] = []
+        start, turns = 0, len(self.messages) // 2
+        for end in range(1, turns + 1):
+            if end < turns and self.turn_systems[end] == self.turn_systems[start]:
+                continue
+            system = self.turn_systems[start]
+            head = [{"role": SYSTEM, "content": system}] if system else []
+            context = [{**m, LOSS_FLAG: False} if m["role"] == ASSISTANT else m for m in self.messages[:2 * start]]
+            rows.append(head + context + self.messages[2 * start:2 * end])
+            start = end
+        return rows
+
+    def save(self, path: str) -> str:
+        """Append the conversation as `{"messages": [...]}` lines (the OpenAI format training reads),
+        one per system prompt it was generated with; returns what was written, in words."""
+        rows = self.records()
+        if not rows:
             raise ValueError("nothing to save yet: the conversation is empty")
         existing = ""
         if os.path.exists(path):
@@ -134,36 +192,46 @@ class ChatSession:
                 existing = f.read()
             if existing and not existing.endswith("\n"):
                 existing += "\n"
-        conversation = self.conversation()
-        atomic_write_text(path, existing + json.dumps({"messages": conversation}, ensure_ascii=False) + "\n")
-        return len(conversation)
+        lines = "".join(json.dumps({"messages": row}, ensure_ascii=False) + "\n" for row in rows)
+        atomic_write_text(path, existing + lines)
+        count = sum(map(len, rows))
+        if len(rows) == 1:
+            return f"saved {count} messages to {path}"
+        return f"saved {len(rows)} conversations, one per system prompt used, ({count} messages) to {path}"
 
     def handle(self, line: str, on_text: Callable[[str], None] | None = None) -> Outcome:
         """Run one input line: a command, or a user message to answer."""
+        self.interrupted = False
         text = line.strip()
-        word, _, rest = text.partition(" ")
         if not text:
             return Outcome("nothing")
-        if text.lower() in QUIT_WORDS:
+        if text.startswith("/") and not text.startswith("//"):
+            word, _, rest = text.partition(" ")
+            return self._command(word.lower(), rest.strip())
+        if self.bare_quit and text.lower() in BARE_QUIT_WORDS:
             return Outcome("quit")
-        if text.lower() == "clear":
+        try:
+            return self.reply(text.removeprefix("/"), on_text)
+        except PromptTooLong as e:
+            return Outcome("refused", str(e))
+
+    def _command(self, word: str, rest: str) -> Outcome:
+        if word in ("/quit", "/exit"):
+            return Outcome("quit")
+        if word == "/clear":
             self.clear()
             return Outcome("info", "history cleared")
+        if word == "/help":
+            return Outcome("info", f"commands: {COMMANDS}")
         if word == "/system":
-            self.system = rest.strip() or None
+            self.system = rest or None
             return Outcome("info", "system prompt set" if self.system else "system prompt back to the template's default")
         if word == "/save":
-            path = os.path.expanduser(rest.strip())
+            path = os.path.expanduser(rest)
             if not path:
                 return Outcome("error", "usage: /save FILE")
             try:
-                count = self.save(path)
+                return Outcome("info", self.save(path))
             except (OSError, ValueError) as e:
                 return Outcome("error", f"/save {path}: {e}")
-            return Outcome("info", f"saved {count} messages to {path}")
-        if word.startswith("/"):
-            return Outcome("error", f"unknown command {word}; commands: {COMMANDS}")
-        try:
-            return Outcome("answer", self.reply(text, on_text))
-        except PromptTooLong as e:
-            return Outcome("error", str(e))
+        return Outcome("error", f"unknown command {word}; commands: {COMMANDS}")

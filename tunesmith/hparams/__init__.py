@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
-from .generating_args import ChatArguments, GenerationArguments
+from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
 from .ppo_args import PPOArguments
@@ -32,6 +32,7 @@ RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),
+    "serve": (ModelArguments, ServeArguments, GenerationArguments),
     "score": (ModelArguments, DataArguments, ScoreArguments),
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
@@ -49,6 +50,7 @@ __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
+    "ServeArguments",
     "PPOArguments", "TrainingArguments", "MergeArguments", "ScoreArguments", "InspectArguments",
     "CompareArguments", "EvalArguments", "MERGE_RELATIVE_TOLERANCES",
 ]

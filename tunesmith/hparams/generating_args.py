@@ -1,9 +1,10 @@
-"""How replies are generated in chat, and the chat session's own settings."""
+"""How replies are generated in chat and by the server, and the chat session's and the server's own
+settings."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 
 @dataclass
@@ -42,4 +43,40 @@ class ChatArguments:
         default=2048,
         metadata={"help": "Longest prompt in tokens (system prompt + history + new message); the oldest whole "
                   "turns are dropped to fit."},
+    )
+    output: Literal["text", "jsonl"] = field(
+        default="text",
+        metadata={"help": "text: each answer as it streams; jsonl: one JSON object per message, {\"content\", "
+                  "\"finish_reason\"} (or {\"error\"}), for scripts reading multi-line answers from a pipe."},
+    )
+
+
+@dataclass
+class ServeArguments:
+    role: ClassVar[str] = "serve"
+    _argument_group_name: ClassVar[str] = "serve"
+
+    host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on (0.0.0.0: every interface)."})
+    port: int = field(default=8000, metadata={"help": "TCP port to listen on (0: any free one; the log says which)."})
+    api_key: str | None = field(
+        default=None,
+        metadata={"help": "Require `Authorization: Bearer KEY` on /v1 requests (default: the TUNESMITH_API_KEY "
+                  "environment variable when set, else no key)."},
+    )
+    served_model_name: str | None = field(
+        default=None,
+        metadata={"help": "The model id clients name in requests and /v1/models lists (default: the adapter's "
+                  "or the model's folder name)."},
+    )
+    max_batch_size: int = field(
+        default=16, metadata={"help": "Most replies (rows, counting each of a request's n) generated together."}
+    )
+    batch_wait_ms: float = field(
+        default=10.0,
+        metadata={"help": "How long the first request of a batch waits for others to join it, in milliseconds."},
+    )
+    context_length: int | None = field(
+        default=None,
+        metadata={"help": "Most tokens of prompt plus reply (default: the model's max_position_embeddings); a "
+                  "request over it is refused with a 400 that says by how much."},
     )

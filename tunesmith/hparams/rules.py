@@ -1,7 +1,7 @@
 """One table of settings that cannot work, checked right after parsing, before any weight loads:
 each row names the flag, the value received and what to change, instead of a failure later inside a
 library. A row applies to a run that has every role it reads (model, data, finetuning, training,
-ppo, reward, dpo, generation, chat, merge, score, evaluation); `check(**roles)` runs the table."""
+ppo, reward, dpo, generation, chat, serve, merge, score, evaluation); `check(**roles)` runs the table."""
 
 from __future__ import annotations
 
@@ -228,6 +228,14 @@ RULES: list[Rule] = [
          "--top_p must be in (0, 1] (got {generation.top_p})."),
     Rule("generation_length", ("generation",), lambda a: a.generation.max_new_tokens < 1,
          "--max_new_tokens must be at least 1 (got {generation.max_new_tokens})."),
+    # -- serve
+    Rule("serve_port", ("serve",), lambda a: not 0 <= a.serve.port <= 65535,
+         "--port must be in 0..65535 (got {serve.port}); 0 takes any free port."),
+    Rule("serve_batch", ("serve",), lambda a: a.serve.max_batch_size < 1 or a.serve.batch_wait_ms < 0,
+         "--max_batch_size must be at least 1 and --batch_wait_ms at least 0 (got {serve.max_batch_size} and "
+         "{serve.batch_wait_ms})."),
+    Rule("serve_context", ("serve",), lambda a: a.serve.context_length is not None and a.serve.context_length < 8,
+         "--context_length must be at least 8 tokens (got {serve.context_length}); leave it out to use the model's."),
     # -- merge
     Rule("merge_adapter_given", ("merge", "model"), lambda a: not a.model.adapter_name_or_path,
          "--adapter_name_or_path is required: the LoRA adapter directory to merge (an SFT or reward-model output)."),

@@ -251,14 +251,19 @@ def load_trained_tokenizer(model_args: ModelArguments) -> Any:
     return load_tokenizer(model_args)
 
 
+def inference_device() -> torch.device:
+    """Where a model for inference (chat, serve, score, compare, merge) runs: the GPU when there is
+    one, else the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
 def load_for_inference(model_args: ModelArguments, task: str = "causal_lm") -> tuple[nn.Module, Any]:
-    """(model in eval mode with no trainable weights, on the GPU when there is one, tokenizer) for a
-    trained result. The
-    tokenizer (and its chat template) comes from the adapter folder when it has one, since that is
-    what training saved."""
+    """(model in eval mode with no trainable weights, on `inference_device()`, tokenizer) for a
+    trained result. The tokenizer (and its chat template) comes from the adapter folder when it has
+    one, since that is what training saved."""
     finetuning = FinetuningArguments(finetuning_type="lora" if model_args.adapter_name_or_path else "full")
     tokenizer = load_trained_tokenizer(model_args)
     model = load_model(model_args, finetuning, is_trainable=False, task=task)
-    if torch.cuda.is_available() and model_args.quantization_bit is None:
-        model.cuda()  # quantized weights were placed as they loaded (device_map)
+    if model_args.quantization_bit is None:  # quantized weights were placed as they loaded (device_map)
+        model.to(inference_device())
     return model, tokenizer

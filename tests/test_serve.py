@@ -1,0 +1,291 @@
+"""The OpenAI-compatible server: a real `chat/serve.py` process on 127.0.0.1, called with the
+official `openai` client (streaming and not) and with plain HTTP; its greedy answers equal the chat
+engine's, bad requests get OpenAI's error object with a 4xx, the API key is checked, and a bounded
+burst of concurrent requests is batched with every answer complete. Plus the pieces that make the
+streamed text: incremental decoding and stop strings."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import build_tiny_model_dir
+from transformers import AutoModelForCausalLM
+
+from tunesmith.chat.engine import ChatSession
+from tunesmith.data.template import encode_prompt
+from tunesmith.errors import ConfigError
+from tunesmith.hparams import GenerationArguments, ServeArguments, check
+from tunesmith.serve.decoding import IncrementalDecoder, Sampling, StopMatcher
+from tunesmith.serve.generation import Batch, Job, generate_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "test-key"
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer) -> str:
+    # Larger random weights than the shared tiny model, whose greedy reply is "\n" over and over: these
+    # answer with varied words, and a byte token that never completes a character (decoded as U+FFFD).
+    return build_tiny_model_dir(tmp_path_factory.mktemp("serve-model"), tokenizer, initializer_range=0.2)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    """A server process on a free port (`--port 0`), its address read from its log."""
+    log = tmp_path_factory.mktemp("serve-log") / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0",
+             "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "50"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        url = _wait_until_healthy(proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def _wait_until_healthy(proc: subprocess.Popen, log: Path, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        found = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", log.read_text())
+        if found:
+            try:
+                if httpx.get(found[1] + "/health", timeout=5).status_code == 200:
+                    return found[1]
+            except httpx.TransportError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not come up: " + log.read_text()[-3000:])
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir, tokenizer) -> ChatSession:
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    return ChatSession(model, tokenizer, GenerationArguments(do_sample=False, max_new_tokens=MAX_TOKENS))
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me a story about a cat."},
+     {"role": "assistant", "content": "Once upon a time."}, {"role": "user", "content": "Go on, 请继续。"}],
+]
+
+
+def _engine_reply(engine: ChatSession, messages: list[dict]) -> str:
+    engine.clear()
+    engine.system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    turns = [m for m in messages if m["role"] != "system"]
+    engine.messages = turns[:-1]
+    engine.turn_systems = [engine.system] * (len(turns) // 2)
+    outcome = engine.handle(turns[-1]["content"])
+    assert outcome.kind == "answer"
+    return outcome.text
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["one turn", "system and history"])
+def test_streamed_and_whole_answers_equal_the_chat_engines(client, engine, tokenizer, messages):
+    expected = _engine_reply(engine, messages)
+
+    whole = client.chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                           max_tokens=MAX_TOKENS)
+    stream = client.chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                            max_tokens=MAX_TOKENS, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+
+    assert whole.choices[0].message.content == expected
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.prompt_tokens == len(encode_prompt(tokenizer, messages))  # the training template's render
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1  # streamed token by token
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump() and not chunks[-1].choices
+
+
+def test_models_health_stop_n_and_seed(client, server):
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    assert httpx.get(server + "/health").json()["status"] == "ok"  # no key needed
+
+    full = client.chat.completions.create(model="tiny", messages=CONVERSATIONS[0], temperature=0)
+    text = full.choices[0].message.content
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == MAX_TOKENS  # server default
+    stop = text.split()[2]
+    cut = client.chat.completions.create(model="tiny", messages=CONVERSATIONS[0], temperature=0, stop=[stop])
+    assert cut.choices[0].message.content == text[:text.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+    def sampled():
+        reply = client.chat.completions.create(model="tiny", messages=CONVERSATIONS[0], temperature=1.0,
+                                               n=2, seed=7, max_tokens=8)
+        return [c.message.content for c in reply.choices]
+
+    first = sampled()
+    assert len(first) == 2 and first[0] != first[1] and sampled() == first  # n replies; a seed repeats them
+
+
+BAD_REQUESTS = [
+    ("missing messages", {"model": "tiny"}, 400, "`messages` is required"),
+    ("unknown role", {"messages": [{"role": "bot", "content": "Hi"}]}, 400,
+     r"`messages\[0\].role`: unknown role 'bot' \(expected one of system, user, assistant, tool\)"),
+    ("role order", {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}, 400,
+     r"`messages\[1\].role`: wrong role order: 'user' cannot come after 'user'"),
+    ("ends with a reply", {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+     400, "the last turn must be 'user' or 'tool'"),
+    ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     400, "content part of type 'image_url': tunesmith trains text-only models"),
+    ("huge max_tokens", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10**6}, 400,
+     r"plus max_tokens \(1000000\) make 1000031 tokens, 997983 more than the model's context of 2048 tokens"),
+    ("negative max_tokens", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": -1}, 400,
+     r"`max_tokens` must be at least 1 \(got -1\)"),
+    ("temperature", {"messages": [{"role": "user", "content": "Hi"}], "temperature": "hot"}, 400,
+     "`temperature` must be a number"),
+    ("n", {"messages": [{"role": "user", "content": "Hi"}], "n": 100}, 400, r"`n` must be at most 16"),
+    ("unknown field", {"messages": [{"role": "user", "content": "Hi"}], "max_token": 5}, 400,
+     "unrecognized request argument supplied: max_token"),
+    ("tools", {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]}, 400,
+     "`tools` is not supported by this server"),
+    ("other model", {"model": "gpt-9", "messages": [{"role": "user", "content": "Hi"}]}, 404,
+     "the model 'gpt-9' does not exist here: this server serves 'tiny'"),
+]
+
+
+@pytest.mark.parametrize("name, body, status, message", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests_get_an_openai_error_object(server, name, body, status, message):
+    reply = httpx.post(server + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert re.search(message, error["message"]), error
+    assert error["type"] == "invalid_request_error" and set(error) == {"message", "type", "param", "code"}
+
+
+def test_bad_json_an_unknown_path_and_the_api_key(server, client):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    bad_json = httpx.post(server + "/v1/chat/completions", content=b'{"messages": [', headers=auth)
+    assert bad_json.status_code == 400 and "the request body is not valid JSON" in bad_json.json()["error"]["message"]
+    nowhere = httpx.get(server + "/v1/completions", headers=auth)
+    assert nowhere.status_code == 404 and "POST /v1/chat/completions" in nowhere.json()["error"]["message"]
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        refused = httpx.post(server + "/v1/chat/completions", json={"messages": CONVERSATIONS[0]}, headers=headers)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert client.models.list().data  # the server took none of it badly
+
+
+def test_a_burst_of_concurrent_requests_is_batched_and_every_answer_is_complete(client, server, engine):
+    prompts = [[{"role": "user", "content": f"Question {i}:" + " why?" * i}] for i in range(8)]
+
+    def ask(k: int) -> tuple[str, str, int]:
+        messages, stream = prompts[k], k % 2 == 1
+        reply = client.chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                               max_tokens=MAX_TOKENS, stream=stream,
+                                               stream_options={"include_usage": True} if stream else None)
+        if not stream:
+            return reply.choices[0].message.content, reply.choices[0].finish_reason, reply.usage.completion_tokens
+        chunks = list(reply)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return text, [c.choices[0].finish_reason for c in chunks if c.choices][-1], chunks[-1].usage.completion_tokens
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(ask, range(len(prompts)), timeout=120))
+    assert time.monotonic() - started < 120
+
+    for k, (text, finish, tokens) in enumerate(answers):
+        assert finish in ("stop", "length") and (finish == "stop" or tokens == MAX_TOKENS)
+        assert text == _engine_reply(engine, prompts[k])  # left padding changed no answer
+    assert httpx.get(server + "/health").json()["largest_batch"] > 1  # some were generated together
+
+
+def test_rows_join_a_running_batch_and_leave_it_with_the_answers_they_get_alone(engine, tokenizer):
+    model, stop_ids = engine.model, {tokenizer.eos_token_id}
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": text}])
+               for text in ("A long question, " * 8, "Hi", "Why is the sky blue?")]
+    lengths = [3, 10, 6]  # the long prompt leaves first: the others' left padding is cut away
+
+    def job(k: int, texts: dict) -> Job:
+        return Job(prompts[k], Sampling(max_tokens=lengths[k]),
+                   emit=lambda event: texts.__setitem__(k, texts.get(k, "") + event.text))
+
+    alone: dict[int, str] = {}
+    for k in range(3):
+        generate_batch(model, tokenizer, [job(k, alone)], stop_ids)
+    together: dict[int, str] = {}
+    batch = Batch(model, tokenizer, stop_ids)
+    batch.admit([job(0, together)])
+    batch.step()
+    batch.admit([job(1, together), job(2, together)])  # mid-generation, with prompts of other lengths
+    widths = []
+    while len(batch):
+        batch.step()
+        widths.append(batch.mask.shape[1] if len(batch) else 0)
+
+    assert together == alone and len(alone) == 3
+    assert min(w for w in widths if w) < widths[0]  # the long prompt's columns went with it
+    assert len(batch) == 0 and batch.cache is None
+
+
+def test_a_busy_port_is_refused_before_the_model_loads(model_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir,
+                               "--port", str(port)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().endswith(f"tunesmith: config error: --host 127.0.0.1 --port {port}: cannot listen "
+                                        "there (Address already in use); choose another --port, or stop what uses it")
+    assert "Loading weights" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(port=70000), r"--port must be in 0..65535 \(got 70000\); 0 takes any free port"),
+    (dict(max_batch_size=0), r"--max_batch_size must be at least 1 and --batch_wait_ms at least 0 \(got 0 and 10.0\)"),
+    (dict(context_length=4), r"--context_length must be at least 8 tokens \(got 4\)"),
+])
+def test_serve_flags_are_checked(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        check(serve=ServeArguments(**flags))
+
+
+def test_incremental_decoding_never_splits_a_character(tokenizer):
+    text = "Café ☕ 你好，世界! 🎉🎉 naïve"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    decoder = IncrementalDecoder(tokenizer)
+
+    pieces = [decoder.add(i) for i in ids] + [decoder.flush()]
+
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+    assert len(ids) > len(text.split()) and sum(1 for p in pieces if p) > 5
+
+
+def test_stop_strings_are_held_back_until_they_cannot_match():
+    matcher = StopMatcher(("END", "\n\n"))
+    shown = []
+    for piece in ["Hello E", "N", "ough. ", "Bye E", "ND and more"]:
+        matcher.feed(piece)
+        shown.append(matcher.release())
+
+    assert shown == ["Hello ", "", "ENough. ", "Bye ", ""]
+    assert matcher.stopped and matcher.text == "Hello ENough. Bye "

@@ -1,0 +1,71 @@
+"""Serve a model over HTTP with the OpenAI chat-completions API, every request rendered by the
+chat template that training used.
+
+    tunesmith serve                                              # the embedded SmolLM2-135M-Instruct
+    python chat/serve.py --model_name_or_path outputs/sft_demo   # an adapter dir (base from adapter_config.json)
+    python chat/serve.py --model_name_or_path M --adapter_name_or_path A --host 127.0.0.1 --port 8000 --api_key KEY
+
+Routes: POST /v1/chat/completions (`stream` over server-sent events or not; `temperature`, `top_p`,
+`max_tokens` or `max_completion_tokens`, `stop`, `n`, `seed`; usage counts, and in a stream with
+`stream_options: {"include_usage": true}`), GET /v1/models, GET /health (no key needed). Settings a
+request leaves out come from the generation flags (--do_sample false: greedy; --max_new_tokens, cut to
+the room the prompt leaves in the context); --top_k and --repetition_penalty apply to every request.
+A `max_tokens` that does not fit the context with the prompt is refused with a 400 that says by how
+many tokens, never cut. Requests that arrive together are generated as one batch.
+
+Errors come back as OpenAI's {"error": {"message", "type", "param", "code"}}: 400 for a malformed
+request, 401 for a wrong key, 404 for another model's name or an unknown path, 500 if generation fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Sequence
+
+from ..boundary import entry_point
+from ..errors import ConfigError
+from ..hparams import ModelArguments, parse_run
+from ..models.loader import load_for_inference
+
+logger = logging.getLogger(__name__)
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+    args = parse_run("serve", argv, __doc__)
+    import uvicorn
+
+    from ..serve.app import create_app
+
+    listener = listen(args.serve.host, args.serve.port)  # before the model loads: a busy port fails at once
+    model, tokenizer = load_for_inference(args.model)
+    model_id = args.serve.served_model_name or model_name(args.model)
+    api_key = args.serve.api_key or os.environ.get("TUNESMITH_API_KEY") or None
+    app = create_app(model, tokenizer, args.serve, args.generation, model_id, api_key)
+    port = listener.getsockname()[1]  # the one the system chose, for --port 0
+    logger.info("serving %s at http://%s:%d/v1 (%s)", model_id, args.serve.host, port,
+                "API key required" if api_key else "no API key")
+    uvicorn.Server(uvicorn.Config(app, host=args.serve.host, port=port, log_level="info")).run(sockets=[listener])
+
+
+def model_name(model: ModelArguments) -> str:
+    path = model.adapter_name_or_path or model.model_name_or_path or "model"
+    return os.path.basename(os.path.normpath(path))
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, as uvicorn would bind it; a busy port or unknown host is a config error."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); choose another "
+                          "--port, or stop what uses it") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+main = entry_point(run)

@@ -1,0 +1,209 @@
+"""The HTTP side: FastAPI routes for /v1/chat/completions (streamed over server-sent events or not),
+/v1/models and /health, the API key check, and every refusal as OpenAI's error object. Each request
+is rendered by the training template (data/template.py's encode_prompt, what chat uses), checked
+against the context, and handed to the scheduler's worker thread; its events come back through an
+asyncio queue, so the loop never waits on the model."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..data.template import encode_prompt
+from ..errors import TemplateError
+from ..hparams import GenerationArguments, ServeArguments
+from . import protocol
+from .decoding import Sampling
+from .generation import Event, Job
+from .protocol import APIError, ChatRequest
+from .scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+ROUTES = "POST /v1/chat/completions, GET /v1/models, GET /health"
+
+
+class Server:
+    """What the routes share: the model's tokenizer and context, the defaults, the scheduler."""
+
+    def __init__(self, model: Any, tokenizer: Any, serve: ServeArguments, generation: GenerationArguments,
+                 model_id: str, api_key: str | None) -> None:
+        self.tokenizer, self.serve, self.generation = tokenizer, serve, generation
+        self.model_id, self.api_key = model_id, api_key
+        self.context = serve.context_length or getattr(model.config, "max_position_embeddings", None) or 2048
+        self.scheduler = Scheduler(model, tokenizer, serve.max_batch_size, serve.batch_wait_ms / 1000)
+        self.created = int(time.time())
+
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), self.api_key.encode()):
+            raise APIError(401, "invalid or missing API key: send `Authorization: Bearer KEY` with the server's "
+                           "--api_key", code="invalid_api_key")
+
+    def sampling(self, request: ChatRequest, prompt_tokens: int) -> Sampling:
+        """The request's settings over the server's defaults (--temperature etc.; --do_sample false:
+        greedy unless the request asks for a temperature)."""
+        g = self.generation
+        default_temperature = g.temperature if g.do_sample else 0.0
+        return Sampling(
+            temperature=default_temperature if request.temperature is None else request.temperature,
+            top_p=g.top_p if request.top_p is None else request.top_p,
+            top_k=g.top_k,
+            repetition_penalty=g.repetition_penalty,
+            max_tokens=self.reply_budget(prompt_tokens, request.max_tokens),
+            stop=tuple(request.stop),
+            seed=request.seed,
+        )
+
+    def reply_budget(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """max_tokens as asked, refused (never cut) when the prompt and it exceed the context; when left
+        out, the server's --max_new_tokens cut to the room the prompt leaves."""
+        room = self.context - prompt_tokens
+        if max_tokens is None:
+            if room < 1:
+                raise APIError(400, f"the messages take {prompt_tokens} tokens, {1 - room} more than the model's "
+                               f"context of {self.context} tokens leaves for a reply: shorten them",
+                               "messages", "context_length_exceeded")
+            return min(self.generation.max_new_tokens, room)
+        if max_tokens > room:
+            total = prompt_tokens + max_tokens
+            raise APIError(400, f"the messages ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) make {total} "
+                           f"tokens, {total - self.context} more than the model's context of {self.context} tokens: "
+                           "lower max_tokens or shorten the messages", "max_tokens", "context_length_exceeded")
+        return max_tokens
+
+
+def create_app(model: Any, tokenizer: Any, serve: ServeArguments, generation: GenerationArguments,
+               model_id: str, api_key: str | None = None) -> FastAPI:
+    server = Server(model, tokenizer, serve, generation, model_id, api_key)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        server.scheduler.start()
+        yield
+        server.scheduler.close()
+
+    app = FastAPI(title="tunesmith", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    _add_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model_id, **server.scheduler.stats}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        server.authorize(request)
+        return {"object": "list", "data": [_model_card(server)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model_card(name: str, request: Request) -> dict:
+        server.authorize(request)
+        if name != model_id:
+            raise APIError(404, f"the model {name!r} does not exist here: this server serves {model_id!r}",
+                           "model", "model_not_found")
+        return _model_card(server)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        server.authorize(request)
+        body = protocol.parse_json_body(await request.body())
+        chat = protocol.parse_chat_request(body, serve.max_batch_size)
+        if chat.model is not None and chat.model != model_id:
+            raise APIError(404, f"the model {chat.model!r} does not exist here: this server serves {model_id!r} "
+                           "(GET /v1/models)", "model", "model_not_found")
+        try:
+            prompt_ids = encode_prompt(tokenizer, chat.messages)
+        except TemplateError as e:
+            raise APIError(400, str(e), "messages") from None
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        job = Job(prompt_ids, server.sampling(chat, len(prompt_ids)),
+                  emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event), n=chat.n)
+        server.scheduler.submit(job)
+        if chat.stream:
+            return StreamingResponse(_stream(job, events, chat, model_id), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await _complete(job, events, model_id)
+
+    return app
+
+
+def _model_card(server: Server) -> dict:
+    return {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "tunesmith",
+            "context_length": server.context}
+
+
+async def _complete(job: Job, events: asyncio.Queue[Event], model_id: str) -> dict:
+    texts, reasons, tokens = [""] * job.n, [""] * job.n, 0
+    done = 0
+    try:
+        while done < job.n:
+            event = await events.get()
+            if event.error:
+                raise APIError(500, event.error)
+            texts[event.index] += event.text
+            if event.finish_reason:
+                reasons[event.index], done, tokens = event.finish_reason, done + 1, tokens + event.completion_tokens
+    finally:
+        job.cancelled = True  # nothing left to do for a finished job; a dropped client frees its rows
+    usage = protocol.usage(len(job.prompt_ids), tokens)
+    return protocol.completion(protocol.completion_id(), model_id, texts, reasons, usage)
+
+
+async def _stream(job: Job, events: asyncio.Queue[Event], chat: ChatRequest, model_id: str) -> AsyncIterator[str]:
+    cid, done, tokens = protocol.completion_id(), 0, 0
+    try:
+        for index in range(job.n):
+            yield protocol.sse(protocol.chunk(cid, model_id, index, {"role": "assistant", "content": ""}))
+        while done < job.n:
+            event = await events.get()
+            if event.error:
+                yield protocol.sse(APIError(500, event.error).body())
+                break
+            if event.text:
+                yield protocol.sse(protocol.chunk(cid, model_id, event.index, {"content": event.text}))
+            if event.finish_reason:
+                done, tokens = done + 1, tokens + event.completion_tokens
+                yield protocol.sse(protocol.chunk(cid, model_id, event.index, {}, event.finish_reason))
+        if chat.include_usage and done == job.n:
+            yield protocol.sse(protocol.usage_chunk(cid, model_id, protocol.usage(len(job.prompt_ids), tokens)))
+        yield protocol.sse("[DONE]")
+    finally:
+        job.cancelled = True
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal as OpenAI's error object and status; an unexpected failure as a 500, the server
+    going on."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        message = (f"no route {request.method} {request.url.path}: this server has {ROUTES}" if e.status_code in (404, 405)
+                   else str(e.detail))
+        return JSONResponse(APIError(e.status_code, message).body(), status_code=e.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        return JSONResponse(APIError(400, str(e)).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
+        logger.exception("request failed: %s %s", request.method, request.url.path)
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)

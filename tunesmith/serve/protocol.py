@@ -1,0 +1,202 @@
+"""The OpenAI chat-completions protocol as this server speaks it: a request body checked into a
+`ChatRequest`, the error object, and the completion, chunk and usage objects.
+
+Messages are read by the data layer's own reader (data/formats.py), so the server accepts exactly
+what training accepts (roles, content strings or text parts, tool calls and results) and refuses the
+rest with the same words; its errors come back as a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..constants import ASSISTANT, LOSS_FLAG, TOOL, USER
+from ..data.formats import Message, Row, check_role_order, link_tool_results, openai_messages
+
+ERROR_CODES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+               405: "invalid_request_error", 413: "invalid_request_error"}
+
+# Fields an OpenAI client may send that change nothing here.
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
+           "prompt_cache_key", "prompt_cache_retention", "reasoning_effort", "verbosity"}
+# Fields accepted only at a value that asks for nothing this server lacks (it generates plain text).
+NEUTRAL_ONLY = {"tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs", "logit_bias",
+                "response_format", "audio", "modalities", "prediction", "web_search_options", "frequency_penalty",
+                "presence_penalty"}
+NEUTRAL_VALUES: list[Any] = [False, 0, 0.0, [], {}, "none", "auto", ["text"], {"type": "text"}]
+KNOWN = {"messages", "model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "temperature",
+         "top_p", "stop", "seed"} | IGNORED | NEUTRAL_ONLY
+MAX_STOP_SEQUENCES = 4
+
+
+class APIError(Exception):
+    """A request refused, as OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = ERROR_CODES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+class _RequestRow(Row):
+    """The data layer's Row, its errors as 400s naming the request's field instead of a file and line."""
+
+    def where(self, field: str | None = None) -> str:
+        return f"`{field}`" if field else "the request"
+
+    def error(self, message: str, field: str | None = None) -> APIError:  # type: ignore[override]
+        return APIError(400, f"{self.where(field)}: {message}", param=field)
+
+
+@dataclass
+class ChatRequest:
+    """A checked /v1/chat/completions body; None where the client left a setting to the server."""
+
+    messages: list[Message]
+    model: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+def parse_json_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f" ({e.msg} at line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise APIError(400, f"the request body is not valid JSON{where}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def parse_chat_request(body: dict, max_n: int) -> ChatRequest:
+    """Check every field of a chat-completions body; the first problem raises a 400 naming it."""
+    unknown = sorted(set(body) - KNOWN)
+    if unknown:
+        raise APIError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
+    for key in sorted(NEUTRAL_ONLY & set(body)):
+        if not _neutral(body[key]):
+            raise APIError(400, f"`{key}` is not supported by this server (it generates plain text); leave it out",
+                           key)
+    if "messages" not in body:
+        raise APIError(400, "`messages` is required: a list of {role, content} messages ending with a user message",
+                       "messages")
+    request = ChatRequest(messages=_messages(body), model=_optional(body, "model", str))
+    request.stream = bool(_optional(body, "stream", bool))
+    options = _optional(body, "stream_options", dict) or {}
+    request.include_usage = options.get("include_usage") is True
+    request.n = _integer(body, "n", 1, max_n, f"at most {max_n} (the server's --max_batch_size)") or 1
+    request.max_tokens = _max_tokens(body)
+    request.temperature = _number(body, "temperature", 0.0, 2.0)
+    request.top_p = _number(body, "top_p", 0.0, 1.0)
+    request.seed = _integer(body, "seed", -(2**63), 2**63 - 1, "a 64-bit integer")
+    request.stop = _stop(body.get("stop"))
+    return request
+
+
+def _messages(body: dict) -> list[Message]:
+    # Earlier replies in a request are context, never trained: the reader's refusal of an empty reply
+    # (nothing to train) does not apply, so they go in as `"loss": false` and come out without it.
+    items = body["messages"]
+    if isinstance(items, list):
+        items = [{**m, LOSS_FLAG: False} if isinstance(m, dict) and m.get("role") == ASSISTANT else m for m in items]
+    row = _RequestRow("request", 1, body)
+    messages = openai_messages(row, items)
+    check_role_order(row, messages, "messages", ends_with=(USER, TOOL))
+    link_tool_results(messages)
+    for m in messages:
+        m.pop(LOSS_FLAG, None)
+    return messages
+
+
+def _neutral(value: Any) -> bool:
+    return value is None or any(value == v and type(value) is type(v) for v in NEUTRAL_VALUES)
+
+
+def _optional(body: dict, key: str, kind: type) -> Any:
+    value = body.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise APIError(400, f"`{key}` must be {kind.__name__}, got {type(value).__name__}", key)
+    return value
+
+
+def _integer(body: dict, key: str, low: int, high: int, bounds: str | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise APIError(400, f"`{key}` must be an integer, got {json.dumps(value)}", key)
+    if not low <= value <= high:
+        raise APIError(400, f"`{key}` must be {bounds or f'in {low}..{high}'} (got {value})", key)
+    return value
+
+
+def _number(body: dict, key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise APIError(400, f"`{key}` must be a number, got {json.dumps(value)}", key)
+    if not low <= value <= high:
+        raise APIError(400, f"`{key}` must be in [{low:g}, {high:g}] (got {value})", key)
+    return float(value)
+
+
+def _max_tokens(body: dict) -> int | None:
+    given = {key: _integer(body, key, 1, 2**31 - 1, "at least 1") for key in ("max_completion_tokens", "max_tokens")}
+    values = {v for v in given.values() if v is not None}
+    if len(values) > 1:
+        raise APIError(400, "`max_tokens` and `max_completion_tokens` differ: give one of them", "max_tokens")
+    return values.pop() if values else None
+
+
+def _stop(value: Any) -> list[str]:
+    stops = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise APIError(400, "`stop` must be a non-empty string or a list of them", "stop")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise APIError(400, f"`stop` takes at most {MAX_STOP_SEQUENCES} sequences (got {len(stops)})", "stop")
+    return stops
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(cid: str, model: str, texts: list[str], reasons: list[str], usage_: dict) -> dict:
+    choices = [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                "logprobs": None} for i, (text, reason) in enumerate(zip(texts, reasons))]
+    return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage_}
+
+
+def chunk(cid: str, model: str, index: int, delta: dict, finish_reason: str | None = None) -> dict:
+    return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+
+
+def usage_chunk(cid: str, model: str, usage_: dict) -> dict:
+    return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [], "usage": usage_}
+
+
+def sse(data: dict | str) -> str:
+    """One server-sent event: `data: JSON` and a blank line."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"

@@ -1,0 +1,95 @@
+"""The one worker thread that runs the model, with continuous batching: while rows are being
+generated, requests that arrive join the batch at the next step (up to --max_batch_size rows); when
+the worker is idle, the first request waits a short window (--batch_wait_ms) for others to share its
+prefill. The asyncio loop that serves HTTP never waits on the model."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from ..chat.engine import stop_token_ids
+from .generation import Batch, Event, Job
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 16, wait_s: float = 0.01) -> None:
+        self.max_batch_size, self.wait_s = max_batch_size, wait_s
+        self.batch = Batch(model, tokenizer, set(stop_token_ids(model, tokenizer)))
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._carried: Job | None = None  # a job that did not fit goes first next time
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="tunesmith-generate", daemon=True)
+        self.stats = {"requests": 0, "prefills": 0, "largest_batch": 0}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; its rows must fit one batch (the protocol caps n at max_batch_size)."""
+        self.stats["requests"] += 1
+        self._queue.put(job)
+
+    def _get(self, timeout: float | None) -> Job | None:
+        """The next job (None: none within the timeout, or closing); timeout None blocks, 0 polls."""
+        if self._carried is not None:
+            job, self._carried = self._carried, None
+            return job
+        try:
+            job = self._queue.get(timeout=timeout) if timeout != 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        self._closing = self._closing or job is None
+        return job
+
+    def _take(self) -> list[Job]:
+        """Jobs to admit now, as many as fit the rows left. Idle: block for the first, then wait the
+        window for more; busy: only those already queued, so running rows never wait."""
+        room = self.max_batch_size - len(self.batch)
+        idle = not len(self.batch)
+        jobs: list[Job] = []
+        deadline = None
+        while room > 0 and not self._closing:
+            if idle and not jobs:
+                timeout = None
+            elif idle:
+                deadline = deadline or time.monotonic() + self.wait_s
+                timeout = max(0.0, deadline - time.monotonic())
+            else:
+                timeout = 0
+            job = self._get(timeout)
+            if job is None:
+                break
+            if job.cancelled:
+                continue
+            if job.n > room:
+                self._carried = job
+                break
+            jobs.append(job)
+            room -= job.n
+        return jobs
+
+    def _run(self) -> None:
+        while not (self._closing and not len(self.batch)):
+            jobs = self._take()
+            try:
+                if jobs:
+                    self.batch.admit(jobs)
+                    self.stats["prefills"] += 1
+                    self.stats["largest_batch"] = max(self.stats["largest_batch"], len(self.batch))
+                if len(self.batch):
+                    self.batch.step()
+            except Exception as e:  # a failed step fails the requests in it, not the server
+                logger.exception("generation failed with %d rows", len(self.batch))
+                for job in {id(j): j for j in self.batch.jobs + jobs}.values():
+                    job.emit(Event(error=f"generation failed: {type(e).__name__}: {e}"))
+                self.batch.reset()
