@@ -250,7 +250,7 @@ def test_a_busy_port_is_refused_before_the_model_loads(model_dir):
         busy.listen()
         port = busy.getsockname()[1]
         proc = subprocess.run([sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir,
-                               "--port", str(port)], capture_output=True, text=True, timeout=120,
+                               "--port", str(port)], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().endswith(f"tunesmith: config error: --host 127.0.0.1 --port {port}: cannot listen "
