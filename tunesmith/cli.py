@@ -22,6 +22,7 @@ COMMANDS = {
     "ppo": "tunesmith.recipes.ppo",
     "eval-ppo": "tunesmith.recipes.eval_ppo",
     "merge": "tunesmith.recipes.merge",
+    "export": "tunesmith.recipes.export",
     "chat": "tunesmith.recipes.chat",
     "inspect": "tunesmith.recipes.inspect",
     "compare": "tunesmith.recipes.compare",
