@@ -15,16 +15,16 @@ import torch
 from peft import PeftModel
 from test_cli_errors import assert_one_line_error, cli
 from test_merge import _make_adapter
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from tunesmith.data.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
 from tunesmith.errors import ConfigError, PathError
-from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments
-from tunesmith.models.gguf_export import ExportError
+from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments, parse_run
+from tunesmith.models.gguf_export import ExportError, RoundTrip, check_llama
 from tunesmith.models.gguf_vocab import pre_tokenizer_name
 from tunesmith.models.loader import load_tokenizer
-from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY
+from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _refusal
 from tunesmith.recipes.export import run as export
 
 
@@ -144,3 +144,41 @@ def test_templates_without_a_translation_are_named(default_model_path):
     other.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()  # ChatML without a default system prompt
     chat, _ = ollama_chat(other)
     assert chat is not None and chat.system is None
+
+
+@pytest.mark.parametrize("argv, error, message", [
+    ([], ConfigError, "--output_file is required"),
+    (["--output_file", "m.gguf", "--quantization_bit", "4"], ConfigError, "--quantization_bit cannot be used with export"),
+    (["--output_file", "m.gguf", "--max_relative_logit_diff", "-1"], ConfigError,
+     r"--max_relative_logit_diff must be >= 0 \(got -1.0\)"),
+    (["--output_file", "m.gguf", "--dtype", "q4_0"], SystemExit, "^2$"),  # argparse lists the choices, exit 2
+], ids=["output_file", "quantized", "tolerance", "dtype"])
+def test_export_settings_that_cannot_work_stop_before_loading(argv, error, message, tiny_model_dir, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error, match=message):
+        parse_run("export", ["--model_name_or_path", tiny_model_dir, *argv])
+
+
+def test_reward_adapters_and_unsupported_llama_settings_are_refused_by_name(tiny_model_dir, tmp_path):
+    adapter = tmp_path / "rm"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": tiny_model_dir,
+                                                             "task_type": "SEQ_CLS"}))
+    with pytest.raises(ConfigError, match=r"is a reward-model adapter \(task_type SEQ_CLS\): export_gguf writes chat"):
+        parse_run("export", ["--model_name_or_path", str(adapter), "--output_file", str(tmp_path / "m.gguf")])
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1,
+                         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(ConfigError, match="export_gguf writes Llama models with rope_type default; this one has linear"):
+        check_llama(LlamaForCausalLM(config))
+
+
+def test_a_different_tokenizer_or_template_in_the_file_is_a_refusal_whatever_the_logits():
+    same = RoundTrip(0.0, 10.0, 1.0, None, True)
+    assert _refusal(same, 0.0) is None
+    tokens = RoundTrip(0.0, 10.0, 1.0, "conversation 2 (add_special_tokens=False) from token 7: [1] in the source, "
+                       "[2] in the GGUF", True)
+    assert _refusal(tokens, 1.0).startswith("its tokenizer encodes conversation 2")
+    assert "chat template differs" in _refusal(RoundTrip(0.0, 10.0, 1.0, None, False), 1.0)
+    assert "0.5 of the largest |logit| (10), above the bound 0.1" in _refusal(RoundTrip(5.0, 10.0, 1.0, None, True), 0.1)
