@@ -23,6 +23,7 @@ COMMANDS = {
     "eval-policy": "tunesmith.recipes.eval_policy",
     "eval-ppo": "tunesmith.recipes.eval_policy",  # its first name, kept
     "merge": "tunesmith.recipes.merge",
+    "export": "tunesmith.recipes.export",
     "chat": "tunesmith.recipes.chat",
     "serve": "tunesmith.recipes.serve",
     "inspect": "tunesmith.recipes.inspect",

@@ -15,9 +15,12 @@ from .ppo_args import PPOArguments
 from .rules import check, deepspeed_config, zero_stage
 from .run_config import save_run_config
 from .tool_args import (
+    EXPORT_RELATIVE_TOLERANCES,
     MERGE_RELATIVE_TOLERANCES,
     CompareArguments,
     EvalArguments,
+    ExportArguments,
+    ExportModelArguments,
     InspectArguments,
     MergeArguments,
     ScoreArguments,
@@ -31,6 +34,7 @@ RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
     "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
+    "export": (ExportModelArguments, ExportArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),
     "serve": (ModelArguments, ServeArguments, GenerationArguments),
     "score": (ModelArguments, DataArguments, ScoreArguments),
@@ -52,5 +56,6 @@ __all__ = [
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
     "ServeArguments",
     "PPOArguments", "TrainingArguments", "MergeArguments", "ScoreArguments", "InspectArguments",
-    "CompareArguments", "EvalArguments", "MERGE_RELATIVE_TOLERANCES",
+    "CompareArguments", "EvalArguments", "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments",
+    "EXPORT_RELATIVE_TOLERANCES",
 ]

@@ -1,7 +1,7 @@
 """One table of settings that cannot work, checked right after parsing, before any weight loads:
 each row names the flag, the value received and what to change, instead of a failure later inside a
 library. A row applies to a run that has every role it reads (model, data, finetuning, training,
-ppo, reward, dpo, generation, chat, serve, merge, score, evaluation); `check(**roles)` runs the table."""
+ppo, reward, dpo, generation, chat, serve, merge, export, score, evaluation); `check(**roles)` runs the table."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import torch
 
 from ..errors import ConfigError, PathError
 from ..utils.paths import (
+    adapter_config,
     is_adapter_dir,
     looks_local,
+    model_architecture,
     problem_with_data_file,
     problem_with_model_dir,
     problem_with_output_dir,
@@ -87,6 +89,20 @@ def _merged_from_this_adapter(model: Any) -> dict | None:
     if merged.get("adapter_name_or_path") and os.path.realpath(merged["adapter_name_or_path"]) == os.path.realpath(adapter):
         return {"base": merged.get("model_name_or_path") or "the one its adapter_config.json records"}
     return None
+
+
+# The architectures the GGUF export writes (llama.cpp's "llama"); the default model is one of them.
+GGUF_ARCHITECTURES = ("LlamaForCausalLM",)
+
+
+def _not_exportable(model: Any) -> dict | None:
+    """{"arch": ...} when the model (the base, for an adapter) is a local folder of another architecture."""
+    arch = model_architecture(model.model_name_or_path) if model.model_name_or_path else None
+    return {"arch": arch} if arch and arch not in GGUF_ARCHITECTURES else None
+
+
+def _exists(path: str | None) -> bool:
+    return bool(path) and os.path.exists(path)
 
 
 def _batch(a: SimpleNamespace) -> int:
@@ -252,6 +268,33 @@ RULES: list[Rule] = [
          lambda a: not a.merge.overwrite_output_dir and a.merge.output_dir and os.path.isdir(a.merge.output_dir)
          and os.listdir(a.merge.output_dir),
          "--output_dir {merge.output_dir} exists and is not empty: choose another, or pass --overwrite_output_dir."),
+    # -- GGUF export
+    Rule("export_output_given", ("export",), lambda a: not a.export.output_file,
+         "--output_file is required: the .gguf file to write (e.g. outputs/sft_demo.gguf)."),
+    Rule("export_output_suffix", ("export",), lambda a: not a.export.output_file.endswith(".gguf"),
+         "--output_file {export.output_file}: name it *.gguf (its Modelfile is named after it)."),
+    Rule("export_output_path", ("export",),
+         lambda a: _problem(problem_with_output_dir(os.path.dirname(os.path.abspath(a.export.output_file)))),
+         "--output_file {export.output_file}: {problem}; choose another place.", PathError),
+    Rule("export_output_free", ("export",),
+         lambda a: not a.export.overwrite_output_file
+         and next(({"path": p} for p in (a.export.output_file, a.export.modelfile) if _exists(p)), None),
+         "{path} exists: choose another --output_file, or pass --overwrite_output_file.", PathError),
+    Rule("export_unquantized", ("export", "model"), lambda a: a.model.quantization_bit is not None,
+         "--quantization_bit cannot be used with export: the model loads in float32 and --dtype chooses how the "
+         "GGUF stores it; drop the flag."),
+    Rule("export_causal_lm", ("export", "model"),
+         lambda a: is_adapter_dir(a.model.adapter_name_or_path)
+         and adapter_config(a.model.adapter_name_or_path).get("task_type") == "SEQ_CLS",
+         "{model.adapter_name_or_path} is a reward-model adapter (task_type SEQ_CLS): export_gguf writes chat "
+         "models (causal LMs) only."),
+    Rule("export_architecture", ("export", "model"), lambda a: _not_exportable(a.model),
+         "export_gguf supports llama-family models (" + ", ".join(GGUF_ARCHITECTURES) + "); this model is {arch} "
+         "({model.model_name_or_path}/config.json)."),
+    Rule("export_tolerance", ("export",),
+         lambda a: a.export.max_relative_logit_diff is not None and not a.export.max_relative_logit_diff >= 0,
+         "--max_relative_logit_diff must be >= 0 (got {export.max_relative_logit_diff}); leave it out for the "
+         "default of the --dtype."),
     # -- score and evaluation
     Rule("score_output_given", ("score",), lambda a: not a.score.output_jsonl,
          "--output_jsonl is required: where to write one line of scores per input row."),

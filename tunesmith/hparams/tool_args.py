@@ -1,10 +1,12 @@
-"""The settings of the runs that use a trained model rather than train one: merge, score, inspect,
-compare and the PPO evaluation. Models, adapters and data come from the shared dataclasses."""
+"""The settings of the runs that use a trained model rather than train one: merge, GGUF export, score,
+inspect, compare and the PPO evaluation. Models, adapters and data come from the shared dataclasses."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
+
+from .model_args import ModelArguments
 
 # Merging changes the order of float operations (W x + B A x vs (W + B A) x) and, in half precision,
 # rounds the merged weight once more; the error that adds up through the layers scales with the
@@ -30,6 +32,57 @@ class MergeArguments:
                   "on a probe conversation. Default: the largest |logit| (at least 1) times "
                   + ", ".join(f"{v:g} ({k})" for k, v in MERGE_RELATIVE_TOLERANCES.items()) + "."},
     )
+
+
+# A GGUF export rounds every weight matrix once (f16: 2^-11 of each weight; q8_0: up to 1/254 of the
+# largest weight in each block of 32) and changes nothing else: llama.cpp's Q/K row order is undone
+# exactly when the file is read back, so f32 gives the source's logits bit for bit. The bound is on
+# max |logit difference| over the check conversations, as a fraction of the source's largest |logit|.
+# Measured on the quickstart's SmolLM2-135M + LoRA: 0 (f32), 1.7e-3 (f16), 2.7e-2 (q8_0); a tiny random
+# Llama with a random adapter, whose outlying weights 8-bit blocks round coarsely: 7.5e-2 (q8_0).
+EXPORT_RELATIVE_TOLERANCES = {"f32": 1e-5, "f16": 1e-2, "q8_0": 1e-1}
+
+
+@dataclass
+class ExportModelArguments(ModelArguments):
+    """The model arguments of a GGUF export, where --dtype names the tensor type of the file: the model
+    itself always loads in float32 (an adapter merges into it there), so that weights are rounded once."""
+
+    dtype: Literal["f16", "q8_0", "f32"] = field(  # type: ignore[assignment]
+        default="f16",
+        metadata={"help": "Tensor type of the GGUF's weight matrices: f16, q8_0 (8-bit blocks of 32, about half "
+                  "the size of f16) or f32. Norms stay f32, as llama.cpp keeps them."},
+    )
+
+
+@dataclass
+class ExportArguments:
+    role: ClassVar[str] = "export"
+    _argument_group_name: ClassVar[str] = "GGUF export"
+
+    output_file: str | None = field(
+        default=None,
+        metadata={"help": "The .gguf file to write. An Ollama Modelfile for it goes beside it, named after it "
+                  "(model.gguf -> model.Modelfile)."},
+    )
+    overwrite_output_file: bool = field(
+        default=False, metadata={"help": "Replace an existing output_file and its Modelfile."}
+    )
+    max_relative_logit_diff: float | None = field(
+        default=None,
+        metadata={"help": "Largest allowed max |logit difference| between the written GGUF (read back with "
+                  "transformers' GGUF loader) and the source model on a few conversations, as a fraction of the "
+                  "source's largest |logit|; above it the export is refused and no file is left. Default: "
+                  + ", ".join(f"{v:g} ({k})" for k, v in EXPORT_RELATIVE_TOLERANCES.items()) + "."},
+    )
+
+    @property
+    def modelfile(self) -> str | None:
+        """The Ollama Modelfile's path: the output file's, with .Modelfile for .gguf."""
+        if not self.output_file:
+            return None
+        stem = self.output_file[: -len(".gguf")] if self.output_file.endswith(".gguf") else self.output_file
+        return stem + ".Modelfile"
 
 
 @dataclass

@@ -26,11 +26,9 @@ import torch
 from ..boundary import entry_point
 from ..constants import ASSISTANT, USER
 from ..data.template import encode_conversation
-from ..errors import UserError
 from ..hparams import MERGE_RELATIVE_TOLERANCES, MergeArguments, ModelArguments, parse_run, save_run_config
-from ..models.loader import load_for_inference
+from ..models.merging import MergeError, adapter_task, load_adapted
 from ..utils.io import atomic_directory
-from ..utils.paths import adapter_config
 
 PROBE = [
     {"role": USER, "content": "What is the capital of France? Answer in one word."},
@@ -38,41 +36,11 @@ PROBE = [
 ]
 
 
-class MergeError(UserError, RuntimeError):
-    """A merge that cannot be done, or whose result does not match base + adapter."""
-
-    kind = "merge error"
-
-
 @dataclass
 class MergeResult:
     output_dir: str
     task: str
     max_abs_diff: float
-
-
-def adapter_task(adapter_dir: str) -> str:
-    """reward for a sequence-classification adapter (task_type SEQ_CLS), else causal_lm."""
-    return "reward" if adapter_config(adapter_dir).get("task_type") == "SEQ_CLS" else "causal_lm"
-
-
-def load_adapted(model_args: ModelArguments, task: str) -> tuple[Any, Any]:
-    """(PeftModel on the unquantized base, tokenizer); a library error about shapes or module names
-    becomes one that names both sides."""
-    adapter, base = model_args.adapter_name_or_path, model_args.model_name_or_path
-    try:
-        model, tokenizer = load_for_inference(model_args, task)
-    except UserError:
-        raise
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise MergeError(f"adapter {adapter} does not fit base model {base}: {e}") from e
-    rows = model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > rows:
-        raise MergeError(
-            f"adapter {adapter} does not fit base model {base}: its tokenizer has {len(tokenizer)} tokens but the "
-            f"base has {rows} embedding rows (vocab mismatch); pass the base the adapter was trained on"
-        )
-    return model, tokenizer
 
 
 def probe_logits(model: Any, tokenizer: Any) -> torch.Tensor:

@@ -44,6 +44,17 @@ def adapter_base_model(adapter_dir: str) -> str:
     return base
 
 
+def model_architecture(path: str | None) -> str | None:
+    """The class name a local model directory's config.json records (e.g. LlamaForCausalLM), or None when
+    there is no readable config.json there."""
+    try:
+        with open(os.path.join(str(path), MODEL_CONFIG), encoding="utf-8") as f:
+            architectures = json.load(f).get("architectures") or []
+    except (OSError, ValueError, TypeError):
+        return None
+    return architectures[0] if architectures else None
+
+
 def looks_local(name: str) -> bool:
     """True for what can only be a path on this machine: absolute, ./ ../ ~, a Windows drive, more
     than one slash, a first component that exists here (data/x when data/ exists) or that is a folder

@@ -1,0 +1,184 @@
+"""GGUF export: the file read back with transformers' GGUF loader gives the source's logits (f32 exactly,
+f16 and q8_0 within their bounds), the same token ids and the training chat template; an adapter is
+merged first; a Modelfile with the ChatML template, default system prompt and stop token goes beside
+it; other architectures and tokenizers are refused by name; a refused export leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import gguf
+import pytest
+import torch
+from peft import PeftModel
+from test_cli_errors import assert_one_line_error, cli
+from test_merge import _make_adapter
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from tunesmith.data.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
+from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
+from tunesmith.errors import ConfigError, PathError
+from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments, parse_run
+from tunesmith.models.gguf_export import ExportError, RoundTrip, check_llama
+from tunesmith.models.gguf_vocab import pre_tokenizer_name
+from tunesmith.models.loader import load_tokenizer
+from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _refusal
+from tunesmith.recipes.export import run as export
+
+
+def _field(reader: gguf.GGUFReader, key: str):
+    return reader.fields[key].contents()
+
+
+def test_f32_round_trip_is_exact_with_tokenizer_template_and_modelfile(tiny_model_dir, tokenizer, tmp_path):
+    out = tmp_path / "tiny.gguf"
+    result = export(["--model_name_or_path", tiny_model_dir, "--output_file", str(out), "--dtype", "f32"])
+
+    check = result.round_trip
+    assert check.max_abs_diff == 0 and check.top1_agreement == 1 and check.logit_scale > 0.1
+    assert check.token_mismatch is None and check.template_equal
+    assert sorted(os.listdir(tmp_path)) == ["tiny.Modelfile", "tiny.gguf"]  # no temporary file left
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+
+    reader = gguf.GGUFReader(out)
+    assert _field(reader, "general.architecture") == "llama"
+    assert _field(reader, "tokenizer.chat_template") == tokenizer.chat_template  # the training template
+    assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "gpt2"
+    assert _field(reader, "tokenizer.ggml.add_bos_token") is False
+    assert _field(reader, "tokenizer.ggml.eos_token_id") == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert json.loads(_field(reader, RUN_CONFIG_KEY))["ExportArguments"]["output_file"] == str(out)
+    names = {t.name for t in reader.tensors}
+    assert "output.weight" not in names and {"token_embd.weight", "blk.1.attn_q.weight", "output_norm.weight"} <= names
+
+    modelfile = (tmp_path / "tiny.Modelfile").read_text()
+    assert "\nFROM ./tiny.gguf\n" in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert f'TEMPLATE """{CHATML_GO_TEMPLATE}"""' in modelfile
+    assert 'SYSTEM """You are a helpful AI assistant named SmolLM, trained by Hugging Face"""' in modelfile
+
+
+def test_adapter_is_merged_then_exported_as_q8_0_within_its_bound(tiny_model_dir, tokenizer, tmp_path):
+    adapter = _make_adapter(tiny_model_dir, tokenizer, str(tmp_path / "adapter"))
+    out = tmp_path / "out" / "adapter.gguf"
+    result = export(["--model_name_or_path", adapter, "--output_file", str(out), "--dtype", "q8_0"])
+
+    check = result.round_trip
+    assert 0 < check.relative_diff <= EXPORT_RELATIVE_TOLERANCES["q8_0"] and check.token_mismatch is None
+    reader = gguf.GGUFReader(out)
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    assert types["blk.0.ffn_down.weight"] == types["token_embd.weight"] == gguf.GGMLQuantizationType.Q8_0
+    assert types["blk.0.attn_norm.weight"] == gguf.GGMLQuantizationType.F32  # norms stay f32
+    assert sum(t.n_bytes for t in reader.tensors) < 0.3 * 4 * sum(t.n_elements for t in reader.tensors)  # 8.5 bits
+
+    # The file holds base + adapter, not the base: a projection read straight from it (V is stored in HF's
+    # row order) is the merged weight, within q8_0's rounding, and the adapter moved it by more than that.
+    stored = next(t for t in reader.tensors if t.name == "blk.0.attn_v.weight")
+    stored = torch.from_numpy(gguf.dequantize(stored.data, stored.tensor_type).reshape(stored.data.shape[0], -1))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter).merge_and_unload()
+    want = merged.model.layers[0].self_attn.v_proj.weight.detach()
+    rounding = (stored - want).abs().max()
+    assert rounding <= want.abs().max() / 127
+    assert (want - base.model.layers[0].self_attn.v_proj.weight).abs().max() > 10 * rounding
+
+
+def test_export_over_its_bound_is_refused_and_leaves_nothing(tiny_model_dir, tmp_path):
+    out = tmp_path / "tiny.gguf"
+    with pytest.raises(ExportError, match=r"does not match it: max \|logit difference\| .* above the bound 1e-09; "
+                                          r"nothing written") as refused:
+        export(["--model_name_or_path", tiny_model_dir, "--output_file", str(out), "--dtype", "f16",
+                "--max_relative_logit_diff", "1e-9"])
+    assert os.listdir(tmp_path) == []  # neither the file, nor the rejected temporary one, nor a Modelfile
+    # What it refused: an f16 round trip that the default bound accepts.
+    relative = float(re.search(r"is (\S+) of the largest", str(refused.value)).group(1))
+    assert 0 < relative <= EXPORT_RELATIVE_TOLERANCES["f16"]
+
+
+def test_other_architectures_and_existing_files_are_refused_before_loading(tiny_model_dir, tmp_path):
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}))
+    proc = cli("merge/export_gguf.py", "--model_name_or_path", str(qwen), "--output_file", "q.gguf", cwd=tmp_path)
+    assert_one_line_error(proc, "config error: export_gguf supports llama-family models (LlamaForCausalLM); this model "
+                          "is Qwen2ForCausalLM")
+    (tmp_path / "taken.Modelfile").write_text("FROM ./other.gguf\n")
+    with pytest.raises(PathError, match=r"taken.Modelfile exists: choose another --output_file, or pass "
+                                          r"--overwrite_output_file"):
+        export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "taken.gguf")])
+    with pytest.raises(ConfigError, match=r"name it \*.gguf"):
+        export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "model.bin")])
+
+
+def test_tokenizers_llama_cpp_would_split_differently_are_refused_by_name():
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    bpe = {"type": "BPE", "byte_fallback": False}
+    assert pre_tokenizer_name({"model": bpe, "pre_tokenizer": byte_level}) == "gpt2"
+    digits = {"type": "Digits", "individual_digits": True}
+    assert pre_tokenizer_name({"model": bpe, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        digits, byte_level]}}) == "smollm"  # SmolLM2's own tokenizer.json
+    split = {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Isolated"}
+    with pytest.raises(ConfigError, match=r"this tokenizer's is Sequence\[Split, ByteLevel\]"):
+        pre_tokenizer_name({"model": bpe, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]}})
+    with pytest.raises(ConfigError, match="this one is BPE with byte fallback .*SentencePiece"):
+        pre_tokenizer_name({"model": {"type": "BPE", "byte_fallback": True}, "pre_tokenizer": None})
+
+
+def test_modelfile_template_renders_as_training_does(tokenizer):
+    chat, why = ollama_chat(tokenizer)
+    assert why == "" and chat.stops == ["<|im_end|>"]
+    assert chat.system == "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    for messages in PROBES + CHECK_CONVERSATIONS:
+        prompt = messages[-1]["role"] != "assistant"
+        assert render_chatml(messages, chat.system, prompt) == render_text(tokenizer, messages, prompt)
+    # The Go template: each message as ChatML, the turn left open for the reply, nothing else.
+    assert CHATML_GO_TEMPLATE.count("<|im_start|>") == 2 and CHATML_GO_TEMPLATE.count("<|im_end|>") == 1
+    assert "<|im_start|>{{ .Role }}\n{{ .Content }}" in CHATML_GO_TEMPLATE and "range $i, $_ := .Messages" in CHATML_GO_TEMPLATE
+
+
+def test_templates_without_a_translation_are_named(default_model_path):
+    other = load_tokenizer(ModelArguments(model_name_or_path=default_model_path))
+    other.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    chat, why = ollama_chat(other)
+    assert chat is None and "does not render ChatML" in why
+    other.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()  # ChatML without a default system prompt
+    chat, _ = ollama_chat(other)
+    assert chat is not None and chat.system is None
+
+
+@pytest.mark.parametrize("argv, error, message", [
+    ([], ConfigError, "--output_file is required"),
+    (["--output_file", "m.gguf", "--quantization_bit", "4"], ConfigError, "--quantization_bit cannot be used with export"),
+    (["--output_file", "m.gguf", "--max_relative_logit_diff", "-1"], ConfigError,
+     r"--max_relative_logit_diff must be >= 0 \(got -1.0\)"),
+    (["--output_file", "m.gguf", "--dtype", "q4_0"], SystemExit, "^2$"),  # argparse lists the choices, exit 2
+], ids=["output_file", "quantized", "tolerance", "dtype"])
+def test_export_settings_that_cannot_work_stop_before_loading(argv, error, message, tiny_model_dir, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error, match=message):
+        parse_run("export", ["--model_name_or_path", tiny_model_dir, *argv])
+
+
+def test_reward_adapters_and_unsupported_llama_settings_are_refused_by_name(tiny_model_dir, tmp_path):
+    adapter = tmp_path / "rm"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": tiny_model_dir,
+                                                             "task_type": "SEQ_CLS"}))
+    with pytest.raises(ConfigError, match=r"is a reward-model adapter \(task_type SEQ_CLS\): export_gguf writes chat"):
+        parse_run("export", ["--model_name_or_path", str(adapter), "--output_file", str(tmp_path / "m.gguf")])
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1,
+                         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(ConfigError, match="export_gguf writes Llama models with rope_type default; this one has linear"):
+        check_llama(LlamaForCausalLM(config))
+
+
+def test_a_different_tokenizer_or_template_in_the_file_is_a_refusal_whatever_the_logits():
+    same = RoundTrip(0.0, 10.0, 1.0, None, True)
+    assert _refusal(same, 0.0) is None
+    tokens = RoundTrip(0.0, 10.0, 1.0, "conversation 2 (add_special_tokens=False) from token 7: [1] in the source, "
+                       "[2] in the GGUF", True)
+    assert _refusal(tokens, 1.0).startswith("its tokenizer encodes conversation 2")
+    assert "chat template differs" in _refusal(RoundTrip(0.0, 10.0, 1.0, None, False), 1.0)
+    assert "0.5 of the largest |logit| (10), above the bound 0.1" in _refusal(RoundTrip(5.0, 10.0, 1.0, None, True), 0.1)

@@ -1,0 +1,93 @@
+"""The chat template as an Ollama Modelfile: a Go-template TEMPLATE, the SYSTEM prompt the template adds
+when a conversation has none, and the stop tokens.
+
+Jinja is not translated in general. A template is recognised as ChatML (`<|im_start|>ROLE\\nTEXT<|im_end|>\\n`
+per message, `<|im_start|>assistant\\n` as the generation prompt, optionally a default system prompt
+when the first message is not a system one: SmolLM2's and Qwen's shape) by rendering probe
+conversations with it and with `render_chatml` below, which renders what the Go template renders
+under Ollama's rules; only when every render is equal is a Modelfile written. Ollama inserts the
+Modelfile's SYSTEM as the first message when a request has no system message, which is what the
+template does with its default."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..constants import ASSISTANT, SYSTEM, USER
+from .formats import Message
+from .template import render_text
+
+START, END = "<|im_start|>", "<|im_end|>"
+
+# Go template (Ollama's .Messages form): every message as ChatML, an open assistant turn after the last
+# message unless it is an assistant's (which Ollama then continues, so it stays open too).
+CHATML_GO_TEMPLATE = (
+    "{{- range $i, $_ := .Messages }}\n"
+    "{{- $last := eq (len (slice $.Messages $i)) 1 -}}\n"
+    f"{START}{{{{ .Role }}}}\n"
+    f"{{{{ .Content }}}}{{{{ if or (ne .Role \"assistant\") (not $last) }}}}{END}\n"
+    "{{ end }}\n"
+    f"{{{{- if and (ne .Role \"assistant\") $last }}}}{START}assistant\n"
+    "{{ end }}\n"
+    "{{- end }}"
+)
+
+PROBES: list[list[Message]] = [
+    [{"role": USER, "content": "Hello!"}],
+    [{"role": SYSTEM, "content": "Answer briefly."}, {"role": USER, "content": "Who are you?"}],
+    [{"role": USER, "content": "Hi."}, {"role": ASSISTANT, "content": "Hello."}, {"role": USER, "content": "2+2?"}],
+    [{"role": SYSTEM, "content": "Be kind."}, {"role": USER, "content": "Q"}, {"role": ASSISTANT, "content": "A"}],
+]
+
+
+@dataclass
+class OllamaChat:
+    template: str  # Go template
+    system: str | None  # the template's default system prompt, if it adds one
+    stops: list[str]
+
+
+def render_chatml(messages: list[Message], system: str | None, add_generation_prompt: bool) -> str:
+    """ChatML with the default system prompt `system` (inserted when the conversation has no system
+    message). With add_generation_prompt, what CHATML_GO_TEMPLATE renders in Ollama with SYSTEM `system`
+    for a request (its last message not an assistant's); without, the same turns closed, as training
+    renders a conversation that ends with a reply."""
+    if system is not None and (not messages or messages[0]["role"] != SYSTEM):
+        messages = [{"role": SYSTEM, "content": system}, *messages]
+    text = "".join(f"{START}{m['role']}\n{m['content']}{END}\n" for m in messages)
+    return text + (f"{START}{ASSISTANT}\n" if add_generation_prompt else "")
+
+
+def _default_system(tokenizer: Any) -> str | None:
+    text = render_text(tokenizer, PROBES[0], add_generation_prompt=True)
+    found = re.match(re.escape(f"{START}{SYSTEM}\n") + r"(.*?)" + re.escape(END), text, flags=re.S)
+    return found.group(1) if found else None
+
+
+def ollama_chat(tokenizer: Any) -> tuple[OllamaChat | None, str]:
+    """(the Modelfile's chat settings, "") when the tokenizer's template is ChatML-shaped, else (None, why)."""
+    system = _default_system(tokenizer)
+    for messages in PROBES:
+        for prompt in (True, False):
+            if prompt and messages[-1]["role"] == ASSISTANT:
+                continue
+            want = render_text(tokenizer, messages, add_generation_prompt=prompt)
+            if render_chatml(messages, system, prompt) != want:
+                roles = "/".join(m["role"] for m in messages)
+                return None, (f"the chat template does not render ChatML (checked on a {roles} conversation"
+                              f"{' with a generation prompt' if prompt else ''}: {want[:60]!r}...)")
+    if system is not None and '"""' in system:
+        return None, 'its default system prompt contains """, which a Modelfile cannot quote'
+    stops = [END] + ([tokenizer.eos_token] if tokenizer.eos_token not in (None, END) else [])
+    return OllamaChat(CHATML_GO_TEMPLATE, system, stops), ""
+
+
+def modelfile_text(gguf_name: str, chat: OllamaChat, source: str) -> str:
+    lines = [f"# Written by tunesmith from {source}: `ollama create NAME -f THIS_FILE`, then `ollama run NAME`.",
+             f"FROM ./{gguf_name}", f'TEMPLATE """{chat.template}"""']
+    if chat.system is not None:
+        lines.append(f'SYSTEM """{chat.system}"""')
+    lines += [f'PARAMETER stop "{stop}"' for stop in chat.stops]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,151 @@
+"""Export a model or a LoRA adapter as one GGUF file for llama.cpp and Ollama, with its tokenizer, the
+chat template it was trained with and an Ollama Modelfile, checked against the source model.
+
+    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file outputs/sft_demo.gguf
+    python merge/export_gguf.py --model_name_or_path outputs/sft_demo_merged --output_file OUT.gguf --dtype q8_0
+
+--model_name_or_path is a model folder (merged, or fully fine-tuned) or an adapter folder, which is
+merged into its base (the one adapter_config.json records) in memory first. Llama-architecture
+models with a byte-level BPE tokenizer (SmolLM2's family) are written; others are refused by name.
+
+The GGUF is written under a temporary name beside --output_file and read back with transformers' GGUF
+loader: its tokenizer must encode a few conversations, rendered with the training chat template, to
+the same ids as the source's, its chat template must be the training one, and its logits on them must
+be within --max_relative_logit_diff of the source's. Only then is it renamed to --output_file and the
+Modelfile written beside it (model.gguf -> model.Modelfile). A refused export exits with status 2,
+prints the numbers and leaves no file: the rejected GGUF is deleted, since nothing should load a file
+that failed its check (rerun with a larger bound to keep one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..boundary import entry_point
+from ..constants import ASSISTANT, SYSTEM, USER
+from ..data.formats import Message
+from ..data.ollama import modelfile_text, ollama_chat
+from ..data.template import render_text
+from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
+from ..hparams.run_config import as_saved
+from ..models.gguf_export import ExportError, RoundTrip, compare_round_trip, source_logits, write_gguf
+from ..models.merging import load_merged
+from ..utils.io import atomic_write_text
+from .merge import merge_record
+
+# What the check renders and compares: a one-word answer, a system prompt and several turns, Chinese (as
+# in the demo data), digits and code (where tokenizers' pre-splitting differs most).
+CHECK_CONVERSATIONS: list[list[Message]] = [
+    [{"role": USER, "content": "What is the capital of France? Answer in one word."},
+     {"role": ASSISTANT, "content": "Paris."}],
+    [{"role": SYSTEM, "content": "You are a concise assistant."}, {"role": USER, "content": "Who are you?"},
+     {"role": ASSISTANT, "content": "A small language model, fine-tuned with tunesmith."},
+     {"role": USER, "content": "Count from 1 to 12, then add 2024 + 365."}],
+    [{"role": USER, "content": "用一句话介绍你自己。"}, {"role": ASSISTANT, "content": "我是一个乐于助人的助手。"}],
+    [{"role": USER, "content": "Write a Python function that adds two numbers."},
+     {"role": ASSISTANT, "content": "def add(a, b):\n    return a + b  # 3.14 + 2.71\n"}],
+]
+RUN_CONFIG_KEY = "tunesmith.run_config"
+
+
+@dataclass
+class ExportResult:
+    output_file: str
+    modelfile: str | None
+    dtype: str
+    size_bytes: int
+    write_seconds: float
+    check_seconds: float
+    round_trip: RoundTrip
+    tolerance: float
+
+
+def _refusal(check: RoundTrip, tolerance: float) -> str | None:
+    if check.token_mismatch:
+        return f"its tokenizer encodes {check.token_mismatch}"
+    if not check.template_equal:
+        return "its chat template differs from the one the model was trained with"
+    if not check.relative_diff <= tolerance:
+        return (f"max |logit difference| {check.max_abs_diff:.3g} is {check.relative_diff:.3g} of the largest |logit| "
+                f"({check.logit_scale:.3g}), above the bound {tolerance:g}")
+    return None
+
+
+
+
+def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
+    dtype = model_args.dtype
+    # Load (and merge) in float32: the file's dtype is applied once, when each tensor is written.
+    load_args = ModelArguments(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelArguments)})
+    load_args.dtype = "float32"
+    tolerance = args.max_relative_logit_diff
+    if tolerance is None:
+        tolerance = EXPORT_RELATIVE_TOLERANCES[dtype]
+
+    started = time.perf_counter()
+    model, tokenizer = load_merged(load_args)
+    texts = [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT) for c in CHECK_CONVERSATIONS]
+    expected = source_logits(model, tokenizer, texts)
+    chat, untranslatable = ollama_chat(tokenizer)
+    source = load_args.adapter_name_or_path or load_args.model_name_or_path  # the default model's folder when None
+
+    target = Path(args.output_file).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
+    os.close(fd)
+    try:
+        record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
+        write_gguf(model, tokenizer, tmp, dtype, os.path.basename(os.path.normpath(source)), {RUN_CONFIG_KEY: record})
+        del model  # the read-back holds a second copy
+        written = time.perf_counter()
+        check = compare_round_trip(tmp, tokenizer, texts, expected)
+        problem = _refusal(check, tolerance)
+        if problem:
+            raise ExportError(f"the GGUF written from {source} ({dtype}) does not match it: {problem}; "
+                              f"nothing written to {args.output_file}")
+        os.replace(tmp, target)
+        os.chmod(target, 0o644)  # mkstemp's 0600 would keep Ollama's server (its own user on Linux) out
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    checked = time.perf_counter()
+
+    modelfile = args.modelfile
+    if chat is not None:
+        atomic_write_text(modelfile, modelfile_text(target.name, chat, source))
+        os.chmod(modelfile, 0o644)
+    else:
+        Path(modelfile).unlink(missing_ok=True)  # an old one would describe another template
+        modelfile = None
+    result = ExportResult(str(target), modelfile, dtype, target.stat().st_size, written - started, checked - written,
+                          check, tolerance)
+    _report(result, source, untranslatable)
+    return result
+
+
+def _report(r: ExportResult, source: str, untranslatable: str) -> None:
+    c = r.round_trip
+    print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
+          f"read back in {r.check_seconds:.1f} s: max |logit difference| vs the source = {c.max_abs_diff:.3g} "
+          f"({c.relative_diff:.2e} of the largest |logit| {c.logit_scale:.3g}; bound {r.tolerance:g}), same next "
+          f"token at {c.top1_agreement:.1%} of positions; tokenizer ids and chat template identical")
+    if r.modelfile:
+        print(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME")
+    else:
+        print(f"no Modelfile written: {untranslatable}. llama.cpp uses the chat template embedded in the GGUF "
+              "(llama-cli --jinja); for Ollama, write a TEMPLATE for it by hand.")
+
+
+def run(argv: Sequence[str] | None = None) -> ExportResult:
+    args = parse_run("export", argv, __doc__)
+    return export(args.model, args.export)
+
+
+main = entry_point(run)
