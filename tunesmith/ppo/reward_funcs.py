@@ -1,0 +1,77 @@
+"""Reward functions tunesmith ships, for verifiable tasks: `--reward_funcs exact_answer answer_format` (or
+`tunesmith.ppo.reward_funcs:exact_answer`). Any function of the same shape works:
+
+    def my_reward(prompts, replies, **fields) -> list[float]
+
+called on a batch: `prompts` are the conversations (lists of {role, content}), `replies` the decoded reply
+texts, and every other field of the data rows comes as a keyword argument, one value per reply (None where
+a row lacks it), e.g. `answer` in `{"messages": [...], "answer": "42"}`. Accept `**fields` so that fields
+a function does not use are ignored. An exception raised for one reply is reported with the function's
+name and that reply's data row.
+
+The answer format these functions read: the reply's LAST line is `Answer: <answer>`, e.g.
+
+    3 + 4 = 7.
+    Answer: 7
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+# "Answer:" at the start of the reply's last non-empty line, then the answer (the rest of the line).
+ANSWER_LINE = re.compile(r"^\s*Answer:[ \t]*(?P<answer>.*?)[ \t]*$")
+NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
+LENGTH_BUDGET = 100  # characters a reply may use before length_penalty starts to count
+
+
+def last_line(reply: str) -> str:
+    lines = [line for line in reply.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def extract_answer(reply: str) -> str | None:
+    """The answer of a reply whose last non-empty line is `Answer: X`: X without surrounding spaces or a
+    final full stop; None when the last line is not an answer line."""
+    match = ANSWER_LINE.match(last_line(reply))
+    return match["answer"].removesuffix(".").strip() if match else None
+
+
+def same_answer(given: str, reference: Any) -> bool:
+    """Equal as numbers when both are numbers ("7.0" == "7"), else equal ignoring case and spaces at the ends."""
+    reference = str(reference).strip()
+    if NUMBER.match(given) and NUMBER.match(reference):
+        return float(given) == float(reference)
+    return given.casefold() == reference.casefold()
+
+
+def exact_answer(prompts: Sequence[Any], replies: Sequence[str], answer: Sequence[Any] | None = None,
+                 **fields: Any) -> list[float]:
+    """1.0 when the reply's last line is `Answer: X` and X is the row's `answer` (compared as numbers when
+    both are numbers, else as text ignoring case), else 0.0. A row without an `answer` field is an error:
+    there is nothing to check the reply against."""
+    if answer is None:
+        answer = [None] * len(replies)
+    scores = []
+    for reply, reference in zip(replies, answer):
+        if reference is None:
+            raise ValueError("the row has no `answer` field (exact_answer needs the reference answer)")
+        given = extract_answer(reply)
+        scores.append(float(given is not None and same_answer(given, reference)))
+    return scores
+
+
+def answer_format(prompts: Sequence[Any], replies: Sequence[str], **fields: Any) -> list[float]:
+    """1.0 when the reply's last non-empty line is exactly `Answer: <number>` (an integer or decimal, optional
+    sign, an optional final full stop), right or wrong; else 0.0. It checks the format only, so a policy can
+    learn it before it learns the answers."""
+    return [float(a is not None and bool(NUMBER.match(a))) for a in map(extract_answer, replies)]
+
+
+def length_penalty(prompts: Sequence[Any], replies: Sequence[str], **fields: Any) -> list[float]:
+    """0.0 for a reply of up to LENGTH_BUDGET (100) characters, then -1.0 per further 100 characters
+    (-0.5 at 150): a pull towards short replies, for use with a small weight beside the rewards that judge
+    correctness."""
+    return [-max(0, len(reply) - LENGTH_BUDGET) / LENGTH_BUDGET for reply in replies]
