@@ -9,7 +9,10 @@ a row lacks it), e.g. `answer` in `{"messages": [...], "answer": "42"}`. Accept 
 a function does not use are ignored. An exception raised for one reply is reported with the function's
 name and that reply's data row.
 
-The answer format these functions read: the reply's LAST line is `Answer: <answer>`, e.g.
+The answer format these functions read: the reply's LAST non-empty line starts with `Answer:`. The
+strict format (answer_format) is `Answer: <number>`; exact_answer takes the last number on that line as
+the answer when the reference is a number, so `Answer: 3 + 4 = 7` answers 7 (right, but not in the
+strict format). E.g.
 
     3 + 4 = 7.
     Answer: 7
@@ -24,6 +27,7 @@ from typing import Any
 # "Answer:" at the start of the reply's last non-empty line, then the answer (the rest of the line).
 ANSWER_LINE = re.compile(r"^\s*Answer:[ \t]*(?P<answer>.*?)[ \t]*$")
 NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
+NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?")
 LENGTH_BUDGET = 100  # characters a reply may use before length_penalty starts to count
 
 
@@ -40,18 +44,20 @@ def extract_answer(reply: str) -> str | None:
 
 
 def same_answer(given: str, reference: Any) -> bool:
-    """Equal as numbers when both are numbers ("7.0" == "7"), else equal ignoring case and spaces at the ends."""
+    """For a numeric reference: the last number in `given` equals it as a number ("7.0" == "7", and
+    "3 + 4 = 7" gives 7). Otherwise: equal ignoring case and spaces at the ends."""
     reference = str(reference).strip()
-    if NUMBER.match(given) and NUMBER.match(reference):
-        return float(given) == float(reference)
+    if NUMBER.match(reference):
+        numbers = NUMBERS.findall(given)
+        return bool(numbers) and float(numbers[-1]) == float(reference)
     return given.casefold() == reference.casefold()
 
 
 def exact_answer(prompts: Sequence[Any], replies: Sequence[str], answer: Sequence[Any] | None = None,
                  **fields: Any) -> list[float]:
-    """1.0 when the reply's last line is `Answer: X` and X is the row's `answer` (compared as numbers when
-    both are numbers, else as text ignoring case), else 0.0. A row without an `answer` field is an error:
-    there is nothing to check the reply against."""
+    """1.0 when the reply's last line starts with `Answer:` and gives the row's `answer` (for a number: the
+    last number on that line, compared as a number; else the rest of the line, ignoring case), else 0.0.
+    A row without an `answer` field is an error: there is nothing to check the reply against."""
     if answer is None:
         answer = [None] * len(replies)
     scores = []
