@@ -254,3 +254,16 @@ def test_eval_rl_reports_accuracy_and_format_with_paired_errors(tmp_path, policy
     assert "exact_answer: baseline 0.000 -> policy 0.000 (change +0.000 ± 0.000, paired standard error)" in printed
     first = json.loads((tmp_path / "e.jsonl").read_text().splitlines()[0])
     assert {"baseline_exact_answer", "policy_answer_format"} <= set(first)
+
+
+def test_prompt_rows_keep_their_answer_and_a_malformed_one_names_file_and_line(tmp_path):
+    from tunesmith.data.prompts import load_prompts
+
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text(json.dumps({"messages": [{"role": "user", "content": "1 + 1?"}], "answer": 2, "level": "easy"}) + "\n")
+    bad.write_text(json.dumps({"prompt": "1 + 1?", "answer": "2"}) + "\n" + json.dumps({"prompt": "2 + 2?", "answer": [4]}) + "\n")
+    assert load_prompts([str(good)])[0].row.data == {"messages": [{"role": "user", "content": "1 + 1?"}], "answer": 2,
+                                                     "level": "easy"}
+    with pytest.raises(DataError, match=rf"{bad}:line 2: field `answer`: expected the reference answer as a non-empty "
+                                        r"string or a number, got \[4\]"):
+        load_prompts([str(bad)])

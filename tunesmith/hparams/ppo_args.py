@@ -49,9 +49,9 @@ class PPOArguments(RewardSourceArguments):
         default="gae",
         metadata={"help": "How each reply token's advantage is estimated. gae: PPO, a value model (a second LoRA "
                   "adapter and a value head) and GAE over per-token rewards. grpo: no value model; each reply's "
-                  "reward standardised within the --samples_per_prompt replies to its prompt, (r - mean) / (std + "
-                  "1e-4), the same for every token of the reply. rloo: no value model; each reply's reward minus "
-                  "the mean reward of the other replies to its prompt."},
+                  "reward standardised within the --samples_per_prompt replies to its prompt, (r - mean) / "
+                  "(population std + 1e-4), 0 when all are equal, the same for every token of the reply. rloo: no "
+                  "value model; each reply's reward minus the mean reward of the other replies to its prompt."},
     )
     kl_in_loss: bool = field(
         default=False,
