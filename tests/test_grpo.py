@@ -149,11 +149,14 @@ def test_reward_functions_get_the_rows_fields_and_are_logged_per_source(tmp_path
 
 def test_shipped_reward_functions():
     replies = ["3 + 4 = 7.\nAnswer: 7", "Answer: 7.0\n", "answer: 7", "Answer: 8", "The answer is 7.",
-               "Answer: 7\nBut maybe 8.", "Answer: seven", "Answer: 3 + 4 = 7", "Answer: 7 or 8"]
-    assert [extract_answer(r) for r in replies] == ["7", "7.0", None, "8", None, None, "seven", "3 + 4 = 7", "7 or 8"]
-    # A numeric answer is the last number of the answer line; the strict format is `Answer: <number>`.
-    assert exact_answer([], replies, answer=["7"] * 9) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
-    assert answer_format([], replies) == [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+               "Answer: 7\nBut maybe 8.", "Answer: seven", "Answer: 3 + 4 = 7", "Answer: 7 or 8",
+               "Add 3 and 4. Answer: 3 + 4 = 7", "Sum. Answer: N"]
+    assert [extract_answer(r) for r in replies] == ["7", "7.0", None, "8", None, None, "seven", "3 + 4 = 7", "7 or 8",
+                                                    "3 + 4 = 7", "N"]
+    # A numeric answer is the last number after the last line's `Answer:`; the strict format is `Answer: <number>`.
+    assert exact_answer([], replies, answer=["7"] * 11) == [1, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0]
+    assert answer_format([], replies) == [1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert answer_format([], ["So: Answer: 7"]) == [0.0] and extract_answer("So: Answer: 7", strict=True) is None
     assert exact_answer([], ["Answer: Paris", "Answer: Paris, France"], answer=["paris"] * 2) == [1.0, 0.0]
     assert length_penalty([], ["x" * 50, "x" * 100, "x" * 150]) == [0.0, 0.0, -0.5]
 

@@ -9,10 +9,10 @@ a row lacks it), e.g. `answer` in `{"messages": [...], "answer": "42"}`. Accept 
 a function does not use are ignored. An exception raised for one reply is reported with the function's
 name and that reply's data row.
 
-The answer format these functions read: the reply's LAST non-empty line starts with `Answer:`. The
-strict format (answer_format) is `Answer: <number>`; exact_answer takes the last number on that line as
-the answer when the reference is a number, so `Answer: 3 + 4 = 7` answers 7 (right, but not in the
-strict format). E.g.
+The answer format these functions read: the reply's LAST non-empty line holds `Answer:`, and the answer is
+what follows its last `Answer:` there. The strict format (answer_format) is a last line of exactly
+`Answer: <number>`; exact_answer takes the last number after `Answer:` as the answer when the reference is a
+number, so `Add 3 and 4. Answer: 3 + 4 = 7` answers 7 (right, but not in the strict format). E.g.
 
     3 + 4 = 7.
     Answer: 7
@@ -24,8 +24,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-# "Answer:" at the start of the reply's last non-empty line, then the answer (the rest of the line).
-ANSWER_LINE = re.compile(r"^\s*Answer:[ \t]*(?P<answer>.*?)[ \t]*$")
+# The last "Answer:" of the reply's last non-empty line, then the answer (the rest of the line); `strict`: the
+# line holds nothing before it.
+ANSWER = re.compile(r"^(?P<before>.*)Answer:[ \t]*(?P<answer>.*?)[ \t]*$")
 NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
 NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?")
 LENGTH_BUDGET = 100  # characters a reply may use before length_penalty starts to count
@@ -36,11 +37,13 @@ def last_line(reply: str) -> str:
     return lines[-1] if lines else ""
 
 
-def extract_answer(reply: str) -> str | None:
-    """The answer of a reply whose last non-empty line is `Answer: X`: X without surrounding spaces or a
-    final full stop; None when the last line is not an answer line."""
-    match = ANSWER_LINE.match(last_line(reply))
-    return match["answer"].removesuffix(".").strip() if match else None
+def extract_answer(reply: str, strict: bool = False) -> str | None:
+    """What follows the last `Answer:` of the reply's last non-empty line, without surrounding spaces or a final
+    full stop; None when that line has no `Answer:` (strict: when it does not start with it)."""
+    match = ANSWER.match(last_line(reply))
+    if not match or (strict and match["before"].strip()):
+        return None
+    return match["answer"].removesuffix(".").strip()
 
 
 def same_answer(given: str, reference: Any) -> bool:
@@ -55,8 +58,8 @@ def same_answer(given: str, reference: Any) -> bool:
 
 def exact_answer(prompts: Sequence[Any], replies: Sequence[str], answer: Sequence[Any] | None = None,
                  **fields: Any) -> list[float]:
-    """1.0 when the reply's last line starts with `Answer:` and gives the row's `answer` (for a number: the
-    last number on that line, compared as a number; else the rest of the line, ignoring case), else 0.0.
+    """1.0 when the reply's last line has `Answer:` and what follows gives the row's `answer` (for a number:
+    the last number there, compared as a number; else the whole text, ignoring case), else 0.0.
     A row without an `answer` field is an error: there is nothing to check the reply against."""
     if answer is None:
         answer = [None] * len(replies)
@@ -73,7 +76,7 @@ def answer_format(prompts: Sequence[Any], replies: Sequence[str], **fields: Any)
     """1.0 when the reply's last non-empty line is exactly `Answer: <number>` (an integer or decimal, optional
     sign, an optional final full stop), right or wrong; else 0.0. It checks the format only, so a policy can
     learn it before it learns the answers."""
-    return [float(a is not None and bool(NUMBER.match(a))) for a in map(extract_answer, replies)]
+    return [float(a is not None and bool(NUMBER.match(a))) for a in (extract_answer(r, strict=True) for r in replies)]
 
 
 def length_penalty(prompts: Sequence[Any], replies: Sequence[str], **fields: Any) -> list[float]:
