@@ -6,8 +6,9 @@ every rollout; GRPO (--advantage grpo, KL in the loss) has none.
     python scripts/bench_rl.py                       # configs/grpo_demo.yaml, 6 steps each
     python scripts/bench_rl.py --steps 10 --order grpo gae grpo gae
 
-Each run is its own process (its peak RSS comes from os.wait4); rollouts/s counts the steps' own time from
-ppo_log.jsonl (generation, scoring, update), not the model loading before the first step.
+Each run is its own process (its peak RSS and CPU time come from os.wait4); rollouts/s counts the steps' own
+time from ppo_log.jsonl (generation, scoring, update), not the model loading before the first step. On a
+shared machine wall time follows the other processes' load; CPU seconds per rollout much less so.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def run(kind: str, config: str, steps: int, out: Path) -> dict[str, float]:
     phases = {k: sum(r[k] for r in log) for k in ("time_generate", "time_score", "time_train")}
     batch = int(config_value(config, "per_device_train_batch_size"))
     seconds = sum(phases.values())
-    return {"rollouts_per_s": batch * len(log) / seconds, "seconds": seconds, **phases,
-            "peak_rss_gb": usage.ru_maxrss / 2**20}  # ru_maxrss is in KiB on Linux
+    cpu = usage.ru_utime + usage.ru_stime  # the whole process, model loading included: steadier than wall time
+    return {"rollouts_per_s": batch * len(log) / seconds, "seconds": seconds, **phases,  # on a shared machine
+            "cpu_s_per_rollout": cpu / (batch * len(log)), "peak_rss_gb": usage.ru_maxrss / 2**20}  # KiB on Linux
 
 
 def config_value(config: str, key: str) -> str:
@@ -62,12 +64,15 @@ def main() -> None:
             results.setdefault(kind, []).append(r)
             print(f"{kind:>4}: {r['rollouts_per_s']:.3f} rollouts/s ({r['seconds']:.0f} s for {args.steps} steps: "
                   f"generate {r['time_generate']:.0f} s, score {r['time_score']:.0f} s, update {r['time_train']:.0f} s)"
-                  f", peak RSS {r['peak_rss_gb']:.2f} GB, load {os.getloadavg()[0]:.2f}", flush=True)
+                  f", {r['cpu_s_per_rollout']:.1f} CPU s/rollout, peak RSS {r['peak_rss_gb']:.2f} GB, load "
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
     if {"gae", "grpo"} <= set(results):
         mean = {k: {m: sum(r[m] for r in v) / len(v) for m in v[0]} for k, v in results.items()}
         speed = mean["grpo"]["rollouts_per_s"] / mean["gae"]["rollouts_per_s"]
         memory = 1 - mean["grpo"]["peak_rss_gb"] / mean["gae"]["peak_rss_gb"]
-        print(f"GRPO / PPO: {speed:.2f}x the rollouts per second, {memory:.0%} less peak memory")
+        cpu = mean["grpo"]["cpu_s_per_rollout"] / mean["gae"]["cpu_s_per_rollout"]
+        print(f"GRPO / PPO: {speed:.2f}x the rollouts per second, {cpu:.2f}x the CPU time per rollout, {memory:.0%} "
+              "less peak memory")
 
 
 if __name__ == "__main__":
