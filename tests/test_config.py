@@ -20,8 +20,9 @@ def parse_sft(*argv: str) -> dict:
 
 
 def stage(config: Path) -> str:
-    """The kind of run a config belongs to (its file name says which)."""
-    return next((kind for kind in ("reward", "ppo", "dpo", "grpo") if config.name.startswith(kind)), "sft")
+    """The kind of run a config belongs to (its file name says which; GRPO is a run of the RL stage, ppo)."""
+    kind = next((kind for kind in ("reward", "ppo", "dpo", "grpo") if config.name.startswith(kind)), "sft")
+    return "ppo" if kind == "grpo" else kind
 
 
 RUN_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*") if p.suffix in (".yaml", ".yml"))

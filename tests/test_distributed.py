@@ -1,5 +1,5 @@
 """Two CPU ranks (gloo) under torchrun and the deepspeed launcher with DeepSpeed ZeRO-2 and ZeRO-3,
-for SFT, the reward model, DPO and PPO: runs train, saves are complete and load back with plain
+for SFT, the reward model, DPO, PPO and GRPO: runs train, saves are complete and load back with plain
 transformers/peft, and two ranks follow the one-rank run at the same global batch."""
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ LAUNCHERS = {
 }
 
 
-def launch(script: str, ranks: int, *args: str, launcher: str = "torchrun") -> str:
-    """Run a stage script under a distributed launcher; its stderr."""
+def launch(script: str, ranks: int, *args: str, launcher: str = "torchrun", env: dict[str, str] | None = None) -> str:
+    """Run a stage script under a distributed launcher (env: added to this process's environment); its stderr."""
     cmd = [*LAUNCHERS[launcher](ranks, free_port()), str(ROOT / script), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stderr
@@ -338,3 +338,67 @@ def test_one_process_without_a_launcher_saves_complete_adapter(tiny_model_dir, d
     logged = re.search(r"parameters: ([\d,]+) trainable of ([\d,]+) ", proc.stderr)
     trainable, total = (int(n.replace(",", "")) for n in logged.groups())
     assert 0 < trainable < base and total == base + trainable, logged.group(0)
+
+
+# --------------------------------------------------------------------------- GRPO
+
+REWARD_MODULE = '''
+def reply_chars(prompts, replies, **fields):
+    """Longer replies score higher: random tiny-model replies differ in length, so every group has a spread."""
+    return [len(r) / 10 for r in replies]
+'''
+
+
+@pytest.fixture(scope="module")
+def grpo_rewards(tmp_path_factory) -> str:
+    """A folder holding a reward-function module, for --reward_funcs dist_rewards:reply_chars (via PYTHONPATH)."""
+    folder = tmp_path_factory.mktemp("grpo-rewards")
+    (folder / "dist_rewards.py").write_text(REWARD_MODULE)
+    return str(folder)
+
+
+def run_two_rank_grpo(model_dir: str, data: dict[str, str], rewards: str, out: Path, config: str, launcher: str,
+                      steps: int, *extra: str) -> list[dict]:
+    """GRPO with a reward function instead of a reward model: groups of 2 sampled replies per prompt."""
+    flags = [a for a in ppo_flags(model_dir, data, out, 2, steps) if a not in ("--reward_model", data["reward_model"])]
+    flags[flags.index("--top_k") + 1] = "0"  # sampled, so the two replies of a group differ
+    env_path = os.pathsep.join(filter(None, [rewards, os.environ.get("PYTHONPATH")]))
+    stderr = launch("ppo/train.py", 2, *flags, "--advantage", "grpo", "--samples_per_prompt", "2", "--kl_in_loss",
+                    "true", "--reward_funcs", "dist_rewards:reply_chars", "--deepspeed", str(ROOT / "configs" / config),
+                    *extra, launcher=launcher, env={"PYTHONPATH": env_path})
+    stage = json.loads((ROOT / "configs" / config).read_text())["zero_optimization"]["stage"]
+    assert f"PPO on 2 process(es), distributed type DEEPSPEED ZeRO-{stage}" in stderr
+    return ppo_log(out)
+
+
+def check_grpo_output(out: Path, model_dir: str, log: list[dict]) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert all(math.isfinite(r[k]) for r in log for k in ("score", "kl", "kl_loss", "policy_loss", "grad_norm"))
+    assert all("value_loss" not in r for r in log) and log[0]["score_std"] > 0
+    assert not (out / "value").exists() and not (out / "value_head.safetensors").exists()
+    assert empty_tensors(str(out)) == []
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())  # trained, gathered whole
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), str(out))
+
+
+def test_two_rank_grpo_zero2(tiny_model_dir, ppo_data, grpo_rewards, tmp_path):
+    out = tmp_path / "grpo"
+    log = run_two_rank_grpo(tiny_model_dir, ppo_data, grpo_rewards, out, "ds_zero2.json", "deepspeed", 2)
+    assert [r["step"] for r in log] == [1, 2]
+    check_grpo_output(out, tiny_model_dir, log)
+
+
+def test_two_rank_grpo_zero3_saves_gathered_and_resumes(tiny_model_dir, ppo_data, grpo_rewards, tmp_path):
+    out = tmp_path / "grpo"
+    log = run_two_rank_grpo(tiny_model_dir, ppo_data, grpo_rewards, out, "ds_zero3.json", "torchrun", 3,
+                            "--save_strategy", "steps", "--save_steps", "2")
+    assert [r["step"] for r in log] == [1, 2, 3]
+    check_grpo_output(out, tiny_model_dir, log)
+    # Resuming checkpoint-2 (each rank's random state and ZeRO-3 optimizer shard) samples and trains step 3 again.
+    resumed = run_two_rank_grpo(tiny_model_dir, ppo_data, grpo_rewards, tmp_path / "resumed", "ds_zero3.json",
+                                "torchrun", 3, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    assert {k: v for k, v in resumed[2].items() if k not in TIME_KEYS} == pytest.approx(
+        {k: v for k, v in log[2].items() if k not in TIME_KEYS}, rel=1e-4, abs=1e-6)

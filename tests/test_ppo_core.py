@@ -11,10 +11,13 @@ from tunesmith.ppo.core import (
     KL_KINDS,
     AdaptiveKLController,
     FixedKLController,
+    aggregate_loss,
     compute_gae,
     compute_rewards,
     entropy_from_logits,
     first_true_indices,
+    group_advantages,
+    kl_loss,
     leave_one_out_scores,
     logprobs_from_logits,
     masked_mean,
@@ -379,3 +382,83 @@ def test_leave_one_out_scores_hand_computed():
     assert torch.equal(leave_one_out_scores(shifted, 2), leave_one_out_scores(scores, 2))
     with pytest.raises(ValueError, match="do not split into groups of 3"):
         leave_one_out_scores(scores, 3)
+
+
+# ----------------------------------------------------------------------------- GRPO / RLOO
+
+
+def test_group_advantages_hand_computed_with_an_all_equal_group():
+    # Group 1: rewards 1, 0, 0, 1 -> mean 0.5, population std 0.5 -> +-1 (up to eps).
+    # Group 2: 0, 0, 0, 3 -> mean 0.75, population std sqrt((3 * 0.75^2 + 2.25^2) / 4) = 1.299038...
+    # Group 3: all 0.7 -> no reply is better than another: exactly 0, not nan (std 0) and not
+    # (0.7 - mean) / eps, which rounding in the mean of 0.7s can make nonzero.
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 3.0, 0.7, 0.7, 0.7, 0.7], dtype=F64)
+    eps = 1e-4
+    std2 = math.sqrt((3 * 0.75 ** 2 + 2.25 ** 2) / 4)
+    expected = [0.5 / (0.5 + eps), -0.5 / (0.5 + eps), -0.5 / (0.5 + eps), 0.5 / (0.5 + eps),
+                *[-0.75 / (std2 + eps)] * 3, 2.25 / (std2 + eps), 0.0, 0.0, 0.0, 0.0]
+    got = group_advantages(scores, 4, eps=eps)
+    torch.testing.assert_close(got, t(expected))
+    assert torch.equal(got[8:], torch.zeros(4, dtype=F64))
+    # Population std: each group (not all equal) has mean 0 and mean square ~1.
+    groups = got[:8].reshape(2, 4)
+    torch.testing.assert_close(groups.mean(1), torch.zeros(2, dtype=F64))
+    torch.testing.assert_close(groups.square().mean(1), torch.ones(2, dtype=F64), atol=1e-3, rtol=0)
+    # Shifting or scaling one prompt's rewards changes nothing: the group is the baseline and the scale.
+    torch.testing.assert_close(group_advantages(scores * 10 + 3, 4, eps=0.0)[:8], group_advantages(scores, 4, 0.0)[:8])
+
+
+def test_group_advantages_refuse_groups_of_one_and_ragged_batches():
+    with pytest.raises(ValueError, match="groups of 1 >= 2"):
+        group_advantages(torch.ones(4), 1)
+    with pytest.raises(ValueError, match="do not split into groups of 3"):
+        group_advantages(torch.ones(4), 3)
+
+
+def test_rloo_is_each_score_minus_the_mean_of_the_others():
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    # 1 - (0 + 0 + 1) / 3 = 2/3; 0 - (1 + 0 + 1) / 3 = -2/3; an all-equal group gives 0.
+    torch.testing.assert_close(leave_one_out_scores(scores, 4),
+                               torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0, 0.0]))
+
+
+def test_token_and_sequence_loss_aggregation_on_a_toy_batch():
+    # Reply 1 has 3 tokens of loss 1, reply 2 one token of loss 5 (padding holds garbage).
+    losses = t([[1.0, 1.0, 1.0], [5.0, float("nan"), float("inf")], [9.0, 9.0, 9.0]])
+    mask = t([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    assert aggregate_loss(losses, mask, "token").item() == pytest.approx((3 * 1 + 5) / 4)  # 2.0
+    # Per reply: 1 and 5; the empty third row counts for nothing: (1 + 5) / 2.
+    assert aggregate_loss(losses, mask, "sequence").item() == pytest.approx(3.0)
+    same_length = t([[1, 1, 1], [1, 1, 1], [0, 0, 0]])
+    finite = t([[1.0, 2.0, 3.0], [5.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    assert aggregate_loss(finite, same_length, "token").item() == pytest.approx(
+        aggregate_loss(finite, same_length, "sequence").item())
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        aggregate_loss(losses, mask, "batch")
+
+
+def test_policy_loss_sequence_aggregation_weighs_replies_equally():
+    # Ratio 1: the loss is -mean(A) under the aggregation. A = 1 on a 3-token reply, -1 on a 1-token one.
+    logp = t([[-1.0, -1.0, -1.0], [-2.0, 0.0, 0.0]])
+    adv = t([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]])
+    mask = t([[1, 1, 1], [1, 0, 0]])
+    token, _ = policy_loss(logp, logp, adv, mask, 0.2, "token")
+    sequence, _ = policy_loss(logp, logp, adv, mask, 0.2, "sequence")
+    assert token.item() == pytest.approx(-(3 - 1) / 4) and sequence.item() == pytest.approx(0.0)
+
+
+def test_kl_loss_is_k3_of_the_policy_against_the_reference_with_its_gradient():
+    ref = t([[-1.0, -2.0, -0.5], [-1.0, 0.0, 0.0]])
+    logp = t([[-1.0, -1.0, -1.0], [-3.0, 50.0, -50.0]]).requires_grad_()
+    mask = t([[1, 1, 1], [1, 0, 0]])
+    loss = kl_loss(logp, ref, mask, "k3", "token")
+    # k3 = exp(ref - logp) - 1 - (ref - logp) per real token: 0, e^-1 - 1 + 1, e^0.5 - 1 - 0.5, e^2 - 1 - 2.
+    k3 = [0.0, math.exp(-1), math.exp(0.5) - 1.5, math.exp(2) - 3]
+    assert loss.item() == pytest.approx(sum(k3) / 4)
+    loss.backward()
+    # d k3 / d logp = 1 - exp(ref - logp): pulls each token towards the reference; padding gets nothing.
+    expected = [[0.0, (1 - math.exp(-1)) / 4, (1 - math.exp(0.5)) / 4], [(1 - math.exp(2)) / 4, 0.0, 0.0]]
+    torch.testing.assert_close(logp.grad, t(expected))
+    assert kl_loss(ref, ref, mask).item() == 0.0  # the policy at the reference
+    seq = kl_loss(logp.detach(), ref, mask, "k3", "sequence")
+    assert seq.item() == pytest.approx((sum(k3[:3]) / 3 + k3[3]) / 2)

@@ -336,7 +336,7 @@ def ppo_settings(**overrides):
 
 @pytest.mark.parametrize("overrides, match", [
     ({"data_path": []}, r"--data_path is required"),
-    ({"reward_model": None}, r"--reward_model is required: the output directory of reward/train.py"),
+    ({"reward_model": None}, r"--reward_model or --reward_funcs is required: the output directory of reward/train.py"),
     ({"reward_model": "no/such/rm"}, r"--reward_model no/such/rm: no such directory"),
     ({"num_mini_batches": 3}, r"--num_mini_batches 3 must divide --per_device_train_batch_size 8"),
     ({"num_mini_batches": 2, "gradient_accumulation_steps": 3},
@@ -353,7 +353,7 @@ def test_bad_ppo_settings_say_what_to_change(overrides, match):
 
 
 def test_trainer_needs_exactly_one_reward(tmp_path, tokenizer, prompts):
-    with pytest.raises(ValueError, match="exactly one of reward_model or reward_fn"):
+    with pytest.raises(ValueError, match="needs a reward_model and/or reward_funcs, or else one reward_fn"):
         PPOTrainer(None, tokenizer, prompts, PPOArguments(), TrainingArguments(output_dir=str(tmp_path)))
 
 

@@ -22,6 +22,7 @@ COMMANDS = {
     "ppo": "tunesmith.recipes.ppo",
     "eval-policy": "tunesmith.recipes.eval_policy",
     "eval-ppo": "tunesmith.recipes.eval_policy",  # its first name, kept
+    "eval-rl": "tunesmith.recipes.eval_policy",  # the same evaluation, named for GRPO's reward functions
     "merge": "tunesmith.recipes.merge",
     "export": "tunesmith.recipes.export",
     "chat": "tunesmith.recipes.chat",

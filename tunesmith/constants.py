@@ -13,3 +13,4 @@ LOSS_FLAG = "loss"
 # Files written beside every output.
 RUN_CONFIG_FILE = "tunesmith_config.json"
 LOSS_PLOT_FILE = "loss.png"
+REWARD_PLOT_FILE = "reward.png"  # the RL stage's mean score per step

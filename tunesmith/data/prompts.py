@@ -1,7 +1,9 @@
 """RLHF prompts: conversations that end with a user turn, for the policy to answer.
 
 A row is an OpenAI `messages` list or a ShareGPT `conversations` list ending with a user turn, or
-a `prompt` field: a plain string (one user turn) or a list of {role, content} messages. Every
+a `prompt` field: a plain string (one user turn) or a list of {role, content} messages. Its other fields
+are kept (Prompt.row.data) and reach reward functions as keyword arguments; `answer`, the reference
+answer of verifiable tasks (`{"messages": [...], "answer": "42"}`), must be a string or a number. Every
 error names the file, the line and the field, like the SFT formats do."""
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from ..hparams import PromptDataArguments
 from .dataset import DataKind, ItemEncoding, build_dataset, encode_items, report_encoding
 from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
 from .template import encode_prompt
+
+ANSWER_FIELD = "answer"  # the reference answer of a verifiable task, for reward functions such as exact_answer
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ def prompt_from_row(row: Row) -> Prompt:
             "`conversations` ending with a user turn"
         )
     check_role_order(row, messages, field, ends_with=(USER, TOOL))  # a reply may follow a tool result
+    answer = d.get(ANSWER_FIELD)
+    if ANSWER_FIELD in d and (isinstance(answer, bool) or not isinstance(answer, str | int | float)
+                              or not str(answer).strip()):
+        raise row.error(f"expected the reference answer as a non-empty string or a number, got {answer!r}", ANSWER_FIELD)
     return Prompt(row, messages)
 
 
@@ -78,7 +86,7 @@ def prompt_from_record(record: dict) -> Prompt:
 
 PROMPTS = DataKind(
     name="prompts",
-    version="2",
+    version="3",  # 3: a malformed `answer` field is refused
     from_row=prompt_from_row,
     settings=lambda data_args: {"max_length": data_args.max_prompt_length},
     encode_one=encode_prompt_record,

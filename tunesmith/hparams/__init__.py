@@ -11,7 +11,7 @@ from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
-from .ppo_args import PPOArguments
+from .ppo_args import SHIPPED_REWARD_FUNCS_MODULE, PPOArguments, RewardSourceArguments
 from .rules import check, deepspeed_config, zero_stage
 from .run_config import save_run_config
 from .tool_args import (
@@ -54,8 +54,7 @@ __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
-    "ServeArguments",
-    "PPOArguments", "TrainingArguments", "MergeArguments", "ScoreArguments", "InspectArguments",
-    "CompareArguments", "EvalArguments", "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments",
-    "EXPORT_RELATIVE_TOLERANCES",
+    "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "TrainingArguments",
+    "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments",
+    "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES",
 ]

@@ -5,6 +5,7 @@ ppo, reward, dpo, generation, chat, serve, merge, export, score, evaluation); `c
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -206,9 +207,14 @@ RULES: list[Rule] = [
          "reference-free loss (--loss_type simpo or orpo)."),
     # -- PPO (the reward-model rows need "data" too: they are the recipe's, not the trainer's, which
     # may be given a reward function instead)
-    Rule("ppo_reward_model_given", ("ppo", "data"), lambda a: not a.ppo.reward_model,
-         "--reward_model is required: the output directory of reward/train.py (e.g. outputs/rm_demo), a merged "
-         "model or an adapter."),
+    Rule("ppo_reward_given", ("ppo", "data"), lambda a: not (a.ppo.reward_model or a.ppo.reward_funcs),
+         "--reward_model or --reward_funcs is required: the output directory of reward/train.py (e.g. "
+         "outputs/rm_demo), and/or reward functions (e.g. --reward_funcs exact_answer answer_format)."),
+    Rule("ppo_reward_weights", ("ppo",),
+         lambda a: a.ppo.reward_weights and len(a.ppo.reward_weights) != len(a.ppo.reward_funcs)
+         and {"weights": len(a.ppo.reward_weights), "funcs": len(a.ppo.reward_funcs)},
+         "--reward_weights has {weights} values for {funcs} --reward_funcs: give one weight per function, in order "
+         "(the reward model's is --reward_model_weight)."),
     Rule("ppo_reward_model_path", ("ppo", "data"), lambda a: _missing_dir(a.ppo.reward_model),
          "--reward_model {path}: {problem} (train one with reward/train.py).", PathError),
     Rule("ppo_lora_checkpointing", ("ppo", "finetuning", "training"),
@@ -228,6 +234,16 @@ RULES: list[Rule] = [
          lambda a: a.ppo.samples_per_prompt < 1 or _batch(a) % a.ppo.samples_per_prompt,
          "--samples_per_prompt {ppo.samples_per_prompt} must divide --per_device_train_batch_size "
          "{training.per_device_train_batch_size}: each process holds whole groups of replies to one prompt."),
+    Rule("ppo_group_baseline", ("ppo",), lambda a: a.ppo.advantage != "gae" and a.ppo.samples_per_prompt < 2,
+         "--advantage {ppo.advantage} compares each reply with the other replies to its prompt: set "
+         "--samples_per_prompt to 2 or more (got {ppo.samples_per_prompt}; a group of one has no baseline)."),
+    Rule("ppo_value_flags_without_value_model", ("ppo",), lambda a: _value_only_flags_set(a.ppo),
+         "--{flag} {value} belongs to the value model of --advantage gae; --advantage {ppo.advantage} has none: "
+         "drop the flag, or use --advantage gae."),
+    Rule("ppo_kl_in_loss_k1", ("ppo",), lambda a: a.ppo.kl_in_loss and a.ppo.kl_estimator == "k1",
+         "--kl_estimator k1 with --kl_in_loss: the gradient of k1 (log p - log p_ref) is zero on average over the "
+         "policy's samples, so the loss term would hold nothing back; use k3 (the default with --kl_in_loss) or "
+         "mse."),
     Rule("ppo_temperature", ("ppo",), lambda a: a.ppo.temperature <= 0,
          "--temperature must be positive (got {ppo.temperature}); PPO needs a sampling policy."),
     Rule("ppo_lengths", ("ppo",), lambda a: a.ppo.max_new_tokens < 1 or a.ppo.ppo_epochs < 1,
@@ -299,14 +315,35 @@ RULES: list[Rule] = [
     Rule("score_output_given", ("score",), lambda a: not a.score.output_jsonl,
          "--output_jsonl is required: where to write one line of scores per input row."),
     Rule("eval_models_given", ("evaluation",),
-         lambda a: not (a.evaluation.baseline and a.evaluation.policy and a.evaluation.reward_model),
-         "--baseline, --policy and --reward_model are all required: e.g. the SFT policy, the PPO or DPO policy and "
-         "the reward model (output directories of sft/train.py, ppo/ or dpo/train.py and reward/train.py)."),
+         lambda a: not (a.evaluation.policy and (a.evaluation.baseline or is_adapter_dir(a.evaluation.policy))
+                        and (a.evaluation.reward_model or a.evaluation.reward_funcs)),
+         "--policy, --baseline and --reward_model (or --reward_funcs) are required: e.g. the PPO, GRPO or DPO policy, "
+         "the SFT policy (left out, an adapter's base) and the reward model (output directories of ppo/ or "
+         "dpo/train.py, sft/train.py and reward/train.py)."),
+    Rule("eval_reward_weights", ("evaluation",),
+         lambda a: a.evaluation.reward_weights and len(a.evaluation.reward_weights) != len(a.evaluation.reward_funcs)
+         and {"weights": len(a.evaluation.reward_weights), "funcs": len(a.evaluation.reward_funcs)},
+         "--reward_weights has {weights} values for {funcs} --reward_funcs: give one weight per function, in order."),
     Rule("eval_model_paths", ("evaluation",),
-         lambda a: _first([a.evaluation.baseline, a.evaluation.policy, a.evaluation.reward_model],
+         lambda a: _first([p for p in (a.evaluation.baseline, a.evaluation.policy, a.evaluation.reward_model) if p],
                           _missing_dir_problem),
          "{path}: {problem} (--baseline, --policy and --reward_model take output directories).", PathError),
 ]
+
+
+# Settings only the value model of --advantage gae reads; under grpo/rloo a value other than the default was
+# set on purpose and would silently do nothing.
+_VALUE_ONLY_FLAGS = ("vf_coef", "cliprange_value", "gamma", "lam", "whiten_rewards")
+
+
+def _value_only_flags_set(ppo: Any) -> dict | None:
+    if ppo.uses_value_model:
+        return None
+    defaults = {f.name: f.default for f in dataclasses.fields(ppo)}
+    for name in _VALUE_ONLY_FLAGS:
+        if getattr(ppo, name) != defaults[name]:
+            return {"flag": name, "value": getattr(ppo, name)}
+    return None
 
 
 def _missing_dir_problem(path: str) -> str | None:

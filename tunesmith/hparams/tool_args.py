@@ -1,5 +1,5 @@
 """The settings of the runs that use a trained model rather than train one: merge, GGUF export, score,
-inspect, compare and the PPO evaluation. Models, adapters and data come from the shared dataclasses."""
+inspect, compare and the policy evaluation. Models, adapters and data come from the shared dataclasses."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from .model_args import ModelArguments
+from .ppo_args import RewardSourceArguments
 
 # Merging changes the order of float operations (W x + B A x vs (W + B A) x) and, in half precision,
 # rounds the merged weight once more; the error that adds up through the layers scales with the
@@ -121,18 +122,16 @@ class CompareArguments:
 
 
 @dataclass
-class EvalArguments:
+class EvalArguments(RewardSourceArguments):
     role: ClassVar[str] = "evaluation"
     _argument_group_name: ClassVar[str] = "policy evaluation"
 
     baseline: str | None = field(
         default=None, metadata={"help": "The policy compared against, usually the SFT one: an adapter directory or a "
-                                "model directory."})
+                                "model directory. Default, when --policy is an adapter: the model under it (its "
+                                "base, from adapter_config.json)."})
     policy: str | None = field(
         default=None, metadata={"help": "The tuned policy (output_dir of ppo/train.py or dpo/train.py)."})
-    reward_model: str | None = field(
-        default=None, metadata={"help": "The reward model (output_dir of reward/train.py)."}
-    )
     show: int = field(default=3, metadata={"help": "Print the first this many prompts with both replies."})
     max_new_tokens: int = field(default=48, metadata={"help": "Longest reply."})
     do_sample: bool = field(default=False, metadata={"help": "Sample replies (fixed seed) instead of greedy decoding."})

@@ -1,10 +1,13 @@
-"""PPO RLHF: a readable PPOTrainer on accelerate (TRL has none any more), built on ppo/core.py (the maths).
+"""The RL stage: a readable PPOTrainer on accelerate (TRL has no PPO any more) for PPO, GRPO and RLOO, built on
+ppo/core.py (the maths).
 
-core: pure tensor maths; models: policy / value / reference behind one module (one
-base model with LoRA); rollout: generation, reward scoring, per-token statistics; trainer: the loop,
-logging and checkpoints."""
+core: pure tensor maths; models: policy / value / reference behind one module (one base model with
+LoRA; no value model for GRPO and RLOO); rollout: generation, reward-model scoring, per-token statistics;
+rewards: reward models and reward functions combined; reward_funcs: the shipped verifiable rewards;
+trainer: the loop, logging and checkpoints."""
 
 from .models import ActorCritic, build_actor_critic
+from .rewards import RewardFunction, Rewards, load_reward_function
 from .rollout import RewardFn, RewardModelScorer, Rollout
 from .trainer import PPOTrainer
 
@@ -13,6 +16,9 @@ __all__ = [
     "build_actor_critic",
     "RewardFn",
     "RewardModelScorer",
+    "RewardFunction",
+    "Rewards",
+    "load_reward_function",
     "Rollout",
     "PPOTrainer",
 ]

@@ -31,17 +31,22 @@ __all__ = [
     "per_token_kl",
     "compute_rewards",
     "leave_one_out_scores",
+    "group_advantages",
     "compute_gae",
+    "aggregate_loss",
     "policy_loss",
+    "kl_loss",
     "value_loss",
     "AdaptiveKLController",
     "FixedKLController",
     "first_true_indices",
     "truncate_after_eos",
     "KL_KINDS",
+    "LOSS_AGGREGATIONS",
 ]
 
 KL_KINDS = ("k1", "abs", "mse", "k3")
+LOSS_AGGREGATIONS = ("token", "sequence")
 
 # Low-precision dtypes whose log-softmax/entropy we compute in float32: bf16 has ~3
 # significant digits, which is not enough for log-prob differences that feed exp(ratio).
@@ -221,6 +226,31 @@ def leave_one_out_scores(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     return (groups - others).reshape(scores.shape)
 
 
+def group_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO's advantage (Shao et al. 2024, DeepSeekMath): each score standardised within its group.
+
+    ``A_i = (r_i - mean_g) / (std_g + eps)`` with ``mean_g = (1/G) sum_j r_j`` and the *population*
+    standard deviation ``std_g = sqrt((1/G) sum_j (r_j - mean_g)^2)`` over the ``G`` replies to the same
+    prompt. Population, not sample (Bessel's ``G - 1``): the group is the whole set being standardised,
+    not a sample whose spread we estimate, and with it every group's advantages have mean 0 and mean
+    square 1 (up to ``eps``) whatever ``G`` is; the sample std (TRL's choice) gives the same direction
+    scaled by ``sqrt((G - 1) / G)``, i.e. only a smaller step (0.71x for ``G = 2``).
+
+    A group whose scores are all equal says nothing about which reply is better: its advantages are
+    exactly 0 (checked with ``max == min``, not left to ``0 / eps``, which rounding in the mean could
+    turn into a small nonzero number). ``scores``: ``[B]``, ``B`` a multiple of ``group_size`` with each
+    group's replies consecutive; ``group_size`` must be at least 2 (one reply has no baseline).
+    """
+    if group_size < 2 or scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size} >= 2")
+    groups = scores.reshape(-1, group_size)
+    mean = groups.mean(1, keepdim=True)
+    std = groups.std(1, keepdim=True, correction=0)
+    advantages = (groups - mean) / (std + eps)
+    tied = groups.amax(1, keepdim=True) == groups.amin(1, keepdim=True)
+    return torch.where(tied, torch.zeros_like(advantages), advantages).reshape(scores.shape)
+
+
 # --------------------------------------------------------------------------- GAE
 
 
@@ -266,17 +296,37 @@ def compute_gae(
 # --------------------------------------------------------------------------- losses
 
 
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token") -> torch.Tensor:
+    """Average a per-token loss ``[B, T]`` over the real tokens of a batch, in one of two ways:
+
+    * ``"token"``: ``sum_{i,t} m_it l_it / sum_{i,t} m_it`` -- every token weighs the same, so a long
+      reply moves the policy more than a short one (DAPO's token-level loss);
+    * ``"sequence"``: ``(1/B') sum_i (sum_t m_it l_it / sum_t m_it)`` over the ``B'`` rows with at least
+      one real token -- every reply weighs the same, its tokens share its weight (GRPO as published).
+
+    The two agree when every reply has the same length.
+    """
+    if how == "token":
+        return masked_mean(per_token, mask)
+    if how == "sequence":
+        has_tokens = mask.bool().any(-1)
+        return masked_mean(masked_mean(per_token, mask, dim=-1), has_tokens)
+    raise ValueError(f"unknown loss aggregation {how!r}; expected one of {LOSS_AGGREGATIONS}")
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cliprange: float,
+    aggregation: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss (Schulman et al. 2017).
 
     ``ratio = exp(logp - old_logp)``,
-    ``loss = masked_mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))``.
+    ``loss = aggregate_loss(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)), aggregation)``
+    (``"token"``: the masked mean over every real token of the batch).
 
     Stats (detached): ``clipfrac`` = fraction of real tokens where the clipped term won,
     ``approx_kl = 0.5 * masked_mean((logp - old_logp)^2)``, ``ratio_mean``.
@@ -290,7 +340,7 @@ def policy_loss(
     pg_unclipped = -advantages * ratio
     pg_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
     # max of the two negated objectives = pessimistic (lower) bound on the improvement.
-    loss = masked_mean(torch.maximum(pg_unclipped, pg_clipped), mask)
+    loss = aggregate_loss(torch.maximum(pg_unclipped, pg_clipped), mask, aggregation)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((pg_clipped > pg_unclipped).to(logprobs.dtype), mask),
@@ -323,6 +373,26 @@ def value_loss(
     with torch.no_grad():
         stats = {"vf_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(values.dtype), mask)}
     return loss, stats
+
+
+def kl_loss(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, kind: str = "k3",
+    aggregation: str = "token",
+) -> torch.Tensor:
+    """The KL to the reference as a loss term (GRPO's way; PPO's puts it in the reward instead):
+    ``aggregate_loss(per_token_kl(logp, ref_logp, kind), aggregation)``, differentiated through the
+    policy's ``logp`` on the sampled tokens (the reference is fixed).
+
+    Which estimator matters here, unlike in a reward: ``k1 = logp - ref`` has gradient ``grad logp``,
+    whose expectation over the policy's own samples is 0 -- it penalises nothing. ``k3`` (the
+    DeepSeekMath choice) has gradient ``(1 - exp(ref - logp)) grad logp``, which pulls each sampled
+    token's probability towards the reference's; ``mse`` (``0.5 d^2``) does the same to first order.
+    """
+    ref_logprobs = ref_logprobs.detach()
+    # Padding gets logp = ref (KL 0) before the estimator: an exp of garbage there could overflow, and
+    # a where()-masked inf still turns the backward pass into nan.
+    logprobs = torch.where(mask.bool(), logprobs, ref_logprobs)
+    return aggregate_loss(per_token_kl(logprobs, ref_logprobs, kind), mask, aggregation)
 
 
 # --------------------------------------------------------------------------- KL control

@@ -1,4 +1,6 @@
-"""The three models PPO needs (policy, value model, reference) behind one nn.Module.
+"""The models of the RL stage (policy, value model, reference) behind one nn.Module. GRPO and RLOO
+(`--advantage grpo|rloo`) have no value model: neither the value adapter nor the head is created,
+trained or saved.
 
 With LoRA (the default) there is ONE base model in memory:
 
@@ -13,7 +15,8 @@ With LoRA (the default) there is ONE base model in memory:
   whole SFT + PPO change relative to the base: chat, merge and eval load it like any other adapter
   of that base, and a quantized (QLoRA) base works too. The cost is one frozen LoRA copy.
 
-With `--finetuning_type full` the policy, the value model and the reference are three copies."""
+With `--finetuning_type full` the policy, the value model and the reference are three copies (two
+without a value model)."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ class ActorCritic(nn.Module):
     """Policy, value model (+ head) and frozen reference. `forward` is the training forward (policy
     logits and values), so DDP/DeepSpeed see one module; rollouts call the pieces directly."""
 
-    def __init__(self, policy: nn.Module, value_head: nn.Linear, temperature: float = 1.0,
+    def __init__(self, policy: nn.Module, value_head: nn.Linear | None, temperature: float = 1.0,
                  value_model: nn.Module | None = None, reference: nn.Module | None = None) -> None:
         super().__init__()
         self.policy = policy
@@ -58,9 +61,15 @@ class ActorCritic(nn.Module):
         self.reference = reference
         self.temperature = temperature
         self.is_lora = hasattr(policy, "peft_config")
-        if self.is_lora == (value_model is not None):
-            raise ValueError("pass value_model and reference for full fine-tuning, and only then")
+        if self.is_lora == (reference is not None):
+            raise ValueError("pass a reference (and a value_model with a value_head) for full fine-tuning, and only then")
+        if not self.is_lora and (value_head is None) != (value_model is None):
+            raise ValueError("full fine-tuning takes a value_model with a value_head, or neither")
         self._trainable = {id(p) for p in self.parameters() if p.requires_grad}
+
+    @property
+    def has_value_model(self) -> bool:
+        return self.value_head is not None
 
     # ------------------------------------------------------------------ adapters
 
@@ -126,9 +135,10 @@ class ActorCritic(nn.Module):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                context_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+                context_length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(policy logits, values); values None without a value model."""
         args = (input_ids, attention_mask, position_ids, context_length)
-        return self.policy_logits(*args), self.values(*args)
+        return self.policy_logits(*args), self.values(*args) if self.has_value_model else None
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -137,8 +147,8 @@ class ActorCritic(nn.Module):
     # ------------------------------------------------------------------ saving
 
     def save(self, directory: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """The policy as a loadable adapter (or full model) in `directory`, the value adapter (or
-        model) in `directory/value`, the value head in `directory/value_head.safetensors`.
+        """The policy as a loadable adapter (or full model) in `directory`; with a value model, the value
+        adapter (or model) in `directory/value` and the value head in `directory/value_head.safetensors`.
 
         state_dict: this module's trainable weights gathered from ZeRO-3 shards (keys as in
         self.state_dict()), where the parameters in memory are empty placeholders; default: those."""
@@ -152,10 +162,13 @@ class ActorCritic(nn.Module):
 
         if self.is_lora:
             self.policy.save_pretrained(directory, selected_adapters=[POLICY], state_dict=part("policy."))
-            # PEFT puts it in directory/value
-            self.policy.save_pretrained(directory, selected_adapters=[VALUE], state_dict=part("policy."))
         else:
             self.policy.save_pretrained(directory, state_dict=part("policy."))
+        if not self.has_value_model:
+            return
+        if self.is_lora:  # PEFT puts it in directory/value
+            self.policy.save_pretrained(directory, selected_adapters=[VALUE], state_dict=part("policy."))
+        else:
             self.value_model.save_pretrained(os.path.join(directory, VALUE_DIR), state_dict=part("value_model."))
         head = part("value_head.") or self.value_head.state_dict()
         save_file({k: v.detach().float().cpu().contiguous() for k, v in head.items()},
@@ -163,17 +176,20 @@ class ActorCritic(nn.Module):
 
 
 def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningArguments, training_args: Any,
-                       temperature: float = 1.0, resume_from: str | None = None) -> ActorCritic:
-    """Load the policy, value model and reference for a run, starting from the SFT adapter (or the
-    base), or from the trainable weights in the checkpoint `resume_from`."""
+                       temperature: float = 1.0, resume_from: str | None = None,
+                       value_model: bool = True) -> ActorCritic:
+    """Load the policy, value model (unless value_model=False: GRPO, RLOO) and reference for a run,
+    starting from the SFT adapter (or the base), or from the trainable weights in the checkpoint
+    `resume_from`."""
     base = resolve_model_path(model_args)
+    value = None
     if finetuning_args.finetuning_type == "lora":
         sft_adapter = model_args.adapter_name_or_path
         start = dataclasses.replace(model_args, adapter_name_or_path=resume_from or sft_adapter)
         policy = load_model(start, finetuning_args, training_args)
-        if resume_from:
+        if value_model and resume_from:
             policy.load_adapter(os.path.join(resume_from, VALUE_DIR), adapter_name=VALUE, is_trainable=True)
-        else:
+        elif value_model:
             # Same shape as the policy adapter; zero-initialised B, so it starts as the base.
             value_config = copy.deepcopy(policy.peft_config[POLICY])
             value_config.inference_mode = False
@@ -181,10 +197,10 @@ def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningAr
         if sft_adapter:
             policy.load_adapter(sft_adapter, adapter_name=REFERENCE, is_trainable=False)
         policy.set_adapter(POLICY)
-        policy.set_requires_grad([POLICY, VALUE], requires_grad=True)
+        policy.set_requires_grad([POLICY, VALUE] if value_model else [POLICY], requires_grad=True)
         if sft_adapter:
             policy.set_requires_grad(REFERENCE, requires_grad=False)
-        value_model = reference = None
+        reference = None
         hidden_size = policy.get_base_model().config.get_text_config().hidden_size
     else:
         def full(path: str, trainable: bool) -> nn.Module:
@@ -192,23 +208,31 @@ def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningAr
                               training_args, is_trainable=trainable)
 
         policy = full(resume_from or base, True)
-        value_model = full(os.path.join(resume_from, VALUE_DIR) if resume_from else base, True)
+        if value_model:
+            value = full(os.path.join(resume_from, VALUE_DIR) if resume_from else base, True)
         reference = full(base, False)
         if training_args is not None and training_args.gradient_checkpointing:
-            policy.gradient_checkpointing_enable()
-            value_model.gradient_checkpointing_enable()
+            for model in (policy, value):
+                if model is not None:
+                    model.gradient_checkpointing_enable()
         hidden_size = policy.config.get_text_config().hidden_size
 
+    value_head = new_value_head(hidden_size, resume_from) if value_model else None
+    model = ActorCritic(policy, value_head, temperature, value_model=value, reference=reference)
+    # PPO's ratio compares the rollout's log-probs with the update's: dropout would make them differ
+    # before any weight has changed. eval() switches it off; gradients still flow.
+    model.eval()
+    return model
+
+
+def new_value_head(hidden_size: int, resume_from: str | None = None) -> nn.Linear:
+    """The value head: zero (every value starts at 0, the natural guess before any reward is seen), or the
+    one saved in the checkpoint `resume_from`."""
     value_head = nn.Linear(hidden_size, 1)
-    # Zero: every value starts at 0, the natural guess before any reward is seen.
     nn.init.zeros_(value_head.weight)
     nn.init.zeros_(value_head.bias)
     if resume_from:
         from safetensors.torch import load_file
 
         value_head.load_state_dict(load_file(os.path.join(resume_from, VALUE_HEAD_FILE)))
-    model = ActorCritic(policy, value_head, temperature, value_model=value_model, reference=reference)
-    # PPO's ratio compares the rollout's log-probs with the update's: dropout would make them differ
-    # before any weight has changed. eval() switches it off; gradients still flow.
-    model.eval()
-    return model
+    return value_head

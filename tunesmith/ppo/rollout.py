@@ -110,9 +110,10 @@ class Rollout:
     ended: torch.Tensor
     logprobs: torch.Tensor
     ref_logprobs: torch.Tensor
-    values: torch.Tensor
+    values: torch.Tensor | None  # None without a value model (GRPO, RLOO)
     entropy: torch.Tensor
-    scores: torch.Tensor  # reward model / reward_fn score, before the missing-EOS penalty
+    scores: torch.Tensor  # the weighted reward of the reward sources, before the missing-EOS penalty
+    source_scores: torch.Tensor | None = None  # [B, sources]: each source's own score
     generate_seconds: float = 0.0
     rewards: torch.Tensor | None = None
     kl: torch.Tensor | None = None
@@ -133,8 +134,11 @@ def policy_statistics(model: nn.Module, input_ids: torch.Tensor, attention_mask:
                       position_ids: torch.Tensor, context_length: int, response_ids: torch.Tensor,
                       chunk_size: int) -> dict[str, torch.Tensor]:
     """Log-probs of the sampled replies under the policy and the reference, per-token entropy of
-    the policy, and the values -- in chunks of chunk_size rows to bound activation memory."""
-    parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
+    the policy, and the values (when the model has a value model) -- in chunks of chunk_size rows to
+    bound activation memory."""
+    parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": []}
+    if getattr(model, "has_value_model", True):
+        parts["values"] = []
     for start in range(0, input_ids.size(0), chunk_size):
         rows = slice(start, start + chunk_size)
         args = (input_ids[rows], attention_mask[rows], position_ids[rows], context_length)
@@ -145,5 +149,6 @@ def policy_statistics(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         ref_logits = model.reference_logits(*args)
         parts["ref_logprobs"].append(logprobs_from_logits(ref_logits, response_ids[rows]).float())
         del ref_logits
-        parts["values"].append(model.values(*args))
+        if "values" in parts:
+            parts["values"].append(model.values(*args))
     return {k: torch.cat(v) for k, v in parts.items()}

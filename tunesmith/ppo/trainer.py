@@ -1,6 +1,7 @@
-"""PPOTrainer: the RLHF loop on top of accelerate. Each step samples replies to a batch of prompts
-(rollout), scores them, and runs a few PPO epochs of clipped policy and value updates over
-shuffled mini-batches of that batch. The maths is in ppo/core.py."""
+"""PPOTrainer: the RL loop on top of accelerate, for PPO, GRPO and RLOO (`--advantage gae|grpo|rloo`).
+Each step samples replies to a batch of prompts (rollout), scores them, and runs a few epochs of clipped
+policy updates (and, for PPO, value updates) over shuffled mini-batches of that batch. The maths is in
+ppo/core.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,10 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import get_scheduler
 
+from ..constants import REWARD_PLOT_FILE
 from ..data.prompts import Prompt, left_pad
 from ..hparams import PPOArguments, check, save_run_config, zero_stage
+from ..train.callbacks import plot_loss
 from ..train.checkpoints import (
     STATE_FILE,
     checkpoint_dir,
@@ -36,6 +40,8 @@ from .core import (
     FixedKLController,
     compute_gae,
     compute_rewards,
+    group_advantages,
+    kl_loss,
     leave_one_out_scores,
     logprobs_from_logits,
     masked_mean,
@@ -44,6 +50,7 @@ from .core import (
     value_loss,
 )
 from .models import VALUE_DIR, ActorCritic
+from .rewards import RewardFunction, Rewards, load_reward_function
 from .rollout import (
     RewardFn,
     RewardModelScorer,
@@ -61,8 +68,10 @@ LOG_FILE = "ppo_log.jsonl"
 
 
 class PPOTrainer:
-    """PPO for a causal LM against a reward model (or a python reward_fn, for tests and rule-based
-    rewards). `train()` runs to max_steps (or num_train_epochs over the prompts), logging every
+    """PPO, GRPO or RLOO for a causal LM against a reward model and/or reward functions of the decoded
+    replies (reward_funcs, weighted by ppo_args.reward_weights), or one python reward_fn of token ids (for
+    tests). With --advantage grpo or rloo the model has no value model (build_actor_critic(...,
+    value_model=False)). `train()` runs to max_steps (or num_train_epochs over the prompts), logging every
     logging_steps and checkpointing every save_steps; `resume_from` continues a checkpoint with its
     step, optimizer, scheduler, KL coefficient and random state. With --deepspeed (ZeRO-2 or ZeRO-3)
     the ActorCritic is one DeepSpeed engine; under ZeRO-3 generation is synced across ranks, the
@@ -70,15 +79,23 @@ class PPOTrainer:
 
     def __init__(self, model: ActorCritic, tokenizer: Any, prompts: list[Prompt], ppo_args: PPOArguments,
                  training_args: Any, reward_model: RewardModelScorer | None = None,
-                 reward_fn: RewardFn | None = None, run_configs: tuple = (), resume_from: str | None = None) -> None:
-        if (reward_model is None) == (reward_fn is None):
-            raise ValueError("PPOTrainer needs exactly one of reward_model or reward_fn")
+                 reward_fn: RewardFn | None = None, reward_funcs: Sequence[RewardFunction] | None = None,
+                 run_configs: tuple = (), resume_from: str | None = None) -> None:
+        if reward_funcs is None:  # those ppo_args names (the recipe loads them itself, to fail before any weight loads)
+            reward_funcs = [load_reward_function(spec) for spec in ppo_args.reward_funcs]
+        if (reward_fn is None) == (reward_model is None and not reward_funcs):
+            raise ValueError("PPOTrainer needs a reward_model and/or reward_funcs, or else one reward_fn")
         if not prompts or not prompts[0].input_ids:
             raise ValueError("PPOTrainer needs encoded prompts (tunesmith.data.prompts.encode_prompts)")
         check(ppo=ppo_args, training=training_args)  # the rules it needs, also when built without the recipe
+        if model is not None and model.has_value_model != ppo_args.uses_value_model:
+            raise ValueError(f"--advantage {ppo_args.advantage} needs a model built with "
+                             f"value_model={ppo_args.uses_value_model}")
         self.args, self.ppo = training_args, ppo_args
         self.tokenizer, self.prompts = tokenizer, prompts
         self.reward_model, self.reward_fn = reward_model, reward_fn
+        self.rewards = None if reward_fn else Rewards(tokenizer, reward_funcs, ppo_args.reward_weights, reward_model,
+                                                      ppo_args.reward_model_weight)
         self.run_configs = run_configs
         deepspeed_plugin = getattr(training_args, "deepspeed_plugin", None)
         self.accelerator = Accelerator(
@@ -167,6 +184,10 @@ class PPOTrainer:
         while self.step < self.total_steps:
             self.train_step()
         self.save_model(self.args.output_dir)
+        if self.accelerator.is_main_process:
+            score_keys = tuple(k for k in (self.log_history[-1] if self.log_history else {}) if k.startswith("score"))
+            plot_loss(self.log_history, os.path.join(self.args.output_dir, REWARD_PLOT_FILE),
+                      keys=tuple(k for k in score_keys if k != "score_std"), ylabel="mean score of the rollout batch")
         return self.log_history
 
     def train_step(self) -> dict[str, Any]:
@@ -221,31 +242,47 @@ class PPOTrainer:
             model, query_ids, query_mask, self.generation_config, self.tokenizer.pad_token_id,
             synced_gpus=self.synced_gpus,
         )
+        scores, source_scores = self.score(prompts, response_ids, response_mask)
         r = Rollout(query_ids, query_mask, response_ids, response_mask, ended,
                     logprobs=None, ref_logprobs=None, values=None, entropy=None,
-                    generate_seconds=time.perf_counter() - start,
-                    scores=self.score(prompts, response_ids, response_mask).to(device))
+                    generate_seconds=time.perf_counter() - start, scores=scores.to(device),
+                    source_scores=source_scores.to(device))
         stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.mini_batch)
-        r.logprobs, r.ref_logprobs, r.values, r.entropy = (stats[k] for k in ("logprobs", "ref_logprobs",
-                                                                               "values", "entropy"))
+        r.logprobs, r.ref_logprobs, r.values, r.entropy = (stats.get(k) for k in ("logprobs", "ref_logprobs",
+                                                                                   "values", "entropy"))
         # Replies that hit max_new_tokens lose missing_eos_penalty: otherwise the policy may learn to
         # ramble past the point where the reward model can judge a finished answer.
         penalised = r.scores - self.ppo.missing_eos_penalty * (~ended).float()
-        penalised = leave_one_out_scores(penalised, self.ppo.samples_per_prompt)
-        r.rewards, _, r.kl = compute_rewards(penalised, r.logprobs, r.ref_logprobs, response_mask,
-                                             self.kl_ctl.value, self.ppo.kl_estimator)
+        group = self.ppo.samples_per_prompt
+        if self.ppo.uses_value_model:
+            penalised = leave_one_out_scores(penalised, group)
+        # With --kl_in_loss the KL is a loss term of the update instead (kl_coef 0 here).
+        kl_coef = 0.0 if self.ppo.kl_in_loss else self.kl_ctl.value
+        r.rewards, _, r.kl = compute_rewards(penalised, r.logprobs, r.ref_logprobs, response_mask, kl_coef,
+                                             self.ppo.kl_estimator)
+        if not self.ppo.uses_value_model:
+            # One advantage per reply, from its whole reward (the score less the KL penalty, when that is in
+            # the reward), for each of its tokens.
+            sequence_reward = r.rewards.sum(1)
+            advantages = (group_advantages(sequence_reward, group) if self.ppo.advantage == "grpo"
+                          else leave_one_out_scores(sequence_reward, group))
+            r.advantages = torch.where(response_mask.bool(), advantages.unsqueeze(1), 0.0)
+            return r
         if self.ppo.whiten_rewards:
             r.rewards = masked_whiten(r.rewards, response_mask, shift_mean=False)
         advantages, r.returns = compute_gae(r.values, r.rewards, response_mask, self.ppo.gamma, self.ppo.lam)
         r.advantages = masked_whiten(advantages, response_mask)
         return r
 
-    def score(self, prompts: list[Prompt], response_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    def score(self, prompts: list[Prompt], response_ids: torch.Tensor,
+              response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the reward of each reply [B], each reward source's score [B, sources])."""
         responses = reply_tokens(response_ids, response_mask)
         if self.reward_fn is not None:
             scores = self.reward_fn([list(p.input_ids) for p in prompts], responses)
-            return torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
-        return self.reward_model(prompts, responses)
+            scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
+            return scores, scores.unsqueeze(1)
+        return self.rewards(prompts, responses)
 
     # ------------------------------------------------------------------ update
 
@@ -267,11 +304,20 @@ class PPOTrainer:
         logits, values = self.model(*r.inputs(rows), r.context_length)
         logprobs = logprobs_from_logits(logits, r.response_ids[rows])
         mask = r.response_mask[rows]
-        pg_loss, pg_stats = policy_loss(logprobs, r.logprobs[rows], r.advantages[rows], mask, self.ppo.cliprange)
-        vf_loss, vf_stats = value_loss(values, r.values[rows], r.returns[rows], mask, self.ppo.cliprange_value)
-        # Policy and value weights are disjoint, so one backward of the sum gives each its own gradient.
-        self.accelerator.backward(pg_loss + self.ppo.vf_coef * vf_loss)
-        stats = {"policy_loss": pg_loss.item(), "value_loss": vf_loss.item()}
+        how = self.ppo.loss_aggregation
+        loss, pg_stats = policy_loss(logprobs, r.logprobs[rows], r.advantages[rows], mask, self.ppo.cliprange, how)
+        stats = {"policy_loss": loss.item()}
+        if values is not None:
+            vf_loss, vf_stats = value_loss(values, r.values[rows], r.returns[rows], mask, self.ppo.cliprange_value)
+            # Policy and value weights are disjoint, so one backward of the sum gives each its own gradient.
+            loss = loss + self.ppo.vf_coef * vf_loss
+            stats["value_loss"] = vf_loss.item()
+            pg_stats |= vf_stats
+        if self.ppo.kl_in_loss:
+            kl_term = kl_loss(logprobs, r.ref_logprobs[rows], mask, self.ppo.kl_estimator, how)
+            loss = loss + self.kl_ctl.value * kl_term
+            stats["kl_loss"] = kl_term.item()
+        self.accelerator.backward(loss)
         if self.accelerator.sync_gradients:
             grad_norm = self.accelerator.clip_grad_norm_(self.trainable, self.args.max_grad_norm)
             if grad_norm is not None:
@@ -280,7 +326,7 @@ class PPOTrainer:
         if self.accelerator.sync_gradients and not self.accelerator.optimizer_step_was_skipped:
             self.scheduler.step()
         self.optimizer.zero_grad()
-        stats |= {k: float(v) for k, v in (pg_stats | vf_stats).items()}
+        stats |= {k: float(v) for k, v in pg_stats.items()}
         return stats
 
     # ------------------------------------------------------------------ logging
@@ -289,15 +335,20 @@ class PPOTrainer:
         acc = self.accelerator
         scores = acc.gather(r.scores)
         lengths = r.response_mask.sum(1).float()
-        return {
+        stats = {
             "score": scores.mean(),
             "score_std": scores.std() if scores.numel() > 1 else torch.zeros(()),
             "reward": acc.reduce(r.rewards.sum(1).mean(), reduction="mean"),
             "entropy": acc.reduce(masked_mean(r.entropy, r.response_mask), reduction="mean"),
             "reply_length": acc.reduce(lengths.mean(), reduction="mean"),
             "eos_rate": acc.reduce(r.ended.float().mean(), reduction="mean"),
-            "value_mean": acc.reduce(masked_mean(r.values, r.response_mask), reduction="mean"),
         }
+        if r.values is not None:
+            stats["value_mean"] = acc.reduce(masked_mean(r.values, r.response_mask), reduction="mean")
+        if self.rewards is not None and self.rewards.functions:  # each source's mean score, e.g. the accuracy
+            source_means = acc.gather(r.source_scores).mean(0)
+            stats |= {f"score/{name}": m for name, m in zip(self.rewards.names, source_means)}
+        return stats
 
     def _log(self, row: dict[str, Any], r: Rollout) -> None:
         self.log_history.append(row)
@@ -305,10 +356,12 @@ class PPOTrainer:
             return
         with open(os.path.join(self.args.output_dir, LOG_FILE), "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+        sources = "".join(f" | {k[6:]} {v:.3f}" for k, v in row.items() if k.startswith("score/"))
+        value = f" | value_loss {row['value_loss']:.4f}" if "value_loss" in row else ""
         print(
-            f"step {row['step']}/{self.total_steps} | score {row['score']:.3f} ± {row['score_std']:.3f} | "
+            f"step {row['step']}/{self.total_steps} | score {row['score']:.3f} ± {row['score_std']:.3f}{sources} | "
             f"kl {row['kl']:.3f} (coef {row['kl_coef']:.3g}) | entropy {row['entropy']:.2f} | "
-            f"clipfrac {row['clipfrac']:.3f} | approx_kl {row['approx_kl']:.4f} | value_loss {row['value_loss']:.4f} | "
+            f"clipfrac {row['clipfrac']:.3f} | approx_kl {row['approx_kl']:.4f}{value} | "
             f"reply {row['reply_length']:.1f} tok (eos {row['eos_rate']:.2f}) | "
             f"gen {row['time_generate']:.1f}s score {row['time_score']:.1f}s train {row['time_train']:.1f}s",
             flush=True,
@@ -321,7 +374,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------ saving
 
     def save_model(self, output_dir: str) -> None:
-        """The policy adapter (or model), the value adapter and head, the tokenizer and the run
+        """The policy adapter (or model), the value adapter and head (PPO only), the tokenizer and the run
         config in output_dir. Written to a temporary folder first, then moved into place file by
         file, so no reader sees a half-written file."""
         acc = self.accelerator
@@ -350,7 +403,9 @@ class PPOTrainer:
     def _write_weights(self, directory: Path, weights: dict[str, torch.Tensor] | None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.unwrapped.save(str(directory), weights)
-        empty = empty_tensors(str(directory)) + empty_tensors(str(directory / VALUE_DIR))
+        empty = empty_tensors(str(directory))
+        if self.unwrapped.has_value_model:
+            empty += empty_tensors(str(directory / VALUE_DIR))
         if empty:
             raise RuntimeError(f"{directory}: saved {len(empty)} empty tensors ({empty[:3]}...): ZeRO-3 shards were "
                                "not gathered")

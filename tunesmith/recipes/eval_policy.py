@@ -1,17 +1,23 @@
-"""Did PPO or DPO help: held-out prompts answered by the baseline (the SFT policy) and by the tuned policy,
-scored by the reward model. Replies are greedy by default, or sampled with a fixed seed; KL(policy ||
-baseline) per reply is estimated from replies sampled from the policy at temperature 1 (the mean of
-log p_policy - log p_baseline over them, an unbiased estimate; a log-ratio on greedy replies would not be one).
+"""Did RL or DPO help: held-out prompts answered by the baseline (the SFT policy) and by the tuned policy,
+scored by the reward model and/or reward functions (the accuracy and format compliance of verifiable
+answers), each with the paired standard error of its change. Replies are greedy by default, or sampled with
+a fixed seed; KL(policy || baseline) per reply is estimated from replies sampled from the policy at
+temperature 1 (the mean of log p_policy - log p_baseline over them, an unbiased estimate; a log-ratio on
+greedy replies would not be one).
 
     python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/dpo_demo --reward_model outputs/rm_demo
     python scripts/eval_policy.py ... --data_path data/demo/prompts_eval.jsonl --do_sample true --seed 0
+    python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \
+        --reward_funcs exact_answer answer_format --max_new_tokens 32
 
 prints e.g.
     50 prompts, greedy replies: policy higher on 30, lower on 15, tied on 5; mean reply length 22.7 -> 23.6 tokens
     mean reward: baseline -1.902 -> policy -1.211 (change +0.691 ± 0.348, paired standard error)
     KL(policy || baseline): 2.969 nats/reply (50 replies sampled from the policy at temperature 1)
+and with reward functions one line each (their mean is the accuracy of a 0/1 function), e.g.
+    exact_answer: baseline 0.040 -> policy 0.520 (change +0.480 ± 0.051, paired standard error)
 --baseline and --policy (formerly --sft and --ppo) are adapter directories (their base comes from
-adapter_config.json) or full model directories.
+adapter_config.json) or full model directories; --baseline left out is the base under the --policy adapter.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from ..hparams import EvalArguments, parse_run
 from ..models.loader import inference_model_args, load_for_inference
 from ..ppo.core import logprobs_from_logits
 from ..ppo.models import response_logits
+from ..ppo.rewards import Rewards, load_reward_function
 from ..ppo.rollout import (
     RewardModelScorer,
     eos_token_ids,
@@ -37,6 +44,7 @@ from ..ppo.rollout import (
     sequence_inputs,
 )
 from ..utils.io import atomic_write_jsonl
+from ..utils.paths import adapter_base_model
 
 
 @torch.no_grad()
@@ -70,25 +78,39 @@ def reply_logprobs(model: nn.Module, query_ids: torch.Tensor, query_mask: torch.
 def run(argv: Sequence[str] | None = None) -> dict[str, float]:
     parsed = parse_run("eval_policy", argv, __doc__)
     args, data = parsed.evaluation, parsed.data
-    baseline, tokenizer = load_for_inference(inference_model_args(args.baseline))
+    reward_funcs = [load_reward_function(spec) for spec in args.reward_funcs]  # a bad name fails before loading
+    baseline_path = args.baseline or adapter_base_model(args.policy)
+    baseline, tokenizer = load_for_inference(inference_model_args(baseline_path))
     policy, _ = load_for_inference(inference_model_args(args.policy))
-    reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.reward_model), task="reward")
-    scorer = RewardModelScorer(reward_model, reward_tokenizer, tokenizer, batch_size=args.batch_size)
+    scorer = None
+    if args.reward_model:
+        reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.reward_model), task="reward")
+        scorer = RewardModelScorer(reward_model, reward_tokenizer, tokenizer, batch_size=args.batch_size)
+    rewards = Rewards(tokenizer, reward_funcs, args.reward_weights, scorer, args.reward_model_weight)
     prompts = build_prompts(tokenizer, data, "eval")
 
     baseline_replies, _ = answer(baseline, tokenizer, prompts, args, args.do_sample, args.temperature)
     policy_replies, _ = answer(policy, tokenizer, prompts, args, args.do_sample, args.temperature)
-    baseline_scores, policy_scores = scorer(prompts, baseline_replies), scorer(prompts, policy_replies)
+    (baseline_scores, baseline_sources), (policy_scores, policy_sources) = (
+        rewards(prompts, baseline_replies), rewards(prompts, policy_replies))
     _, kl_batches = answer(policy, tokenizer, prompts, args, sample=True, temperature=1.0)
     kl = torch.cat([reply_logprobs(policy, *b) - reply_logprobs(baseline, *b) for b in kl_batches])
     result = summarize(baseline_scores, policy_scores, kl, baseline_replies, policy_replies)
+    functions = rewards.names[:len(reward_funcs)]
+    for i, name in enumerate(functions):
+        result |= {f"{name}_{k}": v for k, v in paired_change(baseline_sources[:, i], policy_sources[:, i]).items()}
     if args.output_file:
-        atomic_write_jsonl(args.output_file, [
-            {"source": f"{p.row.path}:{p.row.line}", "prompt": p.messages[-1]["content"],
-             "baseline": tokenizer.decode(s, skip_special_tokens=True), "baseline_score": float(ss),
-             "policy": tokenizer.decode(q, skip_special_tokens=True), "policy_score": float(qs), "kl_sample": float(k)}
-            for p, s, ss, q, qs, k in zip(prompts, baseline_replies, baseline_scores, policy_replies, policy_scores, kl)
-        ])
+        rows = []
+        for i, (p, s, q) in enumerate(zip(prompts, baseline_replies, policy_replies)):
+            rows.append({"source": f"{p.row.path}:{p.row.line}", "prompt": p.messages[-1]["content"],
+                         "baseline": tokenizer.decode(s, skip_special_tokens=True),
+                         "baseline_score": float(baseline_scores[i]),
+                         "policy": tokenizer.decode(q, skip_special_tokens=True),
+                         "policy_score": float(policy_scores[i]), "kl_sample": float(kl[i])})
+            if len(rewards.names) > 1 or reward_funcs:  # each source's score too
+                rows[-1] |= {f"{side}_{name}": float(scores[i, j]) for j, name in enumerate(rewards.names)
+                             for side, scores in (("baseline", baseline_sources), ("policy", policy_sources))}
+        atomic_write_jsonl(args.output_file, rows)
     decoding = f"sampled (seed {args.seed}, temperature {args.temperature})" if args.do_sample else "greedy"
     for p, s, ss, q, qs in list(zip(prompts, baseline_replies, baseline_scores, policy_replies, policy_scores))[:args.show]:
         print(f"> {p.messages[-1]['content']}\n  baseline ({ss:+.2f}): {tokenizer.decode(s, skip_special_tokens=True)}"
@@ -99,18 +121,29 @@ def run(argv: Sequence[str] | None = None) -> dict[str, float]:
           f"{result['policy_reply_length']:.1f} tokens")
     print(f"mean reward: baseline {result['baseline_reward']:.3f} -> policy {result['policy_reward']:.3f} "
           f"(change {result['reward_change']:+.3f} ± {result['reward_change_stderr']:.3f}, paired standard error)")
+    for name in functions:
+        print(f"{name}: baseline {result[f'{name}_baseline']:.3f} -> policy {result[f'{name}_policy']:.3f} "
+              f"(change {result[f'{name}_change']:+.3f} ± {result[f'{name}_change_stderr']:.3f}, paired standard error)")
     print(f"KL(policy || baseline): {result['kl_policy_baseline']:.3f} nats/reply ({len(prompts)} replies sampled "
           "from the policy at temperature 1)")
     return result
+
+
+def paired_change(baseline: torch.Tensor, policy: torch.Tensor) -> dict[str, float]:
+    """Both means and the mean change with its standard error, from the per-prompt differences (the two
+    replies to one prompt are not independent: their difference is what varies less)."""
+    gain, n = policy - baseline, len(policy)
+    return {"baseline": baseline.mean().item(), "policy": policy.mean().item(), "change": gain.mean().item(),
+            "change_stderr": (gain.std() / n ** 0.5).item() if n > 1 else 0.0}
 
 
 def summarize(baseline_scores: torch.Tensor, policy_scores: torch.Tensor, kl: torch.Tensor,
               baseline_replies: list[list[int]], policy_replies: list[list[int]]) -> dict[str, float]:
     """The paired comparison: mean rewards, their change with its standard error, wins, KL and lengths."""
     gain, n = policy_scores - baseline_scores, len(policy_scores)
-    return {"prompts": n, "baseline_reward": baseline_scores.mean().item(), "policy_reward": policy_scores.mean().item(),
-            "reward_change": gain.mean().item(),
-            "reward_change_stderr": (gain.std() / n ** 0.5).item() if n > 1 else 0.0,
+    change = paired_change(baseline_scores, policy_scores)
+    return {"prompts": n, "baseline_reward": change["baseline"], "policy_reward": change["policy"],
+            "reward_change": change["change"], "reward_change_stderr": change["change_stderr"],
             "kl_policy_baseline": kl.mean().item(),
             "policy_higher": int((gain > 0).sum()), "policy_lower": int((gain < 0).sum()),
             "baseline_reply_length": sum(map(len, baseline_replies)) / n,

@@ -1,10 +1,14 @@
-"""PPO RLHF: sample replies to prompts, score them with the reward model, and train the policy (LoRA on
-the SFT model by default) against a KL penalty to the SFT policy.
+"""RL on prompts: PPO against a reward model, or GRPO / RLOO (`--advantage grpo|rloo`, no value model) against
+a reward model and/or verifiable reward functions; the policy (LoRA on the SFT model by default) is held near
+the reference by a KL term.
 
     python ppo/train.py configs/ppo_lora_demo.yaml
     python ppo/train.py --adapter_name_or_path outputs/sft_demo --reward_model outputs/rm_demo \
         --data_path data/demo/prompts.jsonl --output_dir outputs/ppo_demo --max_steps 30
     python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/ppo_demo --reward_model outputs/rm_demo
+    python ppo/train.py configs/grpo_demo.yaml     # GRPO: answers with `Answer: N`, rewarded by exact_answer
+    python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \
+        --reward_funcs exact_answer answer_format --max_new_tokens 32
 """
 
 from __future__ import annotations
@@ -19,22 +23,28 @@ from ..models.loader import (
     load_trained_tokenizer,
 )
 from ..ppo import PPOTrainer, RewardModelScorer, build_actor_critic
+from ..ppo.rewards import load_reward_function
 from ..train.run_setup import prepare_training_run
 
 
 def run(argv: Sequence[str] | None = None) -> PPOTrainer:
     args, resume = prepare_training_run("ppo", argv, __doc__)
+    reward_funcs = [load_reward_function(spec) for spec in args.ppo.reward_funcs]  # a bad name fails before loading
 
     tokenizer = load_trained_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):  # one process fills the cache, the others read it
         prompts = build_prompts(tokenizer, args.data, "train")
-    model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume)
-    reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.ppo.reward_model), task="reward")
+    model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume,
+                               value_model=args.ppo.uses_value_model)
+    scorer = None
+    if args.ppo.reward_model:
+        reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.ppo.reward_model), task="reward")
+        scorer = RewardModelScorer(reward_model, reward_tokenizer, tokenizer,
+                                   batch_size=args.training.per_device_eval_batch_size)
 
     trainer = PPOTrainer(
         model, tokenizer, prompts, args.ppo, args.training,
-        reward_model=RewardModelScorer(reward_model, reward_tokenizer, tokenizer,
-                                       batch_size=args.training.per_device_eval_batch_size),
+        reward_model=scorer, reward_funcs=reward_funcs,
         run_configs=args.configs,
         resume_from=resume,
     )

@@ -10,8 +10,10 @@ from transformers import TrainerCallback
 from ..constants import LOSS_PLOT_FILE
 
 
-def plot_loss(log_history: list[dict], path: str, keys: tuple[str, ...] = ("loss", "eval_loss")) -> bool:
-    """Write a PNG of the logged losses against the step (atomically); False when nothing was logged."""
+def plot_loss(log_history: list[dict], path: str, keys: tuple[str, ...] = ("loss", "eval_loss"),
+              ylabel: str = "loss") -> bool:
+    """Write a PNG of the logged values of `keys` (the losses) against the step (atomically); False when
+    nothing was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -25,7 +27,7 @@ def plot_loss(log_history: list[dict], path: str, keys: tuple[str, ...] = ("loss
     for key, points in series.items():
         ax.plot(*zip(*points), marker="." if len(points) < 50 else None, label=key)
     ax.set_xlabel("step")
-    ax.set_ylabel("loss")
+    ax.set_ylabel(ylabel)
     ax.legend()
     ax.grid(alpha=0.3)
     fd, tmp = tempfile.mkstemp(suffix=".png", dir=os.path.dirname(os.path.abspath(path)))
