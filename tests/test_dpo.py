@@ -119,9 +119,9 @@ def _direct_logps(model, ids: list[int], start: int, end: int) -> float:
 
 
 def test_reference_logps_are_the_model_without_its_adapter(tiny_model_dir, tokenizer, tmp_path):
+    torch.manual_seed(0)  # lora_A is drawn in load_model: the same adapter whatever ran before
     model = load_model(ModelArguments(model_name_or_path=tiny_model_dir),
                        FinetuningArguments(finetuning_type="lora", lora_r=4, lora_dropout=0.0))
-    torch.manual_seed(0)
     for name, p in model.named_parameters():
         if "lora_B" in name:  # zero at initialisation: give the adapter something to change
             torch.nn.init.normal_(p, std=0.5)
@@ -195,9 +195,9 @@ def test_a_run_that_continues_an_adapter_uses_that_adapter_as_its_reference(tiny
     """Continuing the SFT adapter, the reference is the SFT policy, not the bare base: before the first
     update the policy equals it, so every margin is 0 and the loss log 2, although the SFT adapter moves
     the log-probs away from the base's."""
+    torch.manual_seed(0)  # lora_A is drawn in load_model: the same adapter whatever ran before
     sft = load_model(ModelArguments(model_name_or_path=tiny_model_dir),
                      FinetuningArguments(finetuning_type="lora", lora_r=4, lora_dropout=0.0))
-    torch.manual_seed(0)
     for name, p in sft.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
