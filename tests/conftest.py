@@ -3,6 +3,7 @@ config around it (fast tier), and the real 135M default model (slow tier)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -11,6 +12,17 @@ import torch
 # Keep tests off any hub, and let the two CI cores run one test's maths without oversubscription.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# Preference pairs the reward and DPO tests train on: a short run learns to prefer the polite reply.
+POLITE = ["Sure! Here is a clear and friendly answer for you.", "Happy to help: the answer is four.",
+          "Of course, thank you for asking. It is Paris."]
+RUDE = ["No.", "Figure it out yourself.", "Stop asking me things."]
+
+
+def write_jsonl(path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,12 @@ without its adapter, a short LoRA run through the recipe, and the rules that ref
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import POLITE, RUDE, write_jsonl
 
 from tunesmith.data.packing import PreferencePackingCollator
 from tunesmith.data.preference import encode_pair
@@ -149,23 +149,13 @@ def test_reference_logps_are_the_model_without_its_adapter(tiny_model_dir, token
 
 # ---- training through the recipe ----
 
-POLITE = ["Sure! Here is a clear and friendly answer for you.", "Happy to help: the answer is four.",
-          "Of course, thank you for asking. It is Paris."]
-RUDE = ["No.", "Figure it out yourself.", "Stop asking me things."]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def test_short_lora_run_learns_the_pairs_and_saves_a_loadable_adapter(tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     questions = ["What is 2 + 2?", "Capital of France?", "Can you help me?", "Say something nice."]
     rows = [{"prompt": q, "chosen": POLITE[i % 3], "rejected": RUDE[i % 3]} for i, q in enumerate(questions)]
-    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     out = tmp_path / "dpo"
     trainer = dpo.run([
         "--model_name_or_path", tiny_model_dir, "--data_path", data, "--eval_data_path", data,
@@ -203,7 +193,7 @@ def test_a_run_that_continues_an_adapter_uses_that_adapter_as_its_reference(tiny
             torch.nn.init.normal_(p, std=0.5)
     sft.save_pretrained(tmp_path / "sft")
     rows = [{"prompt": "Hi?", "chosen": POLITE[0], "rejected": RUDE[0]}] * 4
-    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     trainer, _ = dpo.build_trainer([
         "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", str(tmp_path / "sft"), "--data_path", data,
         "--output_dir", str(tmp_path / "dpo"), "--max_seq_length", "64", "--report_to", "none"])
@@ -239,7 +229,7 @@ def test_precomputed_reference_trains_exactly_as_the_reference_in_each_step(tiny
     the model itself, before its first update; else by a frozen copy in every step): the same losses."""
     rows = [{"prompt": q, "chosen": POLITE[i % 3], "rejected": RUDE[i % 3]}
             for i, q in enumerate(["Hi?", "2 + 2?", "Help?", "Paris?", "Name?", "Why?"])]
-    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     flags = ("--finetuning_type", finetuning_type, "--beta", "0.5")
     in_step, losses = _losses(tiny_model_dir, data, tmp_path / "in_step", *flags)
     precomputed, precomputed_losses = _losses(tiny_model_dir, data, tmp_path / "pre", *flags,
@@ -265,7 +255,7 @@ def test_qlora_run_trains_against_the_quantized_base_without_its_adapter(tiny_mo
 
     rows = [{"prompt": q, "chosen": POLITE[i % 3], "rejected": RUDE[i % 3]}
             for i, q in enumerate(["Hi?", "2 + 2?", "Help?", "Paris?"])]
-    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     trainer, losses = _losses(tiny_model_dir, data, tmp_path / "qlora", "--quantization_bit", bits, "--beta", "0.5",
                               "--learning_rate", "1e-2")
     layer = trainer.model.get_base_model().model.layers[0].mlp.up_proj.base_layer

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import POLITE, RUDE, write_jsonl
 from safetensors import safe_open
 from transformers import EvalPrediction
 
@@ -123,16 +124,6 @@ def test_shipped_config_parses_and_points_at_the_demo_data():
 
 # ---- training through the recipe, then scoring the saved result ----
 
-POLITE = ["Sure! Here is a clear and friendly answer for you.", "Happy to help: the answer is four.",
-          "Of course, thank you for asking. It is Paris."]
-RUDE = ["No.", "Figure it out yourself.", "Stop asking me things."]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def preference_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("prefs")
@@ -151,9 +142,9 @@ def preference_files(tmp_path_factory):
                    "rejected": {"from": "gpt", "value": RUDE[0]}}]
     conversations = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": POLITE[0]}]},
                      {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": RUDE[1]}]}]
-    return {"train": _write_jsonl(folder / "train.jsonl", train),
-            "eval": _write_jsonl(folder / "eval.jsonl", evaluation),
-            "mixed": _write_jsonl(folder / "mixed.jsonl", [evaluation[0], *conversations, evaluation[1]])}
+    return {"train": write_jsonl(folder / "train.jsonl", train),
+            "eval": write_jsonl(folder / "eval.jsonl", evaluation),
+            "mixed": write_jsonl(folder / "mixed.jsonl", [evaluation[0], *conversations, evaluation[1]])}
 
 
 def _train(model_dir: str, files: dict, output_dir: Path, finetuning_type: str):
