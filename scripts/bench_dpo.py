@@ -16,8 +16,8 @@ steps at the same learning rate, without gradient checkpointing:
 Each run is its own subprocess (peak RSS is its own); the variants take turns, --repeats times, and
 the table gives the median of each column with the spread (min-max) of pairs/s. The first step is
 a warm-up: pairs/s counts the pairs of steps 2.. over the time from the end of step 1 to the end of
-the last step. The 1-minute load average is read before each run; a run that started on a busy
-machine (load above --quiet_load) is flagged with '!' and its variant's row with '(loaded)'.
+the last step. Each run waits for idle cores and reports the share other processes took while it
+ran; a run over --quiet_share is flagged with '!' and its variant's row with '(loaded)' (benchlib).
 """
 
 from __future__ import annotations
@@ -26,13 +26,22 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_sft import StepClock, peak_rss_mb, trainer_clock  # one step clock for every benchmark
+from benchlib import (  # one driver and step clock for every benchmark
+    StepClock,
+    add_quiet_arguments,
+    loaded,
+    logged_losses,
+    medians,
+    peak_rss_mb,
+    run_interleaved,
+    spread,
+    trainer_clock,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,8 +59,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=8, help="Pairs per step.")
     p.add_argument("--lora_r", type=int, default=16, help="LoRA rank (alpha = 2 r) on every linear layer.")
     p.add_argument("--learning_rate", type=float, default=5e-5)
-    p.add_argument("--repeats", type=int, default=3, help="Runs of each variant, interleaved.")
-    p.add_argument("--quiet_load", type=float, default=1.0, help="A load average above this flags the run.")
+    add_quiet_arguments(p)
     p.add_argument("--variants", default=",".join(VARIANTS[:2]), help=f"Comma-separated subset of {', '.join(VARIANTS)}.")
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -108,7 +116,7 @@ def summarize(clock: StepClock, positions: list[int], trainer: Any, args: argpar
     optimizer give both trainers the same losses, which shows they optimise the same objective."""
     seconds = clock.ends[args.steps - 1] - clock.ends[0]
     pairs = (args.steps - 1) * args.batch_size
-    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    losses = logged_losses(trainer)
     return {"pairs_per_s": pairs / seconds, "seconds": seconds, "positions_per_step": statistics.mean(positions[1:]),
             "peak_rss_mb": peak_rss_mb(), "first_loss": losses[0], "last_loss": losses[-1]}
 
@@ -185,42 +193,26 @@ def main(argv: list[str] | None = None) -> None:
               f"pair (chosen + rejected), {data['reply_tokens']:.0f} of them reply tokens\nsteps {args.steps} (first "
               f"untimed), batch {args.batch_size} pairs, LoRA r {args.lora_r}, {args.repeats} runs each, interleaved",
               flush=True)
-        results: dict[str, list[dict]] = {v: [] for v in variants}
-        for repeat in range(args.repeats):
-            for variant in variants:
-                load_before = os.getloadavg()[0]
-                command = [sys.executable, __file__, "--worker", variant, "--workdir", tmp, "--model", args.model,
-                           "--steps", str(args.steps), "--batch_size", str(args.batch_size),
-                           "--lora_r", str(args.lora_r), "--learning_rate", str(args.learning_rate)]
-                done = subprocess.run(command, capture_output=True, text=True)
-                if done.returncode != 0:
-                    print(f"{variant}: failed (exit {done.returncode})\n{done.stderr[-3000:]}", flush=True)
-                    continue
-                result = {**json.loads((workdir / f"{variant}.json").read_text()), "load": load_before}
-                results[variant].append(result)
-                flag = "!" if load_before > args.quiet_load else ""
-                print(f"run {repeat + 1} {variant}: {result['pairs_per_s']:.2f} pairs/s, peak RSS "
-                      f"{result['peak_rss_mb']:.0f} MB, load {load_before:.1f}{flag}", flush=True)
-    print_table(results, args.quiet_load)
+        worker_args = ["--model", args.model, "--steps", str(args.steps), "--batch_size", str(args.batch_size),
+                       "--lora_r", str(args.lora_r), "--learning_rate", str(args.learning_rate)]
+        results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
+                                  lambda r: f"{r['pairs_per_s']:.2f} pairs/s, peak RSS {r['peak_rss_mb']:.0f} MB",
+                                  args.settle)
+    print_table(results, args.quiet_share)
 
 
-def print_table(results: dict[str, list[dict]], quiet_load: float) -> None:
+def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
     print(f"\n{'variant':<18}{'pairs/s':>9}{'spread':>14}{'positions/step':>16}{'peak RSS MB':>13}"
-          f"{'loss first -> last':>21}{'load':>6}")
-    medians = {}
-    for name, runs in results.items():
-        if not runs:
-            continue
-        rates = [r["pairs_per_s"] for r in runs]
-        medians[name] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        m = medians[name]
-        loaded = " (loaded)" if max(r["load"] for r in runs) > quiet_load else ""
-        spread, losses = f"{min(rates):.2f}-{max(rates):.2f}", f"{m['first_loss']:.4f} -> {m['last_loss']:.4f}"
-        print(f"{name:<18}{m['pairs_per_s']:>9.2f}{spread:>14}{m['positions_per_step']:>16.0f}"
-              f"{m['peak_rss_mb']:>13.0f}{losses:>21}{m['load']:>6.1f}{loaded}")
-    if "ours" in medians and "trl" in medians:
-        print(f"pairs/s ratio vs TRL: {medians['ours']['pairs_per_s'] / medians['trl']['pairs_per_s']:.2f}; "
-              f"peak RSS ratio vs TRL: {medians['ours']['peak_rss_mb'] / medians['trl']['peak_rss_mb']:.2f}")
+          f"{'loss first -> last':>21}{'other CPU':>10}")
+    rows = {name: medians(runs) for name, runs in results.items() if runs}
+    for name, m in rows.items():
+        runs = results[name]
+        losses = f"{m['first_loss']:.4f} -> {m['last_loss']:.4f}"
+        print(f"{name:<18}{m['pairs_per_s']:>9.2f}{spread(runs, 'pairs_per_s', 2):>14}{m['positions_per_step']:>16.0f}"
+              f"{m['peak_rss_mb']:>13.0f}{losses:>21}{max(r['other_cpu'] for r in runs):>10.0%}{loaded(runs, quiet_share)}")
+    if "ours" in rows and "trl" in rows:
+        print(f"pairs/s ratio vs TRL: {rows['ours']['pairs_per_s'] / rows['trl']['pairs_per_s']:.2f}; "
+              f"peak RSS ratio vs TRL: {rows['ours']['peak_rss_mb'] / rows['trl']['peak_rss_mb']:.2f}")
 
 
 if __name__ == "__main__":

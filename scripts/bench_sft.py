@@ -1,25 +1,40 @@
-"""SFT throughput: tunesmith (padding-free packing) against TRL's SFTTrainer and a plain PyTorch loop.
+"""SFT throughput: tunesmith against TRL's SFTTrainer and a plain PyTorch loop, as medians of repeated runs.
 
     .venv/bin/python scripts/bench_sft.py [--model DIR] [--steps 6] [--batch_size 4] [--max_seq_length 512]
-                                          [--lora_r 16] [--variants ours,trl_padded,trl_packed,plain]
+                                          [--max_turns 10] [--repeats 3] [--variants ours,trl_packed,...]
 
-Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r, alpha = 2r) on
-the same model, from the same conversations taken in the same order, for the same number of optimizer
-steps with AdamW at the same learning rate and no gradient checkpointing:
-  ours        tunesmith's LoraTrainer with --packing (sft_collator: one padding-free row per batch)
-  trl_padded  TRL's SFTTrainer, padded batches
-  trl_packed  TRL's SFTTrainer, packing=True (best-fit-decreasing rows of max_seq_length, padding-free);
-              it packs the whole set, so its batches hold other examples; the batch size in rows is
-              picked so a step trains about as many tokens as the others
-  plain       a bare loop: each example forward/backward alone (no padding, no mask), one AdamW step per
-              batch: the ceiling
-Each variant runs in its own subprocess, so peak RSS is its own. The first step is a warm-up and is
-not timed: throughput is trained tokens (targets of the loss) from step 2 on, over the time from the
-end of step 1 to the end of the last step (data loading included).
+Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r, alpha = 2r,
+dropout 0.05) on the same model, from the same conversations taken in the same order, for the same
+number of optimizer steps with AdamW at the same learning rate and no gradient checkpointing:
+  ours                tunesmith with --packing and its defaults: one padding-free row per batch (sdpa_varlen,
+                      logits of trained positions only, the loss's gradient built chunk by chunk) run as
+                      forwards of at most 2,048 tokens (--max_forward_tokens),
+                      bf16 where the hardware has it (a LoRA base then loads in bf16, autocast runs the
+                      products), the fast CPU LoRA dropout
+  ours_fp32           ours with --bf16 false: float32 weights and products (what bf16 adds, alone)
+  ours_torch_dropout  ours with PEFT's own LoRA dropout (what the fast dropout adds, alone)
+  ours_one_forward    ours with --max_forward_tokens 0: each packed batch in one forward, however long
+                      (what splitting it into forwards of at most 2,048 tokens does, alone)
+  trl_padded          TRL's SFTTrainer at its defaults (bf16 mixed precision, which TRL turns on by
+                      default, CPU included), padded batches, a float32 model as TRL's docs load it
+  trl_packed          the same, packing=True (best-fit-decreasing rows of max_seq_length, padding-free);
+                      it packs the whole set, so its batches hold other examples; the batch size in rows is
+                      picked so a step trains about as many tokens as the others
+  plain               a bare float32 loop: each example forward/backward alone (no padding, no mask),
+                      one AdamW step per batch; the loss reference
+  ours_qlora          ours on a 4-bit NF4 base (QLoRA)
+  trl_packed_qlora    trl_packed on the same 4-bit base (bf16 compute, as TRL's QLoRA docs set it)
+Each run is its own subprocess (peak RSS is its own); the variants take turns, --repeats times; the
+table gives medians with the spread (min-max) of tokens/s. The first step is a warm-up and is not timed:
+throughput is trained tokens (targets of the loss) from step 2 on, over the time from the end of step 1
+to the end of the last step (data loading included). Each run waits for idle cores and reports the share
+other processes took while it ran (`other CPU`; see benchlib). `loss vs plain` is the largest difference of a step's loss from the plain loop's at the same
+step (the same conversations; dropout draws differ), for the variants that train the same batches.
 
 The conversations are built here, deterministically and offline: user/assistant pairs from
 data/demo/sft.jsonl (when present) and questions about standard-library functions answered with their
-docstrings, 1 to 10 pairs per conversation, so lengths spread over an order of magnitude.
+docstrings, 1 to --max_turns pairs per conversation (log-uniform), cut at --max_seq_length by dropping
+trailing turns.
 """
 
 from __future__ import annotations
@@ -31,11 +46,8 @@ import json
 import math
 import os
 import random
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +56,22 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-VARIANTS = ("ours", "trl_padded", "trl_packed", "plain")
+from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when this runs)
+    StepClock,
+    add_quiet_arguments,
+    loaded,
+    logged_losses,
+    medians,
+    peak_rss_mb,
+    run_interleaved,
+    spread,
+    trainer_clock,
+)
+
+VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_one_forward", "trl_padded", "trl_packed", "plain", "ours_qlora",
+            "trl_packed_qlora")
+DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_one_forward", "trl_padded", "trl_packed", "plain")
+SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "trl_padded", "plain", "ours_qlora")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
                   "itertools", "json", "logging", "math", "os", "pathlib", "random", "re", "shutil", "statistics",
@@ -54,13 +81,16 @@ STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "funct
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="Model directory (default: the embedded SmolLM2-135M-Instruct).")
-    p.add_argument("--steps", type=int, default=6, help="Optimizer steps per variant; the first is not timed.")
-    p.add_argument("--batch_size", type=int, default=4, help="Conversations per step (ours, trl_padded, plain).")
+    p.add_argument("--steps", type=int, default=6, help="Optimizer steps per run; the first is not timed.")
+    p.add_argument("--batch_size", type=int, default=4, help="Conversations per step (all but trl_packed).")
     p.add_argument("--max_seq_length", type=int, default=512, help="Longer conversations lose trailing turns.")
+    p.add_argument("--max_turns", type=int, default=10, help="Most question/answer pairs in one conversation.")
     p.add_argument("--lora_r", type=int, default=16, help="LoRA rank (alpha = 2 r) on every linear layer.")
     p.add_argument("--learning_rate", type=float, default=2e-4)
     p.add_argument("--conversations", type=int, default=300, help="Size of the generated benchmark set.")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"Comma-separated subset of {', '.join(VARIANTS)}.")
+    add_quiet_arguments(p)
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"Comma-separated subset of {', '.join(VARIANTS)}.")
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -93,12 +123,12 @@ def qa_pairs() -> list[tuple[str, str]]:
     return pairs
 
 
-def benchmark_conversations(n: int, seed: int = 0) -> list[dict]:
+def benchmark_conversations(n: int, max_turns: int = 10, seed: int = 0) -> list[dict]:
     pairs = qa_pairs()
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        turns = int(math.exp(rng.uniform(0, math.log(10.99))))  # 1..10, log-uniform
+        turns = int(math.exp(rng.uniform(0, math.log(max_turns + 0.99))))  # 1..max_turns, log-uniform
         messages = []
         for question, answer in rng.sample(pairs, turns):
             messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
@@ -114,7 +144,7 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> dict:
     from tunesmith.models.loader import load_tokenizer
     from tunesmith.utils.io import atomic_write_jsonl
 
-    atomic_write_jsonl(workdir / "bench.jsonl", benchmark_conversations(args.conversations))
+    atomic_write_jsonl(workdir / "bench.jsonl", benchmark_conversations(args.conversations, args.max_turns))
     tokenizer = load_tokenizer(ModelArguments(model_name_or_path=args.model))
     data_args = DataArguments(data_path=[str(workdir / "bench.jsonl")], max_seq_length=args.max_seq_length)
     dataset = build_sft_dataset(tokenizer, data_args.data_path, data_args).select_columns(["input_ids", "labels"])
@@ -122,7 +152,7 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> dict:
     lengths = sorted(len(ids) for ids in dataset["input_ids"])
     used = [len(ids) for ids in dataset["input_ids"][: args.steps * args.batch_size]]
     return {"examples": len(lengths), "min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1],
-            "timed_mean": sum(used) / len(used)}
+            "timed_mean": sum(used) / len(used), "timed_max": max(used)}
 
 
 # ---------------------------------------------------------------- measuring
@@ -148,35 +178,7 @@ def count_tokens(batch: dict) -> dict:
     return {"positions": ids.numel(), "real": real, "trained": int((targets != -100).sum())}
 
 
-class StepClock:
-    """Wall-clock and process CPU time at the end of every optimizer step."""
-
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-        self.cpu: list[float] = []
-
-    def tick(self) -> None:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.ends.append(time.perf_counter())
-        self.cpu.append(time.process_time())
-
-
-def trainer_clock() -> tuple[StepClock, Any]:
-    from transformers import TrainerCallback
-
-    clock = StepClock()
-
-    class Callback(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            clock.tick()
-
-    return clock, Callback()
-
-
-def summarize(clock: StepClock, batches: list[dict], steps: int) -> dict:
+def summarize(clock: StepClock, batches: list[dict], steps: int, losses: list[float]) -> dict:
     timed = batches[1:steps]  # batch i is step i's (one batch per step); step 1 is the warm-up
     seconds = clock.ends[steps - 1] - clock.ends[0]
     trained = sum(b["trained"] for b in timed)
@@ -186,7 +188,7 @@ def summarize(clock: StepClock, batches: list[dict], steps: int) -> dict:
         # CPU seconds are less sensitive than wall time to other jobs sharing the cores
         "tokens_per_cpu_s": trained / (clock.cpu[steps - 1] - clock.cpu[0]),
         "padded_share": 1 - sum(b["real"] for b in timed) / positions, "peak_rss_mb": peak_rss_mb(),
-        "load_avg": os.getloadavg()[0],
+        "losses": losses,
     }
     import torch
 
@@ -195,62 +197,82 @@ def summarize(clock: StepClock, batches: list[dict], steps: int) -> dict:
     return result
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 # ---------------------------------------------------------------- variants
 
 
-def load(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, Any, Any]:
-    """(tokenized dataset, tokenizer, LoRA model, tunesmith TrainingArguments) as every variant shares them."""
-    import torch
+def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16: bool | None = None,
+         quantize: bool = False) -> tuple[Any, Any, Any, Any]:
+    """(tokenized dataset, tokenizer, LoRA model, tunesmith TrainingArguments). tunesmith_defaults=False
+    loads as a user of TRL or plain PyTorch would: a float32 model (bf16 compute for a 4-bit one) with
+    PEFT's own LoRA layers as they come."""
     from datasets import load_from_disk
     from transformers import set_seed
 
-    from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArguments
+    from tunesmith.hparams import FinetuningArguments, ModelArguments
+    from tunesmith.hparams import SFTTrainingArguments as TrainingArguments
     from tunesmith.models.loader import load_model, load_tokenizer
 
-    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     training_args = TrainingArguments(
         output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
         report_to="none", logging_steps=1, bf16=bf16, disable_tqdm=True,
     )
-    model_args = ModelArguments(model_name_or_path=args.model)
+    dtype = "auto" if tunesmith_defaults else "bfloat16" if quantize else "float32"
+    model_args = ModelArguments(model_name_or_path=args.model, dtype=dtype, quantization_bit=4 if quantize else None)
     set_seed(0)
     model = load_model(model_args, FinetuningArguments(lora_r=args.lora_r, lora_alpha=2 * args.lora_r), training_args)
+    if not tunesmith_defaults:
+        stock_peft_layers(model)
     return load_from_disk(str(workdir / "tokenized")), load_tokenizer(model_args), model, training_args
 
 
-def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
+def stock_peft_layers(model: Any) -> None:
+    """Undo what tunesmith's loader changes in PEFT's LoRA layers on CPU (models/lora_dropout.py)."""
+    import torch
+
+    from tunesmith.models.lora_dropout import FastDropout
+
+    for module in model.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if isinstance(dropouts, torch.nn.ModuleDict):
+            for name, dropout in list(dropouts.items()):
+                if isinstance(dropout, FastDropout):
+                    dropouts[name] = torch.nn.Dropout(dropout.p)
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = True
+
+
+def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, quantize: bool = False,
+             torch_dropout: bool = False, max_forward_tokens: int | None = None) -> dict:
     from tunesmith.data.packing import sft_collator
     from tunesmith.hparams import SFTDataArguments as DataArguments
     from tunesmith.train.sft_trainer import LoraTrainer
 
-    dataset, tokenizer, model, training_args = load(args, workdir)
-    data_args = DataArguments(max_seq_length=args.max_seq_length, packing=True)
+    dataset, tokenizer, model, training_args = load(args, workdir, True, bf16=bf16, quantize=quantize)
+    if torch_dropout:
+        stock_peft_layers(model)
+    data_args = DataArguments(max_seq_length=args.max_seq_length, packing=True, max_forward_tokens=max_forward_tokens)
     clock, callback = trainer_clock()
     collator = BatchCounts(sft_collator(model, tokenizer, data_args, training_args))
     trainer = LoraTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
                           data_collator=collator, callbacks=[callback])
     trainer.train()
-    return summarize(clock, collator.batches, args.steps)
+    return summarize(clock, collator.batches, args.steps, logged_losses(trainer))
 
 
-def run_trl(args: argparse.Namespace, workdir: Path, packing: bool) -> dict:
+def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bool = False) -> dict:
     import torch
     from trl import SFTConfig, SFTTrainer
 
-    dataset, tokenizer, model, training_args = load(args, workdir)
+    dataset, tokenizer, model, training_args = load(args, workdir, False, quantize=quantize)
     batch_size = args.batch_size
     if packing:  # rows of max_seq_length; enough of them to train about as many tokens per step
         per_step = sum(len(ids) for ids in dataset["input_ids"][: args.steps * args.batch_size]) / args.steps
         batch_size = max(1, round(per_step / args.max_seq_length))
-    config = SFTConfig(
+    config = SFTConfig(  # bf16 left to TRL's default (on)
         output_dir=training_args.output_dir, max_steps=args.steps, per_device_train_batch_size=batch_size,
         learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
-        report_to="none", logging_steps=1, bf16=training_args.bf16, use_cpu=not torch.cuda.is_available(),
+        report_to="none", logging_steps=1, use_cpu=not torch.cuda.is_available(),
         gradient_checkpointing=False, max_length=args.max_seq_length, packing=packing, disable_tqdm=True,
     )
     clock, callback = trainer_clock()
@@ -258,18 +280,18 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool) -> dict:
                          callbacks=[callback])
     trainer.data_collator = collator = BatchCounts(trainer.data_collator)
     trainer.train()
-    return {**summarize(clock, collator.batches, args.steps), "rows_per_step": batch_size}
+    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer)), "rows_per_step": batch_size}
 
 
 def run_plain(args: argparse.Namespace, workdir: Path) -> dict:
     import torch
 
-    dataset, _, model, training_args = load(args, workdir)
+    dataset, _, model, training_args = load(args, workdir, False, bf16=False)
     device = training_args.device
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
-    clock, batches = StepClock(), []
+    clock, batches, losses = StepClock(), [], []
     for step in range(args.steps):
         examples = dataset[step * args.batch_size: (step + 1) * args.batch_size]
         ids = [torch.tensor([x], device=device) for x in examples["input_ids"]]
@@ -277,24 +299,30 @@ def run_plain(args: argparse.Namespace, workdir: Path) -> dict:
         num_items = sum(int((lab[:, 1:] != -100).sum()) for lab in labels)
         batches.append({"positions": sum(x.numel() for x in ids), "real": sum(x.numel() for x in ids),
                         "trained": num_items})
+        step_loss = 0.0
         for x, lab in zip(ids, labels):
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=training_args.bf16):
-                loss = model(input_ids=x, labels=lab, num_items_in_batch=num_items, use_cache=False).loss
+            loss = model(input_ids=x, labels=lab, num_items_in_batch=num_items, use_cache=False).loss
             loss.backward()
+            step_loss += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        losses.append(step_loss)
         clock.tick()
-    return summarize(clock, batches, args.steps)
+    return summarize(clock, batches, args.steps, losses)
 
 
-def worker(args: argparse.Namespace) -> None:
-    workdir = Path(args.workdir)
-    runs = {"ours": run_ours, "plain": run_plain,
-            "trl_padded": lambda a, w: run_trl(a, w, packing=False),
-            "trl_packed": lambda a, w: run_trl(a, w, packing=True)}
-    result = runs[args.worker](args, workdir)
-    (workdir / f"{args.worker}.json").write_text(json.dumps(result))
+RUNS = {
+    "ours": run_ours,
+    "ours_fp32": lambda a, w: run_ours(a, w, bf16=False),
+    "ours_torch_dropout": lambda a, w: run_ours(a, w, torch_dropout=True),
+    "ours_one_forward": lambda a, w: run_ours(a, w, max_forward_tokens=0),
+    "trl_padded": lambda a, w: run_trl(a, w, packing=False),
+    "trl_packed": lambda a, w: run_trl(a, w, packing=True),
+    "plain": run_plain,
+    "ours_qlora": lambda a, w: run_ours(a, w, quantize=True),
+    "trl_packed_qlora": lambda a, w: run_trl(a, w, packing=True, quantize=True),
+}
 
 
 # ---------------------------------------------------------------- driver
@@ -303,52 +331,63 @@ def worker(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.worker:
-        return worker(args)
+        result = RUNS[args.worker](args, Path(args.workdir))
+        (Path(args.workdir) / f"{args.worker}.json").write_text(json.dumps(result))
+        return
     if args.model is None:
         from tunesmith.models.default_model import ensure_default_model
 
         args.model = str(ensure_default_model())
+    variants = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="bench_sft.") as tmp:
         workdir = Path(tmp)
         os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")  # the generated set stays out of the real cache
         data = prepare_data(args, workdir)
         print(f"model {args.model}\ndata: {data['examples']} conversations, tokens min {data['min']} / median "
               f"{data['median']} / max {data['max']}; the {args.steps * args.batch_size} trained on: mean "
-              f"{data['timed_mean']:.0f}\nsteps {args.steps} (first untimed), batch {args.batch_size}, "
-              f"max_seq_length {args.max_seq_length}, LoRA r {args.lora_r}", flush=True)
-        results = {}
-        for variant in args.variants.split(","):
-            command = [sys.executable, __file__, "--worker", variant, "--workdir", tmp, "--model", args.model,
-                       "--steps", str(args.steps), "--batch_size", str(args.batch_size),
+              f"{data['timed_mean']:.0f}, longest {data['timed_max']}\nsteps {args.steps} (first untimed), batch "
+              f"{args.batch_size}, max_seq_length {args.max_seq_length}, LoRA r {args.lora_r}, {args.repeats} runs "
+              "each, interleaved", flush=True)
+        worker_args = ["--model", args.model, "--steps", str(args.steps), "--batch_size", str(args.batch_size),
                        "--max_seq_length", str(args.max_seq_length), "--lora_r", str(args.lora_r),
                        "--learning_rate", str(args.learning_rate)]
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(f"{variant}: failed (exit {done.returncode})\n{done.stderr[-3000:]}", flush=True)
-                continue
-            results[variant] = json.loads((workdir / f"{variant}.json").read_text())
-            print(f"{variant}: {results[variant]['tokens_per_s']:.1f} trained tokens/s", flush=True)
-    print_table(results)
+        results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
+                                  lambda r: f"{r['tokens_per_s']:.1f} trained tokens/s, peak RSS "
+                                            f"{r['peak_rss_mb']:.0f} MB", args.settle)
+    print_table(results, args.quiet_share)
 
 
-def print_table(results: dict) -> None:
-    gpu = any("peak_gpu_mb" in r for r in results.values())
-    header = (f"{'variant':<12}{'tokens/s':>10}{'tok/CPU-s':>11}{'trained':>9}{'seconds':>9}{'padded':>8}"
-              f"{'peak RSS MB':>13}{'load':>6}")
-    print("\n" + header + (f"{'peak GPU MB':>13}" if gpu else ""))
-    for name, r in results.items():
-        line = (f"{name:<12}{r['tokens_per_s']:>10.1f}{r['tokens_per_cpu_s']:>11.1f}{r['trained_tokens']:>9}"
-                f"{r['seconds']:>9.1f}{r['padded_share']:>8.1%}{r['peak_rss_mb']:>13.0f}{r['load_avg']:>6.1f}")
-        print(line + (f"{r.get('peak_gpu_mb', 0):>13.0f}" if gpu else ""))
-    if "ours" in results and "plain" in results:
-        print(f"tokens/s ratio vs plain loop: {results['ours']['tokens_per_s'] / results['plain']['tokens_per_s']:.2f}")
-    if "ours" in results and "trl_packed" in results:
-        print(f"tokens/s ratio vs TRL (packed): "
-              f"{results['ours']['tokens_per_s'] / results['trl_packed']['tokens_per_s']:.2f}")
-    ratio = "n/a"
-    if "ours" in results and "trl_padded" in results:
-        ratio = f"{results['ours']['tokens_per_s'] / results['trl_padded']['tokens_per_s']:.2f}"
-    print(f"tokens/s ratio vs TRL (padded): {ratio}")
+def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
+    rows = {name: medians(runs) for name, runs in results.items() if runs}
+    gpu = any("peak_gpu_mb" in r for r in rows.values())
+    reference = rows.get("plain", {}).get("losses")
+    print(f"\n{'variant':<20}{'tokens/s':>9}{'spread':>13}{'tok/CPU-s':>10}{'trained':>8}{'padded':>7}"
+          f"{'peak RSS MB':>12}{'loss first -> last':>19}{'loss vs plain':>14}{'other CPU':>10}"
+          + (f"{'peak GPU MB':>12}" if gpu else ""))
+    for name, r in rows.items():
+        runs = results[name]
+        losses = f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}"
+        versus = "-"
+        if reference and name in SAME_BATCHES and len(r["losses"]) == len(reference):
+            versus = f"{max(abs(a - b) for a, b in zip(r['losses'], reference)):.4f}"
+        other = max(x["other_cpu"] for x in runs)
+        print(f"{name:<20}{r['tokens_per_s']:>9.1f}{spread(runs, 'tokens_per_s', 1):>13}{r['tokens_per_cpu_s']:>10.1f}"
+              f"{r['trained_tokens']:>8}{r['padded_share']:>7.0%}{r['peak_rss_mb']:>12.0f}{losses:>19}{versus:>14}"
+              f"{other:>10.0%}{loaded(runs, quiet_share)}" + (f"{r.get('peak_gpu_mb', 0):>12.0f}" if gpu else ""))
+
+    def ratio(a: str, b: str, key: str = "tokens_per_s") -> str:
+        return f"{rows[a][key] / rows[b][key]:.2f}" if a in rows and b in rows else "n/a"
+
+    print(f"tokens/s ratio vs TRL (packed): {ratio('ours', 'trl_packed')}")
+    print(f"tokens/s ratio vs TRL (padded): {ratio('ours', 'trl_padded')}")
+    print(f"tokens/s ratio vs plain loop: {ratio('ours', 'plain')}")
+    print(f"peak RSS ratio vs plain loop: {ratio('ours', 'plain', 'peak_rss_mb')}")
+    if "ours_qlora" in rows:
+        print(f"QLoRA tokens/s ratio vs TRL (packed): {ratio('ours_qlora', 'trl_packed_qlora')}")
+    for ablation, what in (("ours_fp32", "bf16"), ("ours_torch_dropout", "the fast LoRA dropout"),
+                           ("ours_one_forward", "forwards of at most 2,048 tokens")):
+        if ablation in rows and "ours" in rows:
+            print(f"{what} alone: tokens/s x{ratio('ours', ablation)}, peak RSS x{ratio('ours', ablation, 'peak_rss_mb')}")
 
 
 if __name__ == "__main__":

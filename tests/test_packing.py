@@ -183,30 +183,35 @@ def write_conversations(path, n: int) -> str:
 
 
 def test_packed_and_padded_runs_train_the_same_objective(tiny_model_dir, tmp_path, monkeypatch):
-    """Same data, same steps, gradient accumulation over two batches: the logged losses, gradient
-    norms and trained-token counts of a packed run equal those of a padded run."""
+    """Same data, same steps, gradient accumulation over two batches, float32: the logged losses,
+    gradient norms and trained-token counts of a packed run, in one forward per batch or in one forward
+    per example (--max_forward_tokens 1), equal those of a padded run."""
     from tunesmith.recipes.sft import run as main
 
     monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
     data = write_conversations(tmp_path / "train.jsonl", 8)
     histories = {}
-    for packing in ("false", "true"):
+    runs = {"padded": ["--packing", "false"], "packed": ["--packing", "true", "--max_forward_tokens", "0"],
+            "split": ["--packing", "true", "--max_forward_tokens", "1"]}
+    for name, flags in runs.items():
         trainer = main([
-            "--model_name_or_path", tiny_model_dir, "--data_path", data, "--output_dir", str(tmp_path / packing),
-            "--packing", packing, "--max_steps", "2", "--per_device_train_batch_size", "2",
+            "--model_name_or_path", tiny_model_dir, "--data_path", data, "--output_dir", str(tmp_path / name),
+            *flags, "--max_steps", "2", "--per_device_train_batch_size", "2", "--bf16", "false",
             "--gradient_accumulation_steps", "2", "--learning_rate", "1e-2", "--lora_dropout", "0",
             "--train_sampling_strategy", "sequential", "--save_strategy", "no", "--plot_loss", "false",
             "--report_to", "none",
         ])
-        histories[packing] = [h for h in trainer.state.log_history if "loss" in h]
+        histories[name] = [h for h in trainer.state.log_history if "loss" in h]
         attn = trainer.model.get_base_model().config._attn_implementation
-        assert attn == (VARLEN_SDPA if packing == "true" else "sdpa")
-    padded, packed = histories["false"], histories["true"]
-    assert len(padded) == len(packed) == 2
-    for a, b in zip(padded, packed):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3)
-        assert b["trained_tokens"] == a["trained_tokens"]
+        assert attn == (VARLEN_SDPA if name != "padded" else "sdpa")
+    padded = histories["padded"]
+    assert len(padded) == 2
+    for name in ("packed", "split"):
+        assert len(histories[name]) == 2
+        for a, b in zip(padded, histories[name]):
+            assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), name
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3), name
+            assert b["trained_tokens"] == a["trained_tokens"], name
 
 
 def test_liger_kernel_needs_the_package_and_a_gpu(tmp_path):

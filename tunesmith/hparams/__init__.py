@@ -25,11 +25,11 @@ from .tool_args import (
     MergeArguments,
     ScoreArguments,
 )
-from .training_args import TrainingArguments
+from .training_args import SFTTrainingArguments, TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
 RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
-    "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, TrainingArguments),
+    "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
     "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, TrainingArguments),
@@ -54,7 +54,7 @@ __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
-    "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "TrainingArguments",
+    "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "SFTTrainingArguments", "TrainingArguments",
     "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments",
     "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES",
 ]

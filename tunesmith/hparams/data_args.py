@@ -70,6 +70,14 @@ class SFTDataArguments(TrainDataArguments):
         default=False,
         metadata={"help": "Pack several examples into one row with no attention between them (no padding)."},
     )
+    max_forward_tokens: int | None = field(
+        default=None,
+        metadata={"help": "With --packing: the most tokens one forward/backward holds. A packed batch over it runs "
+                  "as several forwards of whole examples before the one optimizer step (the same gradients, "
+                  "summed), so activation memory follows this, not the batch size; each forward also reads every "
+                  "weight, so much smaller values cost throughput. Default: 2048 on CPU; on GPUs, and under "
+                  "DeepSpeed (which steps at every backward), the whole batch at once. 0: the whole batch at once."},
+    )
     truncation: Literal["drop_turns", "drop_example", "cut"] = field(
         default="drop_turns",
         metadata={"help": "An example longer than --max_seq_length: drop_turns keeps the longest run of whole "

@@ -81,7 +81,11 @@ class Parser(HfArgumentParser):
             return
         # The fields tunesmith sets or documents first; the Trainer's other ~130 come last.
         hints = get_type_hints(dtype)
-        first = set(vars(dtype).get("__annotations__", {})) | set(getattr(dtype, "help_first", ()))
+        first = set(getattr(dtype, "help_first", ()))
+        for klass in dtype.__mro__:  # ours and the subclasses' own fields (SFTTrainingArguments)
+            if klass is HFTrainingArguments:
+                break
+            first |= set(vars(klass).get("__annotations__", {}))
         ours = self.add_argument_group(getattr(dtype, "_argument_group_name", "training"))
         rest = []
         for f in dataclasses.fields(dtype):

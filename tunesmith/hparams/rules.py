@@ -165,6 +165,17 @@ RULES: list[Rule] = [
          "--use_liger_kernel needs a CUDA GPU and the liger-kernel package (pip install liger-kernel; its kernels "
          "are Triton, GPU only): drop the flag on CPU."),
     # -- data
+    Rule("max_forward_tokens_needs_packing", ("data",),
+         lambda a: getattr(a.data, "max_forward_tokens", None) is not None and not a.data.packing,
+         "--max_forward_tokens {data.max_forward_tokens} splits packed batches: add --packing true, or drop it "
+         "(a padded batch runs in one forward; lower --per_device_train_batch_size to use less memory)."),
+    Rule("max_forward_tokens_deepspeed", ("data", "training"),
+         lambda a: getattr(a.data, "max_forward_tokens", None) and a.training.deepspeed,
+         "--max_forward_tokens {data.max_forward_tokens} cannot be used with --deepspeed: DeepSpeed takes an "
+         "optimizer step at every backward, so a batch cannot run as several. Drop it, or lower "
+         "--per_device_train_batch_size to use less memory."),
+    Rule("max_forward_tokens", ("data",), lambda a: (getattr(a.data, "max_forward_tokens", None) or 0) < 0,
+         "--max_forward_tokens {data.max_forward_tokens}: give a number of tokens, or 0 for the whole batch at once."),
     Rule("eval_split_ratio", ("data",), lambda a: not 0.0 <= getattr(a.data, "eval_split_ratio", 0.0) < 1.0,
          "--eval_split_ratio must be in [0, 1) (got {data.eval_split_ratio})."),
     Rule("max_seq_length", ("data",), lambda a: getattr(a.data, "max_seq_length", 8) < 8,

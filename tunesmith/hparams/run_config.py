@@ -51,7 +51,7 @@ def resolved_config(*configs: Any) -> dict[str, dict[str, Any]]:
     """{dataclass name: {field: value}} for the given argument dataclasses."""
     resolved: dict[str, dict[str, Any]] = {}
     for cfg in configs:
-        resolved[type(cfg).__name__] = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+        resolved[getattr(cfg, "record_name", type(cfg).__name__)] = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
     return resolved
 
 

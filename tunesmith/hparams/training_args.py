@@ -13,6 +13,7 @@ from transformers import TrainingArguments as _HFTrainingArguments
 
 from ..distributed import bind_deepspeed_comm
 from ..errors import ConfigError
+from ..utils.hardware import native_bf16
 
 # A plain default, not a default_factory: HfArgumentParser ignores factories of bool fields.
 _NO_ACCELERATOR = not torch.cuda.is_available()
@@ -21,6 +22,7 @@ _NO_ACCELERATOR = not torch.cuda.is_available()
 @dataclass
 class TrainingArguments(_HFTrainingArguments):
     role: ClassVar[str] = "training"
+    bf16_auto: ClassVar[bool] = False  # what --bf16's default (auto) may resolve to where bf16 is native
     _argument_group_name: ClassVar[str] = "training"
     # transformers' own fields that `--help` lists with ours, before the rest of the Trainer's.
     help_first: ClassVar[tuple[str, ...]] = ("deepspeed", "gradient_checkpointing", "lr_scheduler_type",
@@ -53,7 +55,14 @@ class TrainingArguments(_HFTrainingArguments):
     save_steps: float = field(default=100, metadata={"help": "Checkpoint every N steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most N checkpoints."})
     seed: int = field(default=42, metadata={"help": "Random seed (data order, new weights, sampling)."})
-    bf16: bool = field(default=False, metadata={"help": "bfloat16 mixed precision (GPUs that support it)."})
+    # None is auto, resolved in __post_init__: HfArgumentParser takes `--bf16 true/false` for it as for a bool.
+    bf16: bool | None = field(
+        default=None,
+        metadata={"help": "bfloat16 mixed precision (autocast; trained weights stay float32, a LoRA/QLoRA base loads "
+                  "in bf16). Default (auto): for SFT, on where the hardware computes bf16 natively (a GPU that "
+                  "supports it, a CPU with AVX512-BF16 or AMX), off elsewhere, with --fp16 and under DeepSpeed "
+                  "on CPU; the other stages, whose reference and rollout log-probs are checked exactly, off."},
+    )
     # Our collators consume the tokenized columns; the Trainer must not drop the ones it doesn't know.
     remove_unused_columns: bool = field(default=False, metadata={"help": "Leave False for tunesmith datasets."})
 
@@ -61,7 +70,19 @@ class TrainingArguments(_HFTrainingArguments):
         if isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
             raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, "
                               "configs/ds_zero3.json and their _offload variants)")
+        if self.bf16 is None:
+            on_cpu = self.use_cpu or not torch.cuda.is_available()
+            self.bf16 = self.bf16_auto and native_bf16(on_cpu) and not self.fp16 and not (self.deepspeed and on_cpu)
         super().__post_init__()
         if self.deepspeed and self.use_cpu and self.world_size > 1:
             # world_size also starts the process group, through accelerate's PartialState
             bind_deepspeed_comm()
+
+
+@dataclass
+class SFTTrainingArguments(TrainingArguments):
+    """SFT's training arguments: --bf16 auto turns bf16 on where the hardware computes it natively
+    (measured against float32 in docs/benchmark.md and tests/test_cpu_speed.py)."""
+
+    bf16_auto: ClassVar[bool] = True
+    record_name: ClassVar[str] = "TrainingArguments"  # tunesmith_config.json keeps the key runs were saved with

@@ -17,6 +17,7 @@ from ..errors import PathError
 from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
 from .default_model import ensure_default_model
+from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +30,15 @@ def resolve_model_path(model_args: ModelArguments) -> str:
     return model_args.model_name_or_path
 
 
-def resolve_dtype(model_args: ModelArguments, training_args: Any = None) -> torch.dtype:
+def resolve_dtype(model_args: ModelArguments, training_args: Any = None, trains_base: bool = False) -> torch.dtype:
+    """The weight dtype. trains_base: the run trains the model's own weights (full fine-tuning)."""
     if model_args.dtype != "auto":
         return DTYPES[model_args.dtype]
     if training_args is not None and getattr(training_args, "bf16", False):
-        return torch.bfloat16
+        # On CPU, mixed precision keeps weights that are trained in float32 and autocast runs the
+        # products in bf16; weights stored in bf16 would round away most AdamW updates.
+        on_cpu = getattr(training_args, "use_cpu", False) or not torch.cuda.is_available()
+        return torch.float32 if trains_base and on_cpu else torch.bfloat16
     if training_args is not None and getattr(training_args, "fp16", False):
         return torch.float16
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
@@ -135,7 +140,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = resolve_model_path(model_args)
-    dtype = resolve_dtype(model_args, training_args)
+    dtype = resolve_dtype(model_args, training_args, trains_base=is_trainable and finetuning_args.finetuning_type == "full")
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "attn_implementation": resolve_attn_implementation(model_args),
@@ -162,6 +167,11 @@ def load_model(
         model.config.pad_token_id = model.config.eos_token_id
     if finetuning_args.finetuning_type == "lora":
         model = _attach_lora(model, model_args, finetuning_args, training_args, is_trainable, task)
+        if is_trainable:
+            _upcast_trainable(model, training_args)
+            if not torch.cuda.is_available() or getattr(training_args, "use_cpu", False):
+                use_fast_lora_dropout(model)
+                skip_input_casts_under_autocast(model)
     elif not is_trainable:
         model.requires_grad_(False)
     if not is_trainable:
@@ -219,6 +229,17 @@ def _attach_lora(model: nn.Module, model_args: ModelArguments, finetuning_args: 
         task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
     )
     return get_peft_model(model, config)
+
+
+def _upcast_trainable(model: nn.Module, training_args: Any) -> None:
+    """Trained weights of a half-precision base (the score head of a reward model; PEFT already keeps
+    LoRA's own in float32) go to float32, so AdamW's small updates are not rounded away. DeepSpeed
+    keeps float32 master copies of its own."""
+    if training_args is not None and getattr(training_args, "deepspeed", None):
+        return
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
+            param.data = param.data.float()
 
 
 def _full_numel(p: nn.Parameter) -> int:

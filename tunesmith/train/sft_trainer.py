@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -9,8 +10,10 @@ import torch
 from transformers import Trainer
 
 from ..constants import IGNORE_INDEX
+from ..data.packing import FORWARD_SPLITS, slice_packed_row
 from ..hparams import save_run_config
 from .checkpoints import empty_tensors, read_state
+from .losses import use_chunked_loss
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +26,8 @@ class LoraTrainer(Trainer):
 
     def __init__(self, *args: Any, run_configs: tuple = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.args.use_cpu or not torch.cuda.is_available():
+            use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)
         self.run_configs = run_configs
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
         self._tokens_before = 0  # all processes, up to the resumed checkpoint
@@ -44,7 +49,25 @@ class LoraTrainer(Trainer):
             return
         super()._run_epoch(*args, **kwargs)
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """A packed row with `forward_splits` runs as several forward/backward passes of whole examples
+        before the optimizer step. Each part's loss is its summed token losses over the whole batch's
+        num_items_in_batch, so the gradients add up to the one-forward gradients; only the last part
+        synchronizes gradients across processes (DDP), whatever the number of parts on each."""
+        splits = inputs.pop(FORWARD_SPLITS, None)
+        if not splits or len(splits) <= 2:
+            return super().training_step(model, inputs, num_items_in_batch)
+        parts = list(zip(splits[:-1], splits[1:]))
+        total = None
+        for i, (start, end) in enumerate(parts):
+            sync = contextlib.nullcontext() if i == len(parts) - 1 else self.accelerator.no_sync(model)
+            with sync:
+                loss = super().training_step(model, slice_packed_row(inputs, start, end), num_items_in_batch)
+            total = loss if total is None else total + loss
+        return total
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs.pop(FORWARD_SPLITS, None)  # evaluation runs a batch in one forward: no backward to free
         if "labels" in inputs:
             self._trained_tokens += (inputs["labels"] != IGNORE_INDEX).sum().cpu()
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)

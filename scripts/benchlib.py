@@ -1,0 +1,146 @@
+"""What every training benchmark here shares: a step clock, peak memory, and a driver that runs each
+variant in its own subprocess, the variants taking turns, checks the machine's load before each run,
+and reports medians with their spread.
+
+Quiet is measured, not assumed. Before each run the driver waits (up to --settle seconds) until the
+cores have been idle for two seconds in /proc/stat; the 1-minute load average is useless for this,
+since it still counts the previous run of this very benchmark for a minute after it ended. During the
+run it counts the CPU time the whole machine spent busy, takes away the run's own (os.wait4), and
+reports the rest as `other CPU`: the share of the cores that other processes took while the run was
+timed. A run where that share is above --quiet_share is flagged with '!' in its line and its variant
+with '(loaded)' in the table: another job then shared the cores, and its times say more about that job
+than about the variant. The 1-minute load average before each run is printed too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+class StepClock:
+    """Wall-clock and process CPU time at the end of every optimizer step."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+        self.cpu: list[float] = []
+
+    def tick(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.ends.append(time.perf_counter())
+        self.cpu.append(time.process_time())
+
+
+def trainer_clock() -> tuple[StepClock, Any]:
+    """A StepClock and the Trainer callback that ticks it."""
+    from transformers import TrainerCallback
+
+    clock = StepClock()
+
+    class Callback(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            clock.tick()
+
+    return clock, Callback()
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def logged_losses(trainer: Any) -> list[float]:
+    """The loss of every step (logging_steps 1), from the Trainer's log history."""
+    return [r["loss"] for r in trainer.state.log_history if "loss" in r]
+
+
+def busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, over all cores, from /proc/stat."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
+
+
+def wait_until_idle(settle: float, share: float) -> float:
+    """Waits until two seconds pass with the cores under `share` busy, at most `settle` seconds; returns
+    the busy share of the last two seconds."""
+    deadline = time.monotonic() + settle
+    while True:
+        busy0, total0 = busy_seconds()
+        time.sleep(2.0)
+        busy1, total1 = busy_seconds()
+        busy = (busy1 - busy0) / max(total1 - total0, 1e-9)
+        if busy <= share or time.monotonic() > deadline:
+            return busy
+
+
+def run_measured(command: list[str]) -> tuple[int, str, float]:
+    """Runs a command; returns (exit status, stderr, share of the cores other processes used meanwhile)."""
+    busy0, total0 = busy_seconds()
+    with open(os.devnull, "w") as devnull:
+        proc = subprocess.Popen(command, stdout=devnull, stderr=subprocess.PIPE, text=True)
+        stderr = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+    busy1, total1 = busy_seconds()
+    other = (busy1 - busy0) - (usage.ru_utime + usage.ru_stime)
+    return os.waitstatus_to_exitcode(status), stderr, max(other, 0.0) / max(total1 - total0, 1e-9)
+
+
+def run_interleaved(script: str, variants: Sequence[str], repeats: int, workdir: Path, worker_args: list[str],
+                    quiet_share: float, describe: Callable[[dict], str], settle: float = 120.0) -> dict[str, list[dict]]:
+    """Runs `script --worker V --workdir W *worker_args` for every variant, round after round, each once
+    the machine is idle, and collects what each worker wrote to W/V.json with the load it ran under."""
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    for repeat in range(repeats):
+        for variant in variants:
+            idle_before = wait_until_idle(settle, quiet_share)
+            load_before = os.getloadavg()[0]
+            command = [sys.executable, script, "--worker", variant, "--workdir", str(workdir), *worker_args]
+            code, stderr, other = run_measured(command)
+            if code != 0:
+                print(f"run {repeat + 1} {variant}: failed (exit {code})\n{stderr[-3000:]}", flush=True)
+                continue
+            result = {**json.loads((workdir / f"{variant}.json").read_text()), "load": load_before,
+                      "other_cpu": other, "busy_before": idle_before}
+            results[variant].append(result)
+            flag = "!" if other > quiet_share else ""
+            print(f"run {repeat + 1} {variant}: {describe(result)}; other CPU {other:.0%}{flag} (busy before "
+                  f"{idle_before:.0%}), 1-min load before {load_before:.1f}", flush=True)
+    return results
+
+
+def medians(runs: list[dict]) -> dict[str, Any]:
+    """The median of every numeric field over a variant's runs (lists and others: the first run's)."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        out[key] = statistics.median(r[key] for r in runs) if numeric else value
+    return out
+
+
+def spread(runs: list[dict], key: str, digits: int) -> str:
+    values = [r[key] for r in runs]
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+
+def loaded(runs: list[dict], quiet_share: float) -> str:
+    return " (loaded)" if max(r["other_cpu"] for r in runs) > quiet_share else ""
+
+
+def add_quiet_arguments(parser: Any) -> None:
+    parser.add_argument("--repeats", type=int, default=3, help="Runs of each variant, interleaved.")
+    parser.add_argument("--quiet_share", type=float, default=0.1,
+                        help="Other processes using more than this share of the cores during a run flag it.")
+    parser.add_argument("--settle", type=float, default=120.0,
+                        help="Seconds to wait at most, before each run, for the cores to be idle.")
