@@ -4,8 +4,8 @@
                                           [--max_turns 10] [--repeats 3] [--variants ours,trl_packed,...]
 
 Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r, alpha = 2r,
-dropout 0.05) on the same model, from the same conversations taken in the same order, for the same
-number of optimizer steps with AdamW at the same learning rate and no gradient checkpointing:
+--lora_dropout 0.05) on the same model, from the same conversations taken in the same order, for the
+same number of optimizer steps with AdamW at the same learning rate and no gradient checkpointing:
   ours                tunesmith with --packing and its defaults: one padding-free row per batch (sdpa_varlen,
                       logits of trained positions only, the loss's gradient built chunk by chunk) run as
                       forwards of at most 2,048 tokens (--max_forward_tokens),
@@ -70,8 +70,9 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
 
 VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_one_forward", "trl_padded", "trl_packed", "plain", "ours_qlora",
             "trl_packed_qlora")
-DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_one_forward", "trl_padded", "trl_packed", "plain")
-SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "trl_padded", "plain", "ours_qlora")
+DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
+SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "trl_padded", "plain",
+                "ours_qlora")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
                   "itertools", "json", "logging", "math", "os", "pathlib", "random", "re", "shutil", "statistics",
@@ -86,6 +87,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_seq_length", type=int, default=512, help="Longer conversations lose trailing turns.")
     p.add_argument("--max_turns", type=int, default=10, help="Most question/answer pairs in one conversation.")
     p.add_argument("--lora_r", type=int, default=16, help="LoRA rank (alpha = 2 r) on every linear layer.")
+    p.add_argument("--lora_dropout", type=float, default=0.05,
+                   help="0 makes every variant's loss curve comparable draw for draw (`loss vs plain`).")
     p.add_argument("--learning_rate", type=float, default=2e-4)
     p.add_argument("--conversations", type=int, default=300, help="Size of the generated benchmark set.")
     add_quiet_arguments(p)
@@ -220,7 +223,8 @@ def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16
     dtype = "auto" if tunesmith_defaults else "bfloat16" if quantize else "float32"
     model_args = ModelArguments(model_name_or_path=args.model, dtype=dtype, quantization_bit=4 if quantize else None)
     set_seed(0)
-    model = load_model(model_args, FinetuningArguments(lora_r=args.lora_r, lora_alpha=2 * args.lora_r), training_args)
+    lora = FinetuningArguments(lora_r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=args.lora_dropout)
+    model = load_model(model_args, lora, training_args)
     if not tunesmith_defaults:
         stock_peft_layers(model)
     return load_from_disk(str(workdir / "tokenized")), load_tokenizer(model_args), model, training_args
@@ -346,11 +350,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"model {args.model}\ndata: {data['examples']} conversations, tokens min {data['min']} / median "
               f"{data['median']} / max {data['max']}; the {args.steps * args.batch_size} trained on: mean "
               f"{data['timed_mean']:.0f}, longest {data['timed_max']}\nsteps {args.steps} (first untimed), batch "
-              f"{args.batch_size}, max_seq_length {args.max_seq_length}, LoRA r {args.lora_r}, {args.repeats} runs "
+              f"{args.batch_size}, max_seq_length {args.max_seq_length}, LoRA r {args.lora_r} dropout {args.lora_dropout}, "
+              f"{args.repeats} runs "
               "each, interleaved", flush=True)
         worker_args = ["--model", args.model, "--steps", str(args.steps), "--batch_size", str(args.batch_size),
                        "--max_seq_length", str(args.max_seq_length), "--lora_r", str(args.lora_r),
-                       "--learning_rate", str(args.learning_rate)]
+                       "--lora_dropout", str(args.lora_dropout), "--learning_rate", str(args.learning_rate)]
         results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
                                   lambda r: f"{r['tokens_per_s']:.1f} trained tokens/s, peak RSS "
                                             f"{r['peak_rss_mb']:.0f} MB", args.settle)

@@ -13,7 +13,7 @@ from tunesmith.data.packing import FORWARD_SPLITS, PackingCollator, forward_spli
 from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArguments
 from tunesmith.models import lora_dropout
 from tunesmith.models.loader import load_model, resolve_dtype
-from tunesmith.models.lora_dropout import FastDropout, keep_mask, rounded_p, use_fast_lora_dropout
+from tunesmith.models.lora_dropout import FastDropout, keep_mask, use_fast_lora_dropout
 from tunesmith.utils import hardware
 
 DEMO = "data/demo/sft.jsonl"
@@ -21,22 +21,22 @@ DEMO = "data/demo/sft.jsonl"
 # ---------------------------------------------------------------- dropout
 
 
-def test_keep_mask_keeps_each_element_with_probability_one_minus_p():
+def test_keep_mask_drops_each_element_with_probability_p():
     torch.manual_seed(0)
-    for p in (0.05, 0.3):
-        mask = keep_mask(torch.Size([2000, 1001]), p)  # odd size: the last 64-bit draw is partly used
+    for p in (0.05, 0.3, 0.7):
+        mask = keep_mask(torch.Size([2000, 1001]), p)
         assert mask.dtype == torch.bool and mask.shape == (2000, 1001)
-        # every one of the four 16-bit lanes of a draw (the top one has 15 random bits) keeps at the same rate
-        lanes = mask.flatten()[: 2000 * 1000].view(-1, 4).float().mean(0)
-        assert torch.allclose(lanes, torch.full((4,), 1 - rounded_p(p)), atol=3e-3), lanes
-    assert abs(rounded_p(0.05) - 0.05) < 2**-15
+        assert abs(1 - mask.float().mean().item() - p) < 2e-3, p
 
 
-def test_keep_mask_draws_are_independent_of_neighbours():
+def test_keep_mask_drops_are_independent():
     torch.manual_seed(1)
     mask = keep_mask(torch.Size([4_000_000]), 0.5).float()
-    # neighbouring elements share a 64-bit draw; their agreement must be that of independent coins
-    assert abs((mask[1:] == mask[:-1]).float().mean().item() - 0.5) < 2e-3
+    assert abs((mask[1:] == mask[:-1]).float().mean().item() - 0.5) < 2e-3  # neighbours agree as coins do
+    # the number dropped varies as a binomial's does: a fixed number of draws would vary less
+    dropped = torch.stack([(~keep_mask(torch.Size([100]), 0.3)).sum() for _ in range(4000)]).float()
+    assert dropped.mean().item() == pytest.approx(30, abs=0.4)
+    assert dropped.var().item() == pytest.approx(100 * 0.3 * 0.7, rel=0.1)
 
 
 def test_fast_dropout_is_unbiased_and_backward_uses_the_same_mask():
@@ -45,14 +45,12 @@ def test_fast_dropout_is_unbiased_and_backward_uses_the_same_mask():
     x = torch.randn(500, 400, requires_grad=True)
     out = dropout(x)
     kept = out != 0
-    assert abs(kept.float().mean().item() - (1 - rounded_p(0.2))) < 3e-3
-    scale = 1 / (1 - rounded_p(0.2))
-    torch.testing.assert_close(out[kept], x[kept] * scale)
-    # E[dropout(x)] = x: the mean over many draws of a constant input
-    ones = torch.ones(1000, 1000)
+    assert abs(kept.float().mean().item() - 0.8) < 3e-3
+    torch.testing.assert_close(out[kept], x[kept] / 0.8)
+    ones = torch.ones(1000, 1000)  # E[dropout(x)] = x
     assert abs(dropout(ones).mean().item() - 1.0) < 3e-3
     out.backward(torch.ones_like(out))
-    torch.testing.assert_close(x.grad, kept.float() * scale)
+    torch.testing.assert_close(x.grad, kept.float() / 0.8)
     dropout.eval()
     assert dropout(x) is x
 
@@ -248,10 +246,11 @@ def test_sft_trainer_computes_the_loss_chunked_on_cpu(tiny_model_dir, tmp_path, 
 # ---------------------------------------------------------------- bf16 against float32, whole runs
 
 # The stated tolerance: on the demo conversations, every step's loss of the fast path (bf16 autocast
-# over a bf16 base, packed rows split into forwards, the chunked loss) is within 2% of the float32 path's
-# (padded batches, float32 throughout), dropout draws differing; tested on a tiny model below, and on
-# the real one scripts/bench_sft.py prints the largest difference (`loss vs plain`).
-LOSS_TOLERANCE = 0.02
+# over a bf16 base, packed rows split into forwards, the chunked loss) is within 1% of the float32
+# path's (padded batches, float32 throughout). Without dropout, so that the two see the same noise
+# (none); measured 0.4% at most here. On the real model scripts/bench_sft.py prints the largest
+# difference per variant (`loss vs plain`; `--lora_dropout 0` for the like-for-like curve).
+LOSS_TOLERANCE = 0.01
 
 
 def test_the_fast_path_follows_the_float32_loss_curve(tokenizer, tmp_path, monkeypatch):
@@ -263,9 +262,9 @@ def test_the_fast_path_follows_the_float32_loss_curve(tokenizer, tmp_path, monke
     # Embeddings large enough for the logits to move: with the default 0.02 a tiny model's loss stays at log(vocab).
     model_dir = build_tiny_model_dir(tmp_path / "model", tokenizer, initializer_range=0.2)
     common = ["--model_name_or_path", model_dir, "--data_path", DEMO, "--max_steps", "12",
-              "--per_device_train_batch_size", "4", "--learning_rate", "5e-2", "--lora_r", "8", "--lora_alpha", "16", "--max_samples", "8",
+              "--per_device_train_batch_size", "4", "--learning_rate", "2e-2", "--lora_r", "8", "--lora_alpha", "16", "--max_samples", "8",
               "--train_sampling_strategy", "sequential", "--save_strategy", "no", "--plot_loss", "false",
-              "--report_to", "none", "--seed", "0"]
+              "--report_to", "none", "--seed", "0", "--lora_dropout", "0"]
     fast = run(common + ["--output_dir", str(tmp_path / "fast"), "--packing", "true", "--bf16", "true",
                          "--max_forward_tokens", "200"])
     assert fast.args.bf16

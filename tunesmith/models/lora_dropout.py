@@ -1,34 +1,36 @@
-"""LoRA's input dropout, for CPU training, with the random numbers drawn four times faster.
+"""LoRA's input dropout, for CPU training, drawing about p random numbers per element instead of one.
 
 torch's CPU dropout draws one float per element from a single-threaded Mersenne Twister
 (`bernoulli_`), and PEFT applies it to the input of every LoRA layer: on SmolLM2-135M with LoRA on
 every linear layer that was a fifth of a training step in float32 and a third in bf16 (profiled; see
-docs/benchmark.md). Here one 64-bit draw makes four 15-bit uniforms u in [0, 32768), and an element is
-kept when u >= round(p * 32768): the same Bernoulli dropout with p rounded to a multiple of 2^-15
-(0.05 -> 0.04999), kept elements scaled by 1 / (1 - p_rounded) so that E[dropout(x)] = x exactly.
-Backward multiplies by the saved boolean mask, as torch's own dropout does.
+docs/benchmark.md). LoRA's dropout is small (0.05 is usual), so this draws where the drops go instead:
+K ~ Poisson(n * lam) positions uniform on the n elements, with lam = -log(1 - p), and drops every
+position drawn at least once. By Poisson thinning the number of draws landing on each element is
+Poisson(lam), independently across elements, so each element is dropped with probability
+1 - exp(-lam) = p, independently: exactly nn.Dropout's distribution, from about n * lam draws
+(0.05 n for p = 0.05). Kept elements are scaled by 1 / (1 - p); backward multiplies by the saved
+boolean mask, as torch's own dropout does.
 
 On a GPU torch's Philox dropout is already fast; this is used on CPU only (loader._attach_lora).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-RESOLUTION = 1 << 15  # 15 bits per draw: int64 random_() is uniform on [0, 2^63), so its top int16 has 15
-
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> torch.Tensor:
-    """A boolean mask, each element True with probability 1 - round(p * 2^15) / 2^15, independently."""
+    """A boolean mask, each element False (dropped) with probability p, independently."""
     n = shape.numel()
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
-    uniforms = words.view(torch.int16)[:n].view(shape) & (RESOLUTION - 1)
-    return uniforms >= round(p * RESOLUTION)
-
-
-def rounded_p(p: float) -> float:
-    return round(p * RESOLUTION) / RESOLUTION
+    mask = torch.ones(n, dtype=torch.bool, device=device)
+    if n and p > 0:
+        rate = torch.tensor([n * -math.log1p(-p)], dtype=torch.float64)
+        draws = int(torch.poisson(rate).item())
+        mask[torch.randint(0, n, (draws,), device=device)] = False
+    return mask.view(shape)
 
 
 class _KeepAndScale(torch.autograd.Function):
@@ -45,13 +47,15 @@ class _KeepAndScale(torch.autograd.Function):
 
 
 class FastDropout(nn.Dropout):
-    """nn.Dropout with keep_mask's draws (p rounded to a multiple of 2^-15)."""
+    """nn.Dropout, drawing the dropped positions (keep_mask)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
+        if self.p >= 1:
+            return x * 0
         keep = keep_mask(x.shape, self.p, x.device)
-        return _KeepAndScale.apply(x, keep, 1.0 / (1.0 - rounded_p(self.p)))
+        return _KeepAndScale.apply(x, keep, 1.0 / (1.0 - self.p))
 
 
 def use_fast_lora_dropout(model: nn.Module) -> int:

@@ -30,16 +30,17 @@ class _SummedCrossEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         for start in range(0, logits.shape[0], rows):
-            x = logits[start:start + rows].float()
             target = targets[start:start + rows]
             trained = target != ignore_index
             index = target.clamp_min(0)[:, None]
-            lse = torch.logsumexp(x, dim=-1, keepdim=True)
-            total += ((lse - x.gather(1, index))[:, 0] * trained).sum()
+            # one fused kernel, float32 from the logits' own dtype: no separate upcast copy
+            log_probs = torch.log_softmax(logits[start:start + rows], dim=-1, dtype=torch.float32)
+            total -= (log_probs.gather(1, index)[:, 0] * trained).sum()
             if grad is not None:
-                probs = x.sub_(lse).exp_()  # softmax, in place of the upcast copy
+                probs = log_probs.exp_()
                 probs.scatter_add_(1, index, torch.full_like(index, -1, dtype=probs.dtype))
-                probs.mul_(trained[:, None])
+                if not bool(trained.all()):
+                    probs[~trained] = 0
                 grad[start:start + rows] = probs
         ctx.save_for_backward(grad)
         return total
