@@ -13,6 +13,7 @@ same number of optimizer steps with AdamW at the same learning rate and no gradi
                       products), the fast CPU LoRA dropout
   ours_fp32           ours with --bf16 false: float32 weights and products (what bf16 adds, alone)
   ours_torch_dropout  ours with PEFT's own LoRA dropout (what the fast dropout adds, alone)
+  ours_torch_loss     ours with transformers' own ForCausalLMLoss (what the chunked loss adds, alone)
   ours_one_forward    ours with --max_forward_tokens 0: each packed batch in one forward, however long
                       (what splitting it into forwards of at most 2,048 tokens does, alone)
   trl_padded          TRL's SFTTrainer at its defaults (bf16 mixed precision, which TRL turns on by
@@ -68,8 +69,8 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
     trainer_clock,
 )
 
-VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_one_forward", "trl_padded", "trl_packed", "plain", "ours_qlora",
-            "trl_packed_qlora")
+VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "trl_padded", "trl_packed",
+            "plain", "ours_qlora", "trl_packed_qlora")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
 SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "trl_padded", "plain",
                 "ours_qlora")
@@ -247,7 +248,7 @@ def stock_peft_layers(model: Any) -> None:
 
 
 def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, quantize: bool = False,
-             torch_dropout: bool = False, max_forward_tokens: int | None = None) -> dict:
+             torch_dropout: bool = False, torch_loss: bool = False, max_forward_tokens: int | None = None) -> dict:
     from tunesmith.data.packing import sft_collator
     from tunesmith.hparams import SFTDataArguments as DataArguments
     from tunesmith.train.sft_trainer import LoraTrainer
@@ -260,6 +261,8 @@ def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, 
     collator = BatchCounts(sft_collator(model, tokenizer, data_args, training_args))
     trainer = LoraTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
                           data_collator=collator, callbacks=[callback])
+    if torch_loss:
+        del model.get_base_model()._loss_function  # back to the class's ForCausalLMLoss
     trainer.train()
     return summarize(clock, collator.batches, args.steps, logged_losses(trainer))
 
@@ -320,6 +323,7 @@ RUNS = {
     "ours": run_ours,
     "ours_fp32": lambda a, w: run_ours(a, w, bf16=False),
     "ours_torch_dropout": lambda a, w: run_ours(a, w, torch_dropout=True),
+    "ours_torch_loss": lambda a, w: run_ours(a, w, torch_loss=True),
     "ours_one_forward": lambda a, w: run_ours(a, w, max_forward_tokens=0),
     "trl_padded": lambda a, w: run_trl(a, w, packing=False),
     "trl_packed": lambda a, w: run_trl(a, w, packing=True),
@@ -390,6 +394,7 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
     if "ours_qlora" in rows:
         print(f"QLoRA tokens/s ratio vs TRL (packed): {ratio('ours_qlora', 'trl_packed_qlora')}")
     for ablation, what in (("ours_fp32", "bf16"), ("ours_torch_dropout", "the fast LoRA dropout"),
+                           ("ours_torch_loss", "the chunked loss"),
                            ("ours_one_forward", "forwards of at most 2,048 tokens")):
         if ablation in rows and "ours" in rows:
             print(f"{what} alone: tokens/s x{ratio('ours', ablation)}, peak RSS x{ratio('ours', ablation, 'peak_rss_mb')}")
