@@ -22,7 +22,7 @@ same number of optimizer steps with AdamW at the same learning rate and no gradi
                       it packs the whole set, so its batches hold other examples; the batch size in rows is
                       picked so a step trains about as many tokens as the others
   plain               a bare float32 loop: each example forward/backward alone (no padding, no mask),
-                      one AdamW step per batch; the loss reference
+                      one AdamW step per batch, the Trainer's linear decay; the loss reference
   ours_qlora          ours on a 4-bit NF4 base (QLoRA)
   trl_packed_qlora    trl_packed on the same 4-bit base (bf16 compute, as TRL's QLoRA docs set it)
 Each run is its own subprocess (peak RSS is its own); the variants take turns, --repeats times; the
@@ -298,6 +298,8 @@ def run_plain(args: argparse.Namespace, workdir: Path) -> dict:
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
+    # the Trainer's default schedule (linear decay to 0, no warm-up), so the loss curves compare step by step
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / args.steps))
     clock, batches, losses = StepClock(), [], []
     for step in range(args.steps):
         examples = dataset[step * args.batch_size: (step + 1) * args.batch_size]
@@ -313,6 +315,7 @@ def run_plain(args: argparse.Namespace, workdir: Path) -> dict:
             step_loss += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(step_loss)
         clock.tick()
@@ -381,7 +384,7 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
             versus = f"{max(abs(a - b) for a, b in zip(r['losses'], reference)):.4f}"
         other = max(x["other_cpu"] for x in runs)
         print(f"{name:<20}{r['tokens_per_s']:>9.1f}{spread(runs, 'tokens_per_s', 1):>13}{r['tokens_per_cpu_s']:>10.1f}"
-              f"{r['trained_tokens']:>8}{r['padded_share']:>7.0%}{r['peak_rss_mb']:>12.0f}{losses:>19}{versus:>14}"
+              f"{int(r['trained_tokens']):>8}{r['padded_share']:>7.0%}{r['peak_rss_mb']:>12.0f}{losses:>19}{versus:>14}"
               f"{other:>10.0%}{loaded(runs, quiet_share)}" + (f"{r.get('peak_gpu_mb', 0):>12.0f}" if gpu else ""))
 
     def ratio(a: str, b: str, key: str = "tokens_per_s") -> str:
