@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ..constants import IGNORE_INDEX
+from ..utils.hardware import trains_on_cpu
 from .collator import PaddingCollator
 
 VARLEN_SDPA = "sdpa_varlen"
@@ -177,17 +178,16 @@ def use_varlen_attention(model: nn.Module) -> str:
 def sft_collator(model: nn.Module, tokenizer: Any, data_args: Any, training_args: Any) -> Callable:
     """The collator an SFT run batches with: padded rows, or with --packing one padding-free row per
     batch (and the model's sdpa attention switched to sdpa_varlen), split into forwards of at most
-    --max_forward_tokens. Logits are kept for trained
-    positions only unless something else reads the full logits (label smoothing) or computes the loss
-    from hidden states itself (Liger's fused linear cross-entropy)."""
+    --max_forward_tokens. Logits are kept for trained positions only unless something else reads the
+    full logits (label smoothing) or computes the loss from hidden states itself (Liger's fused linear
+    cross-entropy)."""
     if not data_args.packing:
         return PaddingCollator(tokenizer.pad_token_id)
     use_varlen_attention(model)
     full_logits = training_args.use_liger_kernel or training_args.label_smoothing_factor != 0
     max_forward_tokens = data_args.max_forward_tokens
     if max_forward_tokens is None:  # DeepSpeed steps at every backward: one forward per batch there
-        on_cpu = training_args.use_cpu or not torch.cuda.is_available()
-        max_forward_tokens = CPU_FORWARD_TOKENS if on_cpu and not training_args.deepspeed else 0
+        max_forward_tokens = CPU_FORWARD_TOKENS if trains_on_cpu(training_args) and not training_args.deepspeed else 0
     return PackingCollator(trained_logits_only=not full_logits, max_forward_tokens=max_forward_tokens)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, PathError
+from ..utils.hardware import trains_on_cpu
 from ..utils.paths import (
     adapter_config,
     is_adapter_dir,
@@ -152,7 +153,7 @@ RULES: list[Rule] = [
          "ZeRO-3 cannot partition 8-bit bitsandbytes weights: use --quantization_bit 4 (stored in the compute "
          "dtype, which ZeRO-3 can shard) or configs/ds_zero2.json."),
     Rule("fp16_on_cpu", ("training",),
-         lambda a: a.training.fp16 and (a.training.use_cpu or not torch.cuda.is_available()),
+         lambda a: a.training.fp16 and trains_on_cpu(a.training),
          "--fp16 mixed precision needs a CUDA GPU: drop it, or use --bf16 true."),
     Rule("flash_attn_missing", ("model",),
          lambda a: a.model.attn_implementation == "flash_attention_2"

@@ -13,7 +13,7 @@ from transformers import TrainingArguments as _HFTrainingArguments
 
 from ..distributed import bind_deepspeed_comm
 from ..errors import ConfigError
-from ..utils.hardware import native_bf16
+from ..utils.hardware import native_bf16, trains_on_cpu
 
 # A plain default, not a default_factory: HfArgumentParser ignores factories of bool fields.
 _NO_ACCELERATOR = not torch.cuda.is_available()
@@ -71,7 +71,7 @@ class TrainingArguments(_HFTrainingArguments):
             raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, "
                               "configs/ds_zero3.json and their _offload variants)")
         if self.bf16 is None:
-            on_cpu = self.use_cpu or not torch.cuda.is_available()
+            on_cpu = trains_on_cpu(self)
             self.bf16 = self.bf16_auto and native_bf16(on_cpu) and not self.fp16 and not (self.deepspeed and on_cpu)
         super().__post_init__()
         if self.deepspeed and self.use_cpu and self.world_size > 1:

@@ -16,6 +16,7 @@ from ..data.template import apply_chat_template_override
 from ..errors import PathError
 from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
+from ..utils.hardware import trains_on_cpu
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
 
@@ -37,8 +38,7 @@ def resolve_dtype(model_args: ModelArguments, training_args: Any = None, trains_
     if training_args is not None and getattr(training_args, "bf16", False):
         # On CPU, mixed precision keeps weights that are trained in float32 and autocast runs the
         # products in bf16; weights stored in bf16 would round away most AdamW updates.
-        on_cpu = getattr(training_args, "use_cpu", False) or not torch.cuda.is_available()
-        return torch.float32 if trains_base and on_cpu else torch.bfloat16
+        return torch.float32 if trains_base and trains_on_cpu(training_args) else torch.bfloat16
     if training_args is not None and getattr(training_args, "fp16", False):
         return torch.float16
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
@@ -169,7 +169,7 @@ def load_model(
         model = _attach_lora(model, model_args, finetuning_args, training_args, is_trainable, task)
         if is_trainable:
             _upcast_trainable(model, training_args)
-            if not torch.cuda.is_available() or getattr(training_args, "use_cpu", False):
+            if trains_on_cpu(training_args):
                 use_fast_lora_dropout(model)
                 skip_input_casts_under_autocast(model)
     elif not is_trainable:

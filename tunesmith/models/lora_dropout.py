@@ -11,7 +11,7 @@ Poisson(lam), independently across elements, so each element is dropped with pro
 (0.05 n for p = 0.05). Kept elements are scaled by 1 / (1 - p); backward multiplies by the saved
 boolean mask, as torch's own dropout does.
 
-On a GPU torch's Philox dropout is already fast; this is used on CPU only (loader._attach_lora).
+On a GPU torch's Philox dropout is already fast; this is used on CPU only (loader.load_model).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from transformers import Trainer
 from ..constants import IGNORE_INDEX
 from ..data.packing import FORWARD_SPLITS, slice_packed_row
 from ..hparams import save_run_config
+from ..utils.hardware import trains_on_cpu
 from .checkpoints import empty_tensors, read_state
 from .losses import use_chunked_loss
 
@@ -26,7 +27,7 @@ class LoraTrainer(Trainer):
 
     def __init__(self, *args: Any, run_configs: tuple = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.args.use_cpu or not torch.cuda.is_available():
+        if trains_on_cpu(self.args):
             use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)
         self.run_configs = run_configs
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+
+def trains_on_cpu(training_args: Any = None) -> bool:
+    """A run with these training arguments (None: no training) computes on the CPU: asked to with
+    --use_cpu, or there is no CUDA device."""
+    return bool(getattr(training_args, "use_cpu", False)) or not torch.cuda.is_available()
 
 
 def native_bf16(on_cpu: bool) -> bool:
