@@ -34,6 +34,7 @@ from typing import Any
 from benchlib import (  # one driver and step clock for every benchmark
     StepClock,
     add_quiet_arguments,
+    benchmark_model,
     loaded,
     logged_losses,
     medians,
@@ -180,10 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.worker:
         return worker(args)
-    if args.model is None:
-        from tunesmith.models.default_model import ensure_default_model
-
-        args.model = str(ensure_default_model())
+    args.model = benchmark_model(args.model)
     variants = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="bench_dpo.") as tmp:
         workdir = Path(tmp)

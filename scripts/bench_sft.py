@@ -60,6 +60,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when this runs)
     StepClock,
     add_quiet_arguments,
+    benchmark_model,
     loaded,
     logged_losses,
     medians,
@@ -345,10 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         result = RUNS[args.worker](args, Path(args.workdir))
         (Path(args.workdir) / f"{args.worker}.json").write_text(json.dumps(result))
         return
-    if args.model is None:
-        from tunesmith.models.default_model import ensure_default_model
-
-        args.model = str(ensure_default_model())
+    args.model = benchmark_model(args.model)
     variants = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="bench_sft.") as tmp:
         workdir = Path(tmp)

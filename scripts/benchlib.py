@@ -55,6 +55,19 @@ def trainer_clock() -> tuple[StepClock, Any]:
     return clock, Callback()
 
 
+def benchmark_model(model: str | None) -> str:
+    """The model folder to benchmark: the embedded SmolLM2-135M-Instruct when none is given. A path that is
+    not a folder stops the benchmark with one line, before any run starts."""
+    if model is None:
+        from tunesmith.models.default_model import ensure_default_model
+
+        return str(ensure_default_model())
+    if not os.path.isdir(model):
+        raise SystemExit(f"{Path(sys.argv[0]).name}: --model {model}: no such folder (give a model directory, "
+                         "or leave --model out for the embedded SmolLM2-135M-Instruct)")
+    return model
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
