@@ -16,7 +16,7 @@ import torch
 from conftest import build_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
-from tunesmith.chat.engine import ChatSession
+from tunesmith.chat.session import ChatSession
 from tunesmith.data.formats import load_conversations
 from tunesmith.data.template import encode_prompt, render_text
 from tunesmith.errors import ConfigError

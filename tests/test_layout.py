@@ -18,6 +18,7 @@ LAYERS: list[set[str]] = [
     {"data"},
     {"models"},
     {"train"},
+    {"generation"},
     {"ppo"},
     {"chat", "serve"},
     {"recipes"},
@@ -114,4 +115,19 @@ if __name__ == "__main__":
                                                        "tunesmith/data/fake.py:5", "tunesmith/data/fake.py:9"]
     assert problems[0] == ("tunesmith/data/fake.py:2: `from ..models import loader` imports models (layer 4) "
                            "into data (layer 3)")
-    assert "imports recipes (layer 8)" in problems[2] and "ChatEngine" in problems[3]
+    assert "imports recipes (layer 9)" in problems[2] and "ChatEngine" in problems[3]
+
+
+def test_only_the_generation_engine_generates_or_samples_tokens():
+    """One home for generation: no module outside tunesmith/generation/ calls a model's generate() or draws
+    a token (`engine.generate(...)`, the engine's own method, is the way to generate)."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] == "generation":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "generate", "multinomial") and not ast.unparse(node.func.value).lower().endswith("engine"):
+                offenders.append(f"tunesmith/{relative}:{node.lineno}: .{node.func.attr}(")
+    assert not offenders, offenders

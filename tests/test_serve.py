@@ -21,12 +21,13 @@ import pytest
 from conftest import build_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
-from tunesmith.chat.engine import ChatSession
+from tunesmith.chat.session import ChatSession
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import GenerationArguments, ServeArguments, check
-from tunesmith.serve.decoding import IncrementalDecoder, Sampling, StopMatcher
-from tunesmith.serve.generation import Batch, Job, generate_batch
+from tunesmith.generation import Engine, Request, SamplingParams
+from tunesmith.generation.detokenizer import IncrementalDecoder, StopMatcher
+from tunesmith.generation.engine import Batch
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key"
@@ -222,13 +223,14 @@ def test_rows_join_a_running_batch_and_leave_it_with_the_answers_they_get_alone(
                for text in ("A long question, " * 8, "Hi", "Why is the sky blue?")]
     lengths = [3, 10, 6]  # the long prompt leaves first: the others' left padding is cut away
 
-    def job(k: int, texts: dict) -> Job:
-        return Job(prompts[k], Sampling(max_tokens=lengths[k]),
-                   emit=lambda event: texts.__setitem__(k, texts.get(k, "") + event.text))
+    def job(k: int, texts: dict) -> Request:
+        return Request(prompts[k], SamplingParams(temperature=0, max_new_tokens=lengths[k]),
+                       emit=lambda event: texts.__setitem__(k, texts.get(k, "") + event.text))
 
     alone: dict[int, str] = {}
     for k in range(3):
-        generate_batch(model, tokenizer, [job(k, alone)], stop_ids)
+        Engine(model, tokenizer).generate([prompts[k]], SamplingParams(temperature=0, max_new_tokens=lengths[k]),
+                                          on_event=lambda i, event, k=k: alone.__setitem__(k, alone.get(k, "") + event.text))
     together: dict[int, str] = {}
     batch = Batch(model, tokenizer, stop_ids)
     batch.admit([job(0, together)])

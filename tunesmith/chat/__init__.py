@@ -1,5 +1,5 @@
-"""Multi-round chat with a trained model: ChatSession (engine.py); its command line is recipes/chat.py."""
+"""Multi-round chat with a trained model: ChatSession (session.py); its command line is recipes/chat.py."""
 
-from .engine import ChatSession, Outcome
+from .session import ChatSession, Outcome
 
 __all__ = ["ChatSession", "Outcome"]

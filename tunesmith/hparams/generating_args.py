@@ -4,7 +4,7 @@ settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 
 @dataclass
@@ -16,19 +16,14 @@ class GenerationArguments:
     temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (lower: more conservative)."})
     top_p: float = field(default=0.9, metadata={"help": "Sample from the smallest token set with this total probability."})
     top_k: int = field(default=50, metadata={"help": "Sample from the k most likely tokens (0: no limit)."})
+    min_p: float = field(
+        default=0.0, metadata={"help": "Drop tokens less likely than min_p times the most likely one (0: off)."}
+    )
     repetition_penalty: float = field(default=1.0, metadata={"help": "Above 1 discourages repeating earlier tokens."})
     max_new_tokens: int = field(default=512, metadata={"help": "Longest reply, in tokens."})
-
-    def generate_kwargs(self) -> dict[str, Any]:
-        """Every sampling setting, explicitly (greedy: none of them), so that the model's own
-        generation_config.json cannot add a top_k/top_p that transformers then warns about."""
-        kwargs: dict[str, Any] = {"do_sample": self.do_sample, "max_new_tokens": self.max_new_tokens,
-                                  "repetition_penalty": self.repetition_penalty}
-        if self.do_sample:
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        return kwargs
+    num_beams: int = field(
+        default=1, metadata={"help": "Beam search over this many beams (1: none); chat and compare only, greedy."}
+    )
 
 
 @dataclass
@@ -75,8 +70,25 @@ class ServeArguments:
         default=10.0,
         metadata={"help": "How long the first request of a batch waits for others to join it, in milliseconds."},
     )
+    adapter: list[str] = field(
+        default_factory=list,
+        metadata={"action": "append", "help": "NAME=PATH: serve the LoRA adapter at PATH (over the same base) as "
+                  "model NAME, with the chat template it was trained with; repeat the flag for several. A "
+                  "request's `model` picks one; GET /v1/models lists them all."},
+    )
+    max_request_bytes: int = field(
+        default=8 * 1024 * 1024, metadata={"help": "Largest request body; a larger one is refused with a 413."}
+    )
     context_length: int | None = field(
         default=None,
         metadata={"help": "Most tokens of prompt plus reply (default: the model's max_position_embeddings); a "
                   "request over it is refused with a 400 that says by how much."},
     )
+
+    def __post_init__(self) -> None:
+        # `--adapter a=X --adapter b=Y` and `--adapter a=X b=Y` (and a config file's list) mean the same.
+        self.adapter = [spec for item in self.adapter for spec in (item if isinstance(item, list) else [item])]
+
+    def adapters(self) -> dict[str, str]:
+        """--adapter as {name: path}, in the order given (the rules table has checked the specs)."""
+        return dict(spec.split("=", 1) for spec in self.adapter)

@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -272,12 +273,30 @@ RULES: list[Rule] = [
          "--top_p must be in (0, 1] (got {generation.top_p})."),
     Rule("generation_length", ("generation",), lambda a: a.generation.max_new_tokens < 1,
          "--max_new_tokens must be at least 1 (got {generation.max_new_tokens})."),
+    Rule("generation_min_p", ("generation",), lambda a: not 0 <= a.generation.min_p < 1,
+         "--min_p must be in [0, 1) (got {generation.min_p}); 0 turns it off."),
+    Rule("generation_beams", ("generation",), lambda a: a.generation.num_beams < 1,
+         "--num_beams must be at least 1 (got {generation.num_beams}); 1 is no beam search."),
     # -- serve
     Rule("serve_port", ("serve",), lambda a: not 0 <= a.serve.port <= 65535,
          "--port must be in 0..65535 (got {serve.port}); 0 takes any free port."),
     Rule("serve_batch", ("serve",), lambda a: a.serve.max_batch_size < 1 or a.serve.batch_wait_ms < 0,
          "--max_batch_size must be at least 1 and --batch_wait_ms at least 0 (got {serve.max_batch_size} and "
          "{serve.batch_wait_ms})."),
+    Rule("serve_adapter_spec", ("serve",),
+         lambda a: _problem(next((f"{spec!r} is not NAME=PATH" for spec in a.serve.adapter
+                                  if not re.fullmatch(r"[^=\s]+=.+", spec)), None)
+                            or next((f"{path}: {problem}" for path in (s.split("=", 1)[1] for s in a.serve.adapter)
+                                     if not is_adapter_dir(path) for problem in ["not a LoRA adapter folder"]), None)
+                            or (len({s.split("=", 1)[0] for s in a.serve.adapter}) < len(a.serve.adapter)
+                                and "two adapters share a NAME")),
+         "--adapter: {problem}; give each adapter as NAME=PATH, PATH a LoRA adapter folder (adapter_config.json), "
+         "each NAME once.", PathError),
+    Rule("serve_no_beams", ("serve", "generation"), lambda a: a.generation.num_beams != 1,
+         "--num_beams cannot be used with serve: the server streams replies token by token (beam search picks "
+         "a reply only at its end); leave it out."),
+    Rule("serve_request_limit", ("serve",), lambda a: a.serve.max_request_bytes < 1024,
+         "--max_request_bytes must be at least 1024 (got {serve.max_request_bytes})."),
     Rule("serve_context", ("serve",), lambda a: a.serve.context_length is not None and a.serve.context_length < 8,
          "--context_length must be at least 8 tokens (got {serve.context_length}); leave it out to use the model's."),
     # -- merge

@@ -4,6 +4,7 @@ bitsandbytes quantization (QLoRA), and LoRA adapters (new or resumed)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -288,3 +289,19 @@ def load_for_inference(model_args: ModelArguments, task: str = "causal_lm") -> t
     if model_args.quantization_bit is None:  # quantized weights were placed as they loaded (device_map)
         model.to(inference_device())
     return model, tokenizer
+
+
+def add_adapters(model: nn.Module, model_args: ModelArguments, adapters: dict[str, str]) -> tuple[nn.Module, dict[str, Any]]:
+    """The model with each adapter of `adapters` ({name: folder}) loaded beside any it has, for inference,
+    and each adapter's tokenizer (the chat template it was trained with)."""
+    from peft import PeftModel
+
+    tokenizers = {}
+    for name, path in adapters.items():
+        if isinstance(model, PeftModel):
+            model.load_adapter(path, adapter_name=name, is_trainable=False)
+        else:
+            model = PeftModel.from_pretrained(model, path, adapter_name=name, is_trainable=False)
+        tokenizers[name] = load_trained_tokenizer(dataclasses.replace(model_args, adapter_name_or_path=path))
+    model.eval()
+    return model, tokenizers

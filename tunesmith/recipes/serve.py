@@ -26,8 +26,9 @@ from collections.abc import Sequence
 
 from ..boundary import entry_point
 from ..errors import ConfigError
+from ..generation import BASE
 from ..hparams import ModelArguments, parse_run
-from ..models.loader import load_for_inference
+from ..models.loader import add_adapters, load_for_inference
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +37,21 @@ def run(argv: Sequence[str] | None = None) -> None:
     args = parse_run("serve", argv, __doc__)
     import uvicorn
 
-    from ..serve.app import create_app
+    from ..serve.app import ServedModel, create_app
 
     listener = listen(args.serve.host, args.serve.port)  # before the model loads: a busy port fails at once
     model, tokenizer = load_for_inference(args.model)
-    model_id = args.serve.served_model_name or model_name(args.model)
+    main_id = args.serve.served_model_name or model_name(args.model)
+    adapters = args.serve.adapters()
+    model, tokenizers = add_adapters(model, args.model, adapters)
+    # The model as given first; with extra adapters its own adapter is peft's "default", or none (BASE).
+    first = None if not adapters else "default" if args.model.adapter_name_or_path else BASE
+    models = [ServedModel(main_id, first, tokenizer)]
+    models += [ServedModel(name, name, tokenizers[name]) for name in adapters]
     api_key = args.serve.api_key or os.environ.get("TUNESMITH_API_KEY") or None
-    app = create_app(model, tokenizer, args.serve, args.generation, model_id, api_key)
+    app = create_app(model, models, args.serve, args.generation, api_key)
     port = listener.getsockname()[1]  # the one the system chose, for --port 0
-    logger.info("serving %s at http://%s:%d/v1 (%s)", model_id, args.serve.host, port,
+    logger.info("serving %s at http://%s:%d/v1 (%s)", ", ".join(m.id for m in models), args.serve.host, port,
                 "API key required" if api_key else "no API key")
     uvicorn.Server(uvicorn.Config(app, host=args.serve.host, port=port, log_level="info")).run(sockets=[listener])
 

@@ -1,8 +1,9 @@
 """The HTTP side: FastAPI routes for /v1/chat/completions (streamed over server-sent events or not),
-/v1/models and /health, the API key check, and every refusal as OpenAI's error object. Each request
-is rendered by the training template (data/template.py's encode_prompt, what chat uses), checked
-against the context, and handed to the scheduler's worker thread; its events come back through an
-asyncio queue, so the loop never waits on the model."""
+/v1/models and /health, the API key check, the request size limit, and every refusal as OpenAI's error
+object. Each request names one of the served models (the base or model as loaded, and each --adapter),
+is rendered by that model's training template (data/template.py's encode_prompt, what chat uses),
+checked against the context, and handed to the engine's worker thread (generation/worker.py); its
+events come back through an asyncio queue, so the loop never waits on the model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,28 +23,57 @@ from starlette.exceptions import HTTPException
 
 from ..data.template import encode_prompt
 from ..errors import TemplateError
+from ..generation import Event, SamplingParams
+from ..generation import Request as Job
+from ..generation.worker import Scheduler
 from ..hparams import GenerationArguments, ServeArguments
 from . import protocol
-from .decoding import Sampling
-from .generation import Event, Job
 from .protocol import APIError, ChatRequest
-from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 ROUTES = "POST /v1/chat/completions, GET /v1/models, GET /health"
 
 
-class Server:
-    """What the routes share: the model's tokenizer and context, the defaults, the scheduler."""
+@dataclass
+class ServedModel:
+    """One model clients can name: its id, the engine adapter it runs with (None: the model as loaded;
+    BASE: every adapter off; else an adapter name) and the tokenizer with the chat template it trained with."""
 
-    def __init__(self, model: Any, tokenizer: Any, serve: ServeArguments, generation: GenerationArguments,
-                 model_id: str, api_key: str | None) -> None:
-        self.tokenizer, self.serve, self.generation = tokenizer, serve, generation
-        self.model_id, self.api_key = model_id, api_key
+    id: str
+    adapter: str | None
+    tokenizer: Any
+
+
+class Server:
+    """What the routes share: the served models, the context, the defaults, the scheduler."""
+
+    def __init__(self, model: Any, models: list[ServedModel], serve: ServeArguments, generation: GenerationArguments,
+                 api_key: str | None) -> None:
+        self.models = {m.id: m for m in models}
+        self.default = models[0]
+        self.serve, self.generation, self.api_key = serve, generation, api_key
         self.context = serve.context_length or getattr(model.config, "max_position_embeddings", None) or 2048
-        self.scheduler = Scheduler(model, tokenizer, serve.max_batch_size, serve.batch_wait_ms / 1000)
+        self.scheduler = Scheduler(model, self.default.tokenizer, serve.max_batch_size, serve.batch_wait_ms / 1000)
         self.created = int(time.time())
+
+    def model(self, name: str | None) -> ServedModel:
+        """The served model a request names (None: the first); another name is a 404 listing them."""
+        if name is None:
+            return self.default
+        if name not in self.models:
+            raise APIError(404, f"the model {name!r} does not exist here: this server serves "
+                           f"{', '.join(map(repr, self.models))} (GET /v1/models)", "model", "model_not_found")
+        return self.models[name]
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, served: ServedModel) -> tuple[Job, asyncio.Queue]:
+        """Hand a request to the worker thread; its events arrive on the returned queue."""
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        job = Job(prompt_ids, params, emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+                  adapter=served.adapter)
+        self.scheduler.submit(job)
+        return job, events
 
     def authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -52,19 +83,15 @@ class Server:
             raise APIError(401, "invalid or missing API key: send `Authorization: Bearer KEY` with the server's "
                            "--api_key", code="invalid_api_key")
 
-    def sampling(self, request: ChatRequest, prompt_tokens: int) -> Sampling:
+    def sampling(self, request: ChatRequest, prompt_tokens: int) -> SamplingParams:
         """The request's settings over the server's defaults (--temperature etc.; --do_sample false:
         greedy unless the request asks for a temperature)."""
-        g = self.generation
-        default_temperature = g.temperature if g.do_sample else 0.0
-        return Sampling(
-            temperature=default_temperature if request.temperature is None else request.temperature,
-            top_p=g.top_p if request.top_p is None else request.top_p,
-            top_k=g.top_k,
-            repetition_penalty=g.repetition_penalty,
-            max_tokens=self.reply_budget(prompt_tokens, request.max_tokens),
-            stop=tuple(request.stop),
-            seed=request.seed,
+        defaults = SamplingParams.from_arguments(self.generation)
+        return defaults.replace(
+            temperature=defaults.temperature if request.temperature is None else request.temperature,
+            top_p=defaults.top_p if request.top_p is None else request.top_p,
+            max_new_tokens=self.reply_budget(prompt_tokens, request.max_tokens),
+            stop=tuple(request.stop), seed=request.seed, n=request.n,
         )
 
     def reply_budget(self, prompt_tokens: int, max_tokens: int | None) -> int:
@@ -85,9 +112,9 @@ class Server:
         return max_tokens
 
 
-def create_app(model: Any, tokenizer: Any, serve: ServeArguments, generation: GenerationArguments,
-               model_id: str, api_key: str | None = None) -> FastAPI:
-    server = Server(model, tokenizer, serve, generation, model_id, api_key)
+def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, generation: GenerationArguments,
+               api_key: str | None = None) -> FastAPI:
+    server = Server(model, models, serve, generation, api_key)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -98,52 +125,46 @@ def create_app(model: Any, tokenizer: Any, serve: ServeArguments, generation: Ge
     app = FastAPI(title="tunesmith", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
     _add_error_handlers(app)
+    _limit_request_size(app, serve.max_request_bytes)
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": model_id, **server.scheduler.stats}
+        return {"status": "ok", "model": server.default.id, "models": list(server.models),
+                **server.scheduler.stats}
 
     @app.get("/v1/models")
-    async def models(request: Request) -> dict:
+    async def list_models(request: Request) -> dict:
         server.authorize(request)
-        return {"object": "list", "data": [_model_card(server)]}
+        return {"object": "list", "data": [_model_card(server, m) for m in server.models.values()]}
 
     @app.get("/v1/models/{name:path}")
     async def model_card(name: str, request: Request) -> dict:
         server.authorize(request)
-        if name != model_id:
-            raise APIError(404, f"the model {name!r} does not exist here: this server serves {model_id!r}",
-                           "model", "model_not_found")
-        return _model_card(server)
+        return _model_card(server, server.model(name))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         server.authorize(request)
         body = protocol.parse_json_body(await request.body())
         chat = protocol.parse_chat_request(body, serve.max_batch_size)
-        if chat.model is not None and chat.model != model_id:
-            raise APIError(404, f"the model {chat.model!r} does not exist here: this server serves {model_id!r} "
-                           "(GET /v1/models)", "model", "model_not_found")
+        served = server.model(chat.model)
         try:
-            prompt_ids = encode_prompt(tokenizer, chat.messages)
+            prompt_ids = encode_prompt(served.tokenizer, chat.messages)
         except TemplateError as e:
             raise APIError(400, str(e), "messages") from None
-        events: asyncio.Queue[Event] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        job = Job(prompt_ids, server.sampling(chat, len(prompt_ids)),
-                  emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event), n=chat.n)
-        server.scheduler.submit(job)
+        job, events = server.submit(prompt_ids, server.sampling(chat, len(prompt_ids)), served)
         if chat.stream:
-            return StreamingResponse(_stream(job, events, chat, model_id), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, events, chat, served.id), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _complete(job, events, model_id)
+        return await _complete(job, events, served.id)
 
     return app
 
 
-def _model_card(server: Server) -> dict:
-    return {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "tunesmith",
-            "context_length": server.context}
+def _model_card(server: Server, served: ServedModel) -> dict:
+    return {"id": served.id, "object": "model", "created": server.created, "owned_by": "tunesmith",
+            "context_length": server.context, "root": server.default.id,
+            "parent": None if served is server.default else server.default.id}
 
 
 async def _complete(job: Job, events: asyncio.Queue[Event], model_id: str) -> dict:
@@ -183,6 +204,19 @@ async def _stream(job: Job, events: asyncio.Queue[Event], chat: ChatRequest, mod
         yield protocol.sse("[DONE]")
     finally:
         job.cancelled = True
+
+
+def _limit_request_size(app: FastAPI, limit: int) -> None:
+    """A body over --max_request_bytes is refused with a 413 before it is read into memory."""
+
+    @app.middleware("http")
+    async def check_size(request: Request, call_next: Any) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            error = APIError(413, f"the request body has {length} bytes, more than this server's limit of {limit} "
+                             "(--max_request_bytes)", code="request_too_large")
+            return JSONResponse(error.body(), status_code=413)
+        return await call_next(request)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -1,5 +1,5 @@
 """Multi-round chat without a terminal: the history, the token budget it is cut to, the commands,
-and streamed generation that a Ctrl-C can stop. The chat recipe (recipes/chat.py) is a read-print
+and streamed generation (the one engine, generation/) that a Ctrl-C can stop. The chat recipe (recipes/chat.py) is a read-print
 loop around `ChatSession.handle`.
 
 Prompts are rendered by `encode_prompt`, the same chat-template code that training uses, so a model
@@ -13,12 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
-from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
-
 from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, USER
 from ..data.formats import Message
 from ..data.template import encode_prompt
+from ..generation import Engine, SamplingParams
 from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
 
@@ -45,41 +43,6 @@ class Outcome:
     finish_reason: str | None = None
 
 
-class _CallbackStreamer(TextStreamer):
-    """transformers' streamer (prompt and special tokens skipped), handing each finished piece of
-    text to a callback and keeping the whole reply."""
-
-    def __init__(self, tokenizer: Any, on_text: Callable[[str], None] | None) -> None:
-        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        self.on_text = on_text
-        self.pieces: list[str] = []
-
-    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
-        if text:
-            self.pieces.append(text)
-            if self.on_text is not None:
-                self.on_text(text)
-
-
-class _UntilInterrupted(StoppingCriteria):
-    """Ends generation after the current token once the session is interrupted (a plain flag, so a
-    signal handler can set it: no lock it could deadlock on)."""
-
-    def __init__(self, session: ChatSession) -> None:
-        self.session = session
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        return torch.full((input_ids.shape[0],), self.session.interrupted, dtype=torch.bool, device=input_ids.device)
-
-
-def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """Tokens that end a reply: the model's configured eos ids and the tokenizer's eos, which is the
-    template's end-of-turn token that a base model's generation config may not list."""
-    configured = model.generation_config.eos_token_id
-    ids = configured if isinstance(configured, list) else [configured] if configured is not None else []
-    return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
-
-
 class ChatSession:
     """A conversation with one model. `messages` holds every user/assistant turn since the last
     `/clear` and `turn_systems` the system prompt each turn was generated with (what `/save` writes);
@@ -92,6 +55,7 @@ class ChatSession:
         self.model = model
         self.tokenizer = tokenizer
         self.generation = generation or GenerationArguments()
+        self.engine = Engine(model, tokenizer)
         self.max_prompt_length = max_prompt_length
         self.system = system
         self.bare_quit = bare_quit
@@ -135,25 +99,24 @@ class ChatSession:
         """Generate (streaming each piece of text to on_text) and record the turn. A reply that
         `interrupt()` stopped is not recorded, so the history holds no half turn."""
         ids = encode_prompt(self.tokenizer, self.context(user_text))
-        input_ids = torch.tensor([ids], device=self.model.device)
-        streamer = _CallbackStreamer(self.tokenizer, on_text)
-        stop_ids = stop_token_ids(self.model, self.tokenizer)
-        output = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            streamer=streamer,
-            eos_token_id=stop_ids,
-            pad_token_id=self.tokenizer.pad_token_id,
-            stopping_criteria=StoppingCriteriaList([_UntilInterrupted(self)]),
-            **self.generation.generate_kwargs(),
-        )
-        answer = "".join(streamer.pieces)
-        if self.interrupted:
+        pieces: list[str] = []
+
+        def show(index: int, event: Any) -> None:
+            if event.text:
+                pieces.append(event.text)
+                if on_text is not None:
+                    on_text(event.text)
+
+        [[completion]] = self.engine.generate([ids], SamplingParams.from_arguments(self.generation), on_event=show,
+                                              should_stop=lambda: self.interrupted)
+        answer = "".join(pieces) if completion.finish_reason == "cancelled" else completion.text
+        if completion.finish_reason == "cancelled":
             return Outcome("answer", answer, "interrupted")
-        new_ids = output[0, len(ids):].tolist()
+        if not pieces and on_text is not None and answer:  # beam search streams nothing: show it whole
+            on_text(answer)
         self.messages += [{"role": USER, "content": user_text}, {"role": ASSISTANT, "content": answer}]
         self.turn_systems.append(self.system)
-        return Outcome("answer", answer, "stop" if new_ids and new_ids[-1] in stop_ids else "length")
+        return Outcome("answer", answer, completion.finish_reason)
 
     def interrupt(self) -> None:
         """Stop the reply being generated (safe to call from a signal handler)."""

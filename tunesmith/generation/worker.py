@@ -1,6 +1,5 @@
-"""The one worker thread that runs the model, with continuous batching: while rows are being
-generated, requests that arrive join the batch at the next step (up to --max_batch_size rows); when
-the worker is idle, the first request waits a short window (--batch_wait_ms) for others to share its
+"""The engine on a worker thread of its own, for the server: while rows are being generated, requests
+that arrive join the batch at the next step (up to --max_batch_size rows); when the worker is idle, the first request waits a short window (--batch_wait_ms) for others to share its
 prefill. The asyncio loop that serves HTTP never waits on the model."""
 
 from __future__ import annotations
@@ -11,8 +10,7 @@ import threading
 import time
 from typing import Any
 
-from ..chat.engine import stop_token_ids
-from .generation import Batch, Event, Job
+from .engine import Batch, Event, Request
 
 logger = logging.getLogger(__name__)
 
@@ -20,9 +18,9 @@ logger = logging.getLogger(__name__)
 class Scheduler:
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 16, wait_s: float = 0.01) -> None:
         self.max_batch_size, self.wait_s = max_batch_size, wait_s
-        self.batch = Batch(model, tokenizer, set(stop_token_ids(model, tokenizer)))
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._carried: Job | None = None  # a job that did not fit goes first next time
+        self.batch = Batch(model, tokenizer)
+        self._queue: queue.Queue[Request | None] = queue.Queue()
+        self._carried: Request | None = None  # a job that did not fit goes first next time
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="tunesmith-generate", daemon=True)
         self.stats = {"requests": 0, "prefills": 0, "largest_batch": 0}
@@ -34,12 +32,12 @@ class Scheduler:
         self._queue.put(None)
         self._thread.join(timeout=10)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Request) -> None:
         """Queue a job; its rows must fit one batch (the protocol caps n at max_batch_size)."""
         self.stats["requests"] += 1
         self._queue.put(job)
 
-    def _get(self, timeout: float | None) -> Job | None:
+    def _get(self, timeout: float | None) -> Request | None:
         """The next job (None: none within the timeout, or closing); timeout None blocks, 0 polls."""
         if self._carried is not None:
             job, self._carried = self._carried, None
@@ -51,12 +49,12 @@ class Scheduler:
         self._closing = self._closing or job is None
         return job
 
-    def _take(self) -> list[Job]:
+    def _take(self) -> list[Request]:
         """Jobs to admit now, as many as fit the rows left. Idle: block for the first, then wait the
         window for more; busy: only those already queued, so running rows never wait."""
         room = self.max_batch_size - len(self.batch)
         idle = not len(self.batch)
-        jobs: list[Job] = []
+        jobs: list[Request] = []
         deadline = None
         while room > 0 and not self._closing:
             if idle and not jobs:
@@ -90,6 +88,6 @@ class Scheduler:
                     self.batch.step()
             except Exception as e:  # a failed step fails the requests in it, not the server
                 logger.exception("generation failed with %d rows", len(self.batch))
-                for job in {id(j): j for j in self.batch.jobs + jobs}.values():
+                for job in {id(j): j for j in self.batch.requests + jobs}.values():
                     job.emit(Event(error=f"generation failed: {type(e).__name__}: {e}"))
                 self.batch.reset()

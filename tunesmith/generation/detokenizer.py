@@ -1,48 +1,11 @@
-"""Per-reply pieces of batched generation: choosing the next token (greedy, or sampled with the
-request's temperature/top_p and the server's top_k/repetition penalty, as transformers' warpers do),
-and turning tokens into streamed text that never splits a character or shows part of a stop string."""
+"""Turning generated tokens into streamed text: an incremental detokenizer that never splits a
+character (CJK, emoji: a character over several byte tokens is released once its last byte comes), and
+stop strings matched across token boundaries (a tail that may yet grow into a stop string is held back)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How one request's replies are generated. temperature 0: greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    max_tokens: int = 16
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-
-def next_token(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None = None,
-               generator: torch.Generator | None = None) -> int:
-    """The next token for one row's float32 logits; `seen` (prompt and reply ids so far) feeds the
-    repetition penalty."""
-    if sampling.repetition_penalty != 1.0 and seen is not None:
-        scores = logits.gather(0, seen)
-        scores = torch.where(scores < 0, scores * sampling.repetition_penalty, scores / sampling.repetition_penalty)
-        logits = logits.scatter(0, seen, scores)
-    if sampling.temperature == 0:
-        return int(logits.argmax())
-    logits = logits / sampling.temperature
-    if 0 < sampling.top_k < logits.numel():
-        kth = torch.topk(logits, sampling.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        ordered, order = torch.sort(logits)
-        remove = ordered.softmax(-1).cumsum(-1) <= 1 - sampling.top_p
-        remove[-1] = False  # the most likely token always stays
-        logits = logits.masked_fill(remove.scatter(0, order, remove), float("-inf"))
-    return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
 
 
 class IncrementalDecoder:

@@ -1,0 +1,372 @@
+"""The one generation engine: continuous batching over a shared KV cache. Requests join the running
+batch between decode steps (their own prefill, then cache and mask left-padded to a common length and
+stacked) and each row leaves as soon as it finishes (an end-of-turn token, a stop string, its token
+limit, or its caller gone), each row with its own sampling settings, adapter and log-probabilities.
+
+Callers: `Engine.generate` (chat, compare, evaluation, RL rollouts: a list of prompts in, their
+completions out, optionally streamed through `on_event`) and the server's worker thread
+(generation/worker.py), which admits requests as they arrive. Nothing else in tunesmith samples a token."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from .detokenizer import IncrementalDecoder, StopMatcher
+from .sampling import SamplingParams, choose_tokens, token_logprobs
+
+BASE = "__base__"  # a request's adapter: the base model, every adapter off (peft's own name for it)
+
+
+@dataclass
+class TokenLogprob:
+    """One token's log-probability under the model, with the most likely alternatives (most likely first)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Completion:
+    """One finished reply: its tokens (without the end-of-turn token that ended it, `stop_token_id`),
+    its text (cut before a stop string), why it ended (stop, length, cancelled) and, when asked, each
+    token's log-probability."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stop_token_id: int | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class Event:
+    """What a request hears as it runs: text for reply `index` (with the log-probabilities of the tokens
+    since the last event), its finish (with the reply's token count), or an error that ends the request."""
+
+    index: int = 0
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+class Request:
+    """One prompt to answer `params.n` times, how, with which adapter (None: the model as loaded; BASE:
+    every adapter off; else an adapter name), and where its events go (`emit`, called on the thread
+    that runs the engine). `cancelled` is set when its caller is gone. Filled in as it runs:
+    `prompt_logprobs` (when asked) and `completions`."""
+
+    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, emit: Callable[[Event], None] | None = None,
+                 adapter: str | None = None) -> None:
+        self.prompt_ids, self.params, self.adapter = list(prompt_ids), params, adapter
+        self.emit = emit or (lambda event: None)
+        self.cancelled = False
+        self.generator: torch.Generator | None = None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.completions: list[Completion | None] = [None] * params.n
+
+    @property
+    def n(self) -> int:
+        return self.params.n
+
+    @property
+    def done(self) -> bool:
+        return all(c is not None for c in self.completions)
+
+
+class _Row:
+    """One reply being generated."""
+
+    def __init__(self, request: Request, index: int, tokenizer: Any) -> None:
+        self.request, self.index = request, index
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.matcher = StopMatcher(request.params.stop)
+        self.logprobs: list[TokenLogprob] | None = [] if request.params.logprobs else None
+        self._unsent = 0  # logprobs not yet sent with an event
+        self.finished = False
+
+    def advance(self, token: int, stop_ids: set[int], logprob: TokenLogprob | None) -> None:
+        """Take one generated token; emit the text it releases, and the finish when there is one."""
+        if token in stop_ids or token in self.request.params.stop_token_ids:
+            return self.finish("stop", token)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
+        self.matcher.feed(self.decoder.add(token))
+        if self.matcher.stopped:
+            return self.finish("stop")
+        if len(self.decoder.ids) >= self.request.params.max_new_tokens:
+            return self.finish("length")
+        piece = self.matcher.release()
+        if piece:
+            self.request.emit(Event(self.index, piece, self._new_logprobs()))
+
+    def finish(self, reason: str, stop_token: int | None = None) -> None:
+        self.matcher.feed(self.decoder.flush())
+        self.finished = True
+        tokens = list(self.decoder.ids)
+        self.request.completions[self.index] = Completion(self.index, tokens, self.matcher.text, reason, stop_token,
+                                                          self.logprobs)
+        self.request.emit(Event(self.index, self.matcher.release(final=True), self._new_logprobs(), reason,
+                                len(tokens)))
+
+    def _new_logprobs(self) -> list[TokenLogprob]:
+        if not self.logprobs:
+            return []
+        new, self._unsent = self.logprobs[self._unsent:], len(self.logprobs)
+        return new
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Tokens that end a reply: the model's configured eos ids and the tokenizer's eos, which is the
+    template's end-of-turn token that a base model's generation config may not list."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured] if configured is not None else []
+    return {i for i in [*ids, tokenizer.eos_token_id] if i is not None}
+
+
+def _left_pad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """x with zeros in front along `dim` (a cache's time axis or a mask's), up to `length`."""
+    missing = length - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def _cache_argument(model: Any) -> str:
+    """The forward's name for the KV cache: `cache` from transformers 5.24 (`past_key_values` before, and
+    deprecated since)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _logprob_records(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:
+    chosen, values, ids = token_logprobs(logits, tokens, top)
+    alternatives = ([list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, values)] if values is not None
+                    else [[] for _ in range(len(chosen))])
+    return [TokenLogprob(int(t), float(c), a) for t, c, a in zip(tokens.tolist(), chosen.tolist(), alternatives)]
+
+
+class Batch:
+    """The rows being generated now, with their shared KV cache, attention mask (0 over each row's left
+    padding), next positions, next-token logits and adapters. The cache's tensors are edited the way
+    transformers' own batch_select_indices does."""
+
+    def __init__(self, model: Any, tokenizer: Any, stop_ids: set[int] | None = None) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.stop_ids = stop_token_ids(model, tokenizer) if stop_ids is None else stop_ids
+        self.device = model.device
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.cache_arg = _cache_argument(model)
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every row (the next admit starts a new cache)."""
+        self.rows: list[_Row] = []
+        self.cache: DynamicCache | None = None
+        self.mask = self.positions = self.logits = torch.empty(0)
+        self.prompts: list[torch.Tensor] = []  # prompt ids per row, for a repetition penalty
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def requests(self) -> list[Request]:
+        return list({id(row.request): row.request for row in self.rows}.values())
+
+    def _forward(self, adapters: list[str | None], **inputs: Any) -> Any:
+        """The model's forward with each row's adapter: a peft mixed batch when the rows differ."""
+        active = getattr(self.model, "active_adapter", None)
+        names = [active if a is None else a for a in adapters]
+        if all(n == active for n in names) or active is None:
+            return self.model(**inputs)
+        if all(n == BASE for n in names):
+            with self.model.disable_adapter():
+                return self.model(**inputs)
+        return self.model(**inputs, adapter_names=names)
+
+    @torch.inference_mode()
+    def admit(self, requests: list[Request]) -> None:
+        """Prefill the requests' prompts (left-padded together) and add their rows to the batch; a
+        request for no new tokens (max_new_tokens 0, for its prompt's log-probabilities) finishes here."""
+        rows = [_Row(r, i, self.tokenizer) for r in requests for i in range(r.n)]
+        prompts = [row.request.prompt_ids for row in rows]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        want_prompt = any(r.params.prompt_logprobs for r in requests)
+        logits = self._forward([row.request.adapter for row in rows], input_ids=ids, attention_mask=mask,
+                               position_ids=positions, **{self.cache_arg: cache}, use_cache=True,
+                               logits_to_keep=0 if want_prompt else 1).logits
+        if want_prompt:
+            self._prompt_logprobs(rows, ids, logits)
+        logits = logits[:, -1].float()
+        for k, row in enumerate(rows):
+            row.request.generator = row.request.generator or self._generator(row.request)
+            if row.request.params.max_new_tokens == 0:
+                row.finish("length")
+        keep = [k for k, row in enumerate(rows) if not row.finished]
+        if not keep:
+            return
+        if len(keep) < len(rows):
+            index = torch.tensor(keep, device=self.device)
+            cache.batch_select_indices(index)
+            rows, mask, positions, logits = [rows[k] for k in keep], mask[index], positions[index], logits[index]
+        new_prompts = [torch.tensor(row.request.prompt_ids, device=self.device) for row in rows]
+        if self.cache is None:
+            self.rows, self.cache, self.mask, self.positions, self.logits, self.prompts = \
+                rows, cache, mask, positions[:, -1:], logits, new_prompts
+            return
+        length = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([_left_pad(old.keys, length, 2), _left_pad(new.keys, length, 2)])
+            old.values = torch.cat([_left_pad(old.values, length, 2), _left_pad(new.values, length, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(mask, length, 1)])
+        self.positions = torch.cat([self.positions, positions[:, -1:]])
+        self.logits = torch.cat([self.logits, logits])
+        self.rows, self.prompts = self.rows + rows, self.prompts + new_prompts
+
+    def _generator(self, request: Request) -> torch.Generator | None:
+        # A seeded request draws from a generator of its own, so its replies repeat whatever else runs.
+        if request.params.seed is None or request.params.greedy:
+            return None
+        return torch.Generator(device=self.device).manual_seed(request.params.seed)
+
+    def _prompt_logprobs(self, rows: list[_Row], ids: torch.Tensor, logits: torch.Tensor) -> None:
+        """Each asking request's prompt tokens' log-probabilities: the logits at position t predict token t+1."""
+        for k, row in enumerate(rows):
+            request = row.request
+            if not request.params.prompt_logprobs or request.prompt_logprobs is not None:
+                continue
+            length = len(request.prompt_ids)
+            start = ids.size(1) - length
+            records = _logprob_records(logits[k, start:-1].float(), ids[k, start + 1:], request.params.top_logprobs)
+            request.prompt_logprobs = [None, *records]
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Choose every row's next token, emit its text, let finished rows go, and run the model one
+        token further for the others."""
+        params = [row.request.params for row in self.rows]
+        replies = [torch.tensor(row.decoder.ids, dtype=torch.long, device=self.device) for row in self.rows] \
+            if any(p.penalised for p in params) else None
+        tokens = choose_tokens(self.logits, params, [row.request.generator for row in self.rows], self.prompts,
+                               replies)
+        logprobs: list[TokenLogprob | None] = [None] * len(self.rows)
+        asking = [k for k, p in enumerate(params) if p.logprobs]
+        if asking:
+            top = max(params[k].top_logprobs for k in asking)
+            index = torch.tensor(asking, device=self.device)
+            for k, record in zip(asking, _logprob_records(self.logits[index], tokens[index], top)):
+                record.top = record.top[:params[k].top_logprobs]
+                logprobs[k] = record
+        tokens = tokens.tolist()
+        for k, row in enumerate(self.rows):
+            if row.request.cancelled:
+                row.finish("cancelled")
+            else:
+                row.advance(tokens[k], self.stop_ids, logprobs[k])
+        keep = [k for k, row in enumerate(self.rows) if not row.finished]
+        if not keep:
+            self.reset()
+            return
+        if len(keep) < len(self.rows):
+            self._select(keep)
+            tokens = [tokens[k] for k in keep]
+        step = torch.tensor(tokens, device=self.device)[:, None]
+        self.mask = torch.cat([self.mask, torch.ones_like(step)], dim=-1)
+        self.positions = self.positions + 1
+        self.logits = self._forward([row.request.adapter for row in self.rows], input_ids=step,
+                                    attention_mask=self.mask, position_ids=self.positions, **{self.cache_arg: self.cache},
+                                    use_cache=True).logits[:, -1].float()
+
+    def _select(self, keep: list[int]) -> None:
+        index = torch.tensor(keep, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.rows, self.prompts = [self.rows[k] for k in keep], [self.prompts[k] for k in keep]
+        self.mask, self.positions, self.logits = self.mask[index], self.positions[index], self.logits[index]
+        # Columns that are padding in every remaining row (a long row just left) are cut away.
+        start = int(self.mask.any(0).nonzero()[0])
+        if start:
+            self.mask = self.mask[:, start:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+
+    @torch.inference_mode()
+    def idle_forward(self) -> None:
+        """One forward that generates nothing: under ZeRO-3 a rank whose rows are done keeps pace with
+        the others, since every forward gathers the sharded weights collectively."""
+        self.model(input_ids=torch.tensor([[self.pad]], device=self.device), use_cache=False)
+
+
+class Engine:
+    """Generation for one model (a peft model serves its adapters by name). `synced`: several processes
+    run the same number of forwards (ZeRO-3), each stepping until every one is done."""
+
+    def __init__(self, model: Any, tokenizer: Any, synced: bool = False) -> None:
+        self.model, self.tokenizer, self.synced = model, tokenizer, synced
+        self.stop_ids = stop_token_ids(model, tokenizer)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                 adapter: str | None = None, on_event: Callable[[int, Event], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None, max_batch_size: int | None = None
+                 ) -> list[list[Completion]]:
+        """Every prompt's `n` completions. `on_event(prompt_index, event)` hears the text as it comes;
+        `should_stop()` returning True cancels what is still running (its replies end "cancelled").
+        Prompts join the batch as rows leave, `max_batch_size` rows at most (default: all at once)."""
+        settings = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if any(p.num_beams > 1 for p in settings):
+            from .beam import beam_search
+
+            return beam_search(self.model, self.tokenizer, prompts, settings, self.stop_ids, adapter)
+        requests = [Request(p, s, (lambda e, i=i: on_event(i, e)) if on_event else None, adapter)
+                    for i, (p, s) in enumerate(zip(prompts, settings))]
+        batch = Batch(self.model, self.tokenizer, self.stop_ids)
+        waiting = list(requests)
+        limit = max_batch_size or sum(r.n for r in requests) or 1
+        while True:
+            admit = []
+            while waiting and (not admit and not len(batch) or len(batch) + sum(r.n for r in admit) + waiting[0].n
+                               <= limit):
+                admit.append(waiting.pop(0))
+            if admit:
+                batch.admit(admit)
+            if should_stop is not None and should_stop():
+                for request in requests:
+                    request.cancelled = True
+                waiting = []
+            busy = bool(len(batch) or waiting)
+            if self.synced and not self._anyone_busy(busy):
+                break
+            if not self.synced and not busy:
+                break
+            if len(batch):
+                batch.step()
+            elif self.synced:
+                batch.idle_forward()
+        for request in requests:  # cancelled before admission
+            for i, c in enumerate(request.completions):
+                if c is None:
+                    request.completions[i] = Completion(i, [], "", "cancelled")
+        return [list(r.completions) for r in requests]
+
+    def _anyone_busy(self, busy: bool) -> bool:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return busy
+        flag = torch.tensor([1.0 if busy else 0.0], device=self.model.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
