@@ -1,15 +1,22 @@
 """Server throughput and latency: requests/s, time to first token and generated tokens/s of
-`chat/serve.py` under 1, 4 and 16 concurrent clients.
+`chat/serve.py` under 1, 4 and 16 concurrent clients, and with --peer transformers the same against
+`transformers serve --continuous-batching` on the same model folder, prompts and greedy settings.
 
     .venv/bin/python scripts/bench_serve.py [--model_name_or_path M] [--adapter_name_or_path A]
-        [--clients 1 4 16] [--requests_per_client 3] [--max_tokens 64]
+        [--clients 1 4 16] [--requests_per_client 3] [--max_tokens 64] [--peer transformers --repeats 3]
+
+With --peer, both servers serve a plain model folder (default: the embedded model's; transformers serve
+loads no adapter), the servers take turns for --repeats rounds (each round: one server started, warmed up,
+every client count, stopped), and the table gives medians; generated tokens are counted with the model's
+tokenizer on the text each server returned, so both are counted alike; peak RSS is the server process's
+(VmHWM). The last line is `req/s ratio vs transformers serve at 16 clients: X.XX`.
 
 Starts the server (greedy, --port 0, on 127.0.0.1 only) as a subprocess, sends one warm-up request,
 then for each client count runs that many threads, each sending --requests_per_client streamed
 requests one after another (each a different question, so prompt lengths vary) with the `openai`
 client. Time to first token: from sending a request to its first chunk with text. Every loop is
 bounded in count and each request in time; the server is stopped at the end. Without
---adapter_name_or_path it serves outputs/sft_demo when the quickstart made it, else the default model.
+--adapter_name_or_path or --peer it serves outputs/sft_demo when the quickstart made it, else the default model.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
-import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +34,7 @@ from pathlib import Path
 
 import httpx
 import openai
+from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [
@@ -41,51 +49,69 @@ QUESTIONS = [
 REQUEST_TIMEOUT_S = 300
 
 
-def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, str(ROOT / "chat" / "serve.py"), "--port", "0", "--do_sample", "false",
+def ours_command(args: argparse.Namespace, port: int) -> list[str]:
+    command = [sys.executable, str(ROOT / "chat" / "serve.py"), "--port", str(port), "--do_sample", "false",
                "--max_new_tokens", str(args.max_tokens), "--max_batch_size", str(max(args.clients))]
     if args.model_name_or_path:
         command += ["--model_name_or_path", args.model_name_or_path]
     if args.adapter_name_or_path:
         command += ["--adapter_name_or_path", args.adapter_name_or_path]
+    return command
+
+
+def peer_command(args: argparse.Namespace, port: int) -> list[str]:
+    return [str(Path(sys.executable).with_name("transformers")), "serve", "--continuous-batching", "--host",
+            "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", args.model_name_or_path]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(command: list[str], url: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"the server stopped:\n{log.read_text()[-3000:]}")
-        found = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", log.read_text())
-        if found:
-            try:
-                httpx.get(found[1] + "/health", timeout=5).raise_for_status()
-                return proc, found[1]
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.5)
+        try:
+            httpx.get(url + "/health", timeout=5).raise_for_status()
+            return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
     proc.terminate()
-    raise SystemExit("the server did not come up within 300 s")
+    raise SystemExit(f"the server did not come up within 300 s:\n{log.read_text()[-3000:]}")
 
 
-def one_request(client: openai.OpenAI, model: str, question: str, max_tokens: int) -> tuple[float, float, int]:
-    """(time to first text, whole time, completion tokens) of one streamed request."""
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def one_request(client: openai.OpenAI, model: str, question: str, max_tokens: int, tokenizer) -> tuple[float, float, int]:
+    """(time to first text, whole time, generated tokens) of one streamed greedy request."""
     started = time.perf_counter()
     first = None
-    tokens = 0
+    pieces = []
     stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
-                                            max_tokens=max_tokens, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+                                            max_tokens=max_tokens, temperature=0, stream=True)
     for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter() - started
-        if chunk.usage:
-            tokens = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.perf_counter() - started
+            pieces.append(chunk.choices[0].delta.content)
     whole = time.perf_counter() - started
+    tokens = len(tokenizer("".join(pieces), add_special_tokens=False)["input_ids"])
     return (whole if first is None else first), whole, tokens
 
 
-def run_level(client: openai.OpenAI, model: str, clients: int, per_client: int, max_tokens: int) -> dict:
+def run_level(client: openai.OpenAI, model: str, clients: int, per_client: int, max_tokens: int, tokenizer) -> dict:
     def client_loop(c: int) -> list[tuple[float, float, int]]:
-        return [one_request(client, model, QUESTIONS[(c * per_client + k) % len(QUESTIONS)], max_tokens)
+        return [one_request(client, model, QUESTIONS[(c * per_client + k) % len(QUESTIONS)], max_tokens, tokenizer)
                 for k in range(per_client)]
 
     started = time.perf_counter()
@@ -95,9 +121,25 @@ def run_level(client: openai.OpenAI, model: str, clients: int, per_client: int, 
     wall = time.perf_counter() - started
     ttft = sorted(r[0] for r in results)
     return {"clients": clients, "requests": len(results), "wall_s": wall, "requests_per_s": len(results) / wall,
-            "ttft_median_s": statistics.median(ttft), "ttft_p90_s": ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))],
-            "latency_median_s": statistics.median(r[1] for r in results),
+            "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))],
             "tokens_per_s": sum(r[2] for r in results) / wall, "tokens": sum(r[2] for r in results)}
+
+
+def one_round(name: str, command: list[str], url: str, args: argparse.Namespace, tokenizer, tmp: str) -> list[dict]:
+    """Start one server, warm it up, run every client count, stop it; each level's numbers with the peak RSS."""
+    log = Path(tmp) / f"{name}.log"
+    proc = start_server(command, url, log)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=REQUEST_TIMEOUT_S)
+        model = client.models.list().data[0].id if name == "tunesmith" else args.model_name_or_path
+        one_request(client, model, "Hello!", 8, tokenizer)  # warm-up, not timed
+        levels = [run_level(client, model, c, args.requests_per_client, args.max_tokens, tokenizer)
+                  for c in args.clients]
+        rss = peak_rss_mb(proc.pid)
+        return [level | {"server": name, "peak_rss_mb": rss} for level in levels]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def main() -> None:
@@ -107,33 +149,55 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--requests_per_client", type=int, default=3)
     parser.add_argument("--max_tokens", type=int, default=64)
+    parser.add_argument("--peer", choices=["transformers"], help="Also run this server on the same work.")
+    parser.add_argument("--repeats", type=int, default=1, help="Rounds of each server, interleaved; medians reported.")
     args = parser.parse_args()
-    if args.adapter_name_or_path is None and args.model_name_or_path is None \
+    if args.peer:
+        if args.adapter_name_or_path:
+            raise SystemExit("--peer transformers serves a plain model folder: give --model_name_or_path, no adapter")
+        args.model_name_or_path = args.model_name_or_path or _default()
+    elif args.adapter_name_or_path is None and args.model_name_or_path is None \
             and (ROOT / "outputs" / "sft_demo" / "adapter_config.json").is_file():
         args.adapter_name_or_path = str(ROOT / "outputs" / "sft_demo")
+    tokenizer = AutoTokenizer.from_pretrained(args.adapter_name_or_path or args.model_name_or_path or _default())
 
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
+    print(f"{args.requests_per_client} streamed requests per client, max_tokens {args.max_tokens}, greedy\n", flush=True)
+    servers = [("tunesmith", ours_command)] + ([("transformers", peer_command)] if args.peer else [])
+    results: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "server.log"
-        proc, url = start_server(args, log)
-        try:
-            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=REQUEST_TIMEOUT_S)
-            model = client.models.list().data[0].id
-            one_request(client, model, "Hello!", 8)  # warm-up, not timed
-            print(f"serving {model}; {args.requests_per_client} streamed requests per client, max_tokens "
-                  f"{args.max_tokens}, greedy\n")
-            print(f"{'clients':>7} {'requests':>8} {'wall s':>7} {'req/s':>6} {'TTFT med s':>10} {'TTFT p90 s':>10} "
-                  f"{'latency med s':>13} {'tokens/s':>8}")
-            for clients in args.clients:
-                r = run_level(client, model, clients, args.requests_per_client, args.max_tokens)
-                print(f"{r['clients']:>7} {r['requests']:>8} {r['wall_s']:>7.1f} {r['requests_per_s']:>6.2f} "
-                      f"{r['ttft_median_s']:>10.2f} {r['ttft_p90_s']:>10.2f} {r['latency_median_s']:>13.2f} "
-                      f"{r['tokens_per_s']:>8.1f}", flush=True)
-            print(f"\nserver batches: {httpx.get(url + '/health').json()}")
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+        for round_ in range(args.repeats):
+            for name, command in servers:
+                port = free_port()
+                for r in one_round(name, command(args, port), f"http://127.0.0.1:{port}", args, tokenizer, tmp):
+                    results.append(r)
+                    print(f"round {round_ + 1} {name:>12} clients {r['clients']:>2}: {r['requests_per_s']:.2f} req/s, "
+                          f"{r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50_s']:.2f} s, peak RSS "
+                          f"{r['peak_rss_mb']:.0f} MB", flush=True)
+    print(f"\nmedians of {args.repeats} round(s):")
+    print(f"{'server':>12} {'clients':>7} {'req/s':>6} {'tokens/s':>8} {'TTFT p50 s':>10} {'TTFT p95 s':>10} "
+          f"{'peak RSS MB':>11}")
+    medians = {}
+    for name, _ in servers:
+        for clients in args.clients:
+            rows = [r for r in results if r["server"] == name and r["clients"] == clients]
+            m = {k: statistics.median(r[k] for r in rows) for k in ("requests_per_s", "tokens_per_s", "ttft_p50_s",
+                                                                    "ttft_p95_s", "peak_rss_mb")}
+            medians[name, clients] = m
+            print(f"{name:>12} {clients:>7} {m['requests_per_s']:>6.2f} {m['tokens_per_s']:>8.1f} "
+                  f"{m['ttft_p50_s']:>10.2f} {m['ttft_p95_s']:>10.2f} {m['peak_rss_mb']:>11.0f}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.peer:
+        top = max(args.clients)
+        ratio = medians["tunesmith", top]["requests_per_s"] / medians["transformers", top]["requests_per_s"]
+        print(f"req/s ratio vs transformers serve at {top} clients: {ratio:.2f}")
+
+
+def _default() -> str:
+    sys.path.insert(0, str(ROOT))
+    from tunesmith.models.default_model import ensure_default_model
+
+    return str(ensure_default_model())
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ gets alone, from the base model (adapter disabled) and from base + adapter."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
+import wcwidth
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
@@ -72,3 +74,24 @@ def test_tool_calls_are_found_and_scored():
                 {"name": "get_weather", "arguments": {"city": "Lima"}}]
     assert first_call(answers[3]) is None and first_call(answers[1])["name"] == "convert_currency"
     assert score_calls(answers, expected) == {"well_formed": 3, "right_function": 2, "right_arguments": 2}
+
+
+def test_any_two_models_compare_and_wide_characters_line_up(adapter, tiny_model_dir, tokenizer, tmp_path, capsys):
+    """--baseline puts any model or adapter in the left column; the divider stands in the same terminal
+    column on every line, whatever mix of CJK, emoji and ASCII the answers hold."""
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in QUESTIONS), encoding="utf-8")
+    rows = compare.run(["--baseline", adapter, "--model_name_or_path", tiny_model_dir, "--data_path", str(prompts),
+                        "--max_new_tokens", "12"])
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter).eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert rows == [(q, alone(tuned, tokenizer, q, 12), alone(base, tokenizer, q, 12)) for q in QUESTIONS]
+    out = capsys.readouterr().out
+    assert f"  {os.path.basename(adapter)}" in out and "| " + os.path.basename(tiny_model_dir) in out
+
+    capsys.readouterr()
+    compare.print_side_by_side([("q", "你好，世界！🎉 这是一个很长的回答，用来换行。", "plain ascii words here"),
+                                ("q2", "naïve café", "表情 😀😀 emoji")], 10, ("左边", "right"))
+    table = [line for line in capsys.readouterr().out.splitlines() if " | " in line]
+    assert len(table) > 4 and {wcwidth.width(line.split(" | ")[0]) for line in table} == {12}
+    assert any("你" in line for line in table) and any("😀" in line for line in table)

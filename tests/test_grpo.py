@@ -14,12 +14,13 @@ import pytest
 import torch
 from test_ppo_trainer import TIME_KEYS, WORDS, build_even_token_model, even_share, ppo_settings
 
+import tunesmith.ppo.trainer as ppo_trainer
 from tunesmith.data.formats import Row
-from tunesmith.data.prompts import Prompt, encode_prompts
+from tunesmith.data.prompts import Prompt, encode_prompts, left_pad
 from tunesmith.errors import ConfigError, DataError, UserError
 from tunesmith.hparams import FinetuningArguments, ModelArguments, PPOArguments, TrainingArguments, check
 from tunesmith.ppo import PPOTrainer, build_actor_critic
-from tunesmith.ppo.core import group_advantages
+from tunesmith.ppo.core import group_advantages, truncate_after_eos
 from tunesmith.ppo.reward_funcs import answer_format, exact_answer, extract_answer, length_penalty
 from tunesmith.ppo.rewards import Rewards, load_reward_function
 
@@ -115,6 +116,39 @@ def test_grpo_rollout_gives_each_reply_its_group_advantage(tmp_path, policy_dir,
     groups = (r.scores - 0.1 * r.kl.sum(1)).reshape(-1, 4)
     loo = (groups - (groups.sum(1, keepdim=True) - groups) / 3).reshape(-1)
     torch.testing.assert_close(r.advantages[:, 0], loo)
+
+
+def hf_generate_responses(engine, prompts, params, pad_token_id, max_batch_size=None):
+    """The rollout's generation before the engine: transformers' generate() on the left-padded batch."""
+    from transformers import GenerationConfig
+
+    query_ids, query_mask = left_pad(prompts, pad_token_id)
+    config = GenerationConfig(max_new_tokens=params.max_new_tokens, min_new_tokens=0, do_sample=True,
+                              temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                              repetition_penalty=1.0, num_beams=1, eos_token_id=sorted(engine.stop_ids),
+                              pad_token_id=pad_token_id, use_cache=True)
+    with torch.no_grad():
+        out = engine.model.generate(input_ids=query_ids, attention_mask=query_mask, generation_config=config)
+    return truncate_after_eos(out[:, query_ids.size(1):], config.eos_token_id, pad_token_id)
+
+
+def test_a_seeded_grpo_run_gets_the_same_rewards_from_the_engine_as_from_generate(tmp_path, policy_dir, tokenizer,
+                                                                                   prompts, monkeypatch):
+    """The engine draws a batch's tokens in one multinomial over the rows still running, from the global
+    generator, as generate() does; so a seeded run samples the same replies, scores them the same and
+    trains the same, as long as no reply ends before the others (generate() keeps drawing for finished rows,
+    the engine lets them go: from then on the draws, not their distribution, differ). The replies here run to
+    max_new_tokens, which the test checks."""
+    settings = {"training": {"max_steps": 3}, "ppo": {"temperature": 0.9}}
+    engine_log = make_grpo_trainer(tmp_path / "engine", policy_dir, tokenizer, prompts, **settings).train()
+    monkeypatch.setattr(ppo_trainer, "generate_responses", hf_generate_responses)
+    generate_log = make_grpo_trainer(tmp_path / "generate", policy_dir, tokenizer, prompts, **settings).train()
+    assert [r["score"] for r in engine_log] == [r["score"] for r in generate_log]
+    assert len({r["score"] for r in engine_log}) > 1  # the steps differ: not the same constant
+    assert all(r["eos_rate"] == 0 for r in engine_log + generate_log)
+    keys = ("policy_loss", "kl_loss", "kl", "approx_kl")
+    assert [r[k] for r in engine_log for k in keys] == pytest.approx([r[k] for r in generate_log for k in keys],
+                                                                     rel=1e-5, abs=1e-7)
 
 
 def test_grpo_resume_repeats_the_next_step_exactly(tmp_path, policy_dir, tokenizer, prompts):

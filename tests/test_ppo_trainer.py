@@ -147,15 +147,19 @@ def test_rollout_logprobs_are_the_ones_the_replies_were_sampled_with(tmp_path, p
     trainer = make_trainer(tmp_path, policy_dir, tokenizer, prompts, ppo={"temperature": 0.7})
     batch = trainer.batch_prompts(0)
     assert len({len(p.input_ids) for p in batch}) > 1, "prompts of different lengths exercise left padding"
+    # The engine's log-probabilities of the distribution each token was drawn from (temperature 0.7).
+    params = trainer.sampling.replace(logprobs=True, processed_logprobs=True)
+    replies = [c[0] for c in trainer.engine.generate([p.input_ids for p in batch], params)]
     query_ids, query_mask = left_pad([p.input_ids for p in batch], tokenizer.pad_token_id)
-    out = trainer.unwrapped.policy.generate(input_ids=query_ids, attention_mask=query_mask, output_scores=True,
-                                            return_dict_in_generate=True, generation_config=trainer.generation_config)
-    response_ids = out.sequences[:, query_ids.size(1):]
-    sampled = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
-    response_mask = torch.ones_like(response_ids)
+    width = max(len(r.token_ids) for r in replies)
+    response_ids = torch.tensor([r.token_ids + [tokenizer.pad_token_id] * (width - len(r.token_ids)) for r in replies])
+    response_mask = torch.tensor([[1] * len(r.token_ids) + [0] * (width - len(r.token_ids)) for r in replies])
     inputs = sequence_inputs(query_ids, query_mask, response_ids, response_mask)
-    logits = trainer.unwrapped.policy_logits(*inputs, query_ids.size(1))
-    torch.testing.assert_close(logprobs_from_logits(logits, response_ids), sampled, atol=1e-4, rtol=1e-4)
+    trained = logprobs_from_logits(trainer.unwrapped.policy_logits(*inputs, query_ids.size(1)), response_ids)
+    for k, reply in enumerate(replies):
+        sampled = torch.tensor([t.logprob for t in reply.logprobs])
+        assert len(sampled) == len(reply.token_ids) > 0
+        torch.testing.assert_close(trained[k, :len(sampled)], sampled, atol=1e-4, rtol=1e-4)
 
 
 def test_samples_per_prompt_groups_replies_and_scores_them_against_each_other(tmp_path, policy_dir, tokenizer,

@@ -24,10 +24,10 @@ from transformers import AutoModelForCausalLM
 from tunesmith.chat.session import ChatSession
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
-from tunesmith.hparams import GenerationArguments, ServeArguments, check
 from tunesmith.generation import Engine, Request, SamplingParams
 from tunesmith.generation.detokenizer import IncrementalDecoder, StopMatcher
 from tunesmith.generation.engine import Batch
+from tunesmith.hparams import GenerationArguments, ServeArguments, check
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key"

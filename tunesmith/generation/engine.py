@@ -125,10 +125,10 @@ class _Row:
         return new
 
 
-def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+def stop_token_ids(model: Any | None, tokenizer: Any) -> set[int]:
     """Tokens that end a reply: the model's configured eos ids and the tokenizer's eos, which is the
     template's end-of-turn token that a base model's generation config may not list."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)  # model may be None
     ids = configured if isinstance(configured, list) else [configured] if configured is not None else []
     return {i for i in [*ids, tokenizer.eos_token_id] if i is not None}
 
@@ -213,7 +213,7 @@ class Batch:
         if want_prompt:
             self._prompt_logprobs(rows, ids, logits)
         logits = logits[:, -1].float()
-        for k, row in enumerate(rows):
+        for row in rows:
             row.request.generator = row.request.generator or self._generator(row.request)
             if row.request.params.max_new_tokens == 0:
                 row.finish("length")
@@ -262,14 +262,15 @@ class Batch:
         params = [row.request.params for row in self.rows]
         replies = [torch.tensor(row.decoder.ids, dtype=torch.long, device=self.device) for row in self.rows] \
             if any(p.penalised for p in params) else None
-        tokens = choose_tokens(self.logits, params, [row.request.generator for row in self.rows], self.prompts,
-                               replies)
+        tokens, processed = choose_tokens(self.logits, params, [row.request.generator for row in self.rows],
+                                          self.prompts, replies)
         logprobs: list[TokenLogprob | None] = [None] * len(self.rows)
         asking = [k for k, p in enumerate(params) if p.logprobs]
         if asking:
             top = max(params[k].top_logprobs for k in asking)
             index = torch.tensor(asking, device=self.device)
-            for k, record in zip(asking, _logprob_records(self.logits[index], tokens[index], top)):
+            source = torch.stack([(processed if params[k].processed_logprobs else self.logits)[k] for k in asking])
+            for k, record in zip(asking, _logprob_records(source, tokens[index], top)):
                 record.top = record.top[:params[k].top_logprobs]
                 logprobs[k] = record
         tokens = tokens.tolist()

@@ -32,8 +32,10 @@ class SamplingParams:
     whatever else is in the batch. `stop` strings end a reply (the text is cut before them);
     `stop_token_ids` end it after those tokens, beside the model's end-of-turn tokens.
     `logprobs`: record each generated token's log-probability, with `top_logprobs` alternatives;
-    `prompt_logprobs`: the same for the prompt's tokens (the first one has none). `num_beams` > 1 is
-    beam search (offline callers only: chat, compare)."""
+    `prompt_logprobs`: the same for the prompt's tokens (the first one has none). Log-probabilities are
+    the model's own unless `processed_logprobs` (vLLM's "processed" mode): then they are those of the
+    distribution the token was drawn from, after penalties, temperature and truncation (what an RL
+    update compares against). `num_beams` > 1 is beam search (offline callers only: chat, compare)."""
 
     temperature: float = _DEFAULTS.temperature
     top_p: float = _DEFAULTS.top_p
@@ -51,6 +53,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False
+    processed_logprobs: bool = False
 
     @classmethod
     def from_arguments(cls, args: GenerationArguments, **overrides: Any) -> SamplingParams:
@@ -107,8 +110,9 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def choose_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                   prompts: list[torch.Tensor] | None = None, replies: list[torch.Tensor] | None = None
-                  ) -> torch.Tensor:
-    """The next token of every row of a batch's float32 logits [B, V].
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token of every row of a batch's float32 logits [B, V], and the logits each was chosen
+    from (after penalties, temperature and truncation).
 
     Greedy rows take the argmax; a row with a generator of its own (a seeded request) draws from it;
     every other sampled row is drawn in one `torch.multinomial` over those rows from the global
@@ -122,7 +126,7 @@ def choose_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
         tokens = processed.argmax(-1)
     sampled = [k for k, p in enumerate(params) if not p.greedy]
     if not sampled:
-        return tokens
+        return tokens, processed
     shared: list[int] = []
     for group in _groups(params, sampled):  # rows with equal settings are warped together
         warped = warp(processed[group], params[group[0]])
@@ -134,7 +138,7 @@ def choose_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
     if shared:
         index = torch.tensor(sorted(shared), device=logits.device)
         tokens[index] = torch.multinomial(processed[index].softmax(-1), 1).squeeze(-1)
-    return tokens
+    return tokens, processed
 
 
 def _groups(params: list[SamplingParams], rows: list[int]) -> list[list[int]]:

@@ -302,8 +302,15 @@ RULES: list[Rule] = [
     # -- merge
     Rule("merge_adapter_given", ("merge", "model"), lambda a: not a.model.adapter_name_or_path,
          "--adapter_name_or_path is required: the LoRA adapter directory to merge (an SFT or reward-model output)."),
-    Rule("compare_adapter_given", ("compare", "model"), lambda a: not a.model.adapter_name_or_path,
-         "--adapter_name_or_path is required: the fine-tuned LoRA adapter to compare with its base."),
+    Rule("compare_adapter_given", ("compare", "model"),
+         lambda a: not a.model.adapter_name_or_path and not a.compare.baseline,
+         "--adapter_name_or_path is required: the fine-tuned LoRA adapter to compare with its base (or give "
+         "--baseline, the model or adapter to compare the --model_name_or_path one with)."),
+    Rule("compare_baseline", ("compare",),
+         lambda a: a.compare.baseline and _problem(problem_with_model_dir(a.compare.baseline)),
+         "--baseline {compare.baseline}: {problem}; give a model folder or an adapter folder.", PathError),
+    Rule("compare_beams", ("compare",), lambda a: a.compare.num_beams < 1,
+         "--num_beams must be at least 1 (got {compare.num_beams}); 1 is greedy decoding."),
     Rule("merge_output_given", ("merge",), lambda a: not a.merge.output_dir,
          "--output_dir is required: where the merged model goes."),
     Rule("merge_output_dir", ("merge",), lambda a: a.merge.output_dir and _problem(problem_with_output_dir(a.merge.output_dir)),

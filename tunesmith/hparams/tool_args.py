@@ -112,8 +112,12 @@ class CompareArguments:
     role: ClassVar[str] = "compare"
     _argument_group_name: ClassVar[str] = "compare"
 
+    baseline: str | None = field(
+        default=None, metadata={"help": "The left column: a model directory or an adapter directory (its base from "
+                                "adapter_config.json). Default: the base model under --adapter_name_or_path."})
     max_new_tokens: int = field(default=48, metadata={"help": "Longest answer."})
-    width: int = field(default=48, metadata={"help": "Column width when printing."})
+    num_beams: int = field(default=1, metadata={"help": "Beam search over this many beams (1: greedy decoding)."})
+    width: int = field(default=48, metadata={"help": "Column width when printing, in terminal cells."})
     count_word: str | None = field(
         default=None,
         metadata={"help": "Also count the answers of each column that contain this word (case-insensitive), "

@@ -140,10 +140,6 @@ class ActorCritic(nn.Module):
         args = (input_ids, attention_mask, position_ids, context_length)
         return self.policy_logits(*args), self.values(*args) if self.has_value_model else None
 
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return self.policy.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-
     # ------------------------------------------------------------------ saving
 
     def save(self, directory: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:

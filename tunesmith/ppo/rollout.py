@@ -1,4 +1,4 @@
-"""Rollouts: sample replies to left-padded prompts, score them, and record what the PPO update
+"""Rollouts: sample replies to prompts (the generation engine), score them, and record what the PPO update
 needs (log-probs under the policy and the reference, values, per-token rewards, advantages).
 
 Layout: `query` is [B, P] left-padded (every prompt ends where generation starts), `response`
@@ -12,38 +12,25 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GenerationConfig
 
 from ..constants import ASSISTANT
 from ..data.formats import row_tools
 from ..data.prompts import Prompt
 from ..data.template import render_text
+from ..generation import Engine, SamplingParams, stop_token_ids
 from ..models.scoring import score_sequences
-from .core import entropy_from_logits, logprobs_from_logits, truncate_after_eos
+from .core import entropy_from_logits, logprobs_from_logits
 
 # reward_fn(prompts_ids, responses_ids) -> one score per reply. Responses hold the reply tokens up to
 # and including the first EOS (when the reply ended).
 RewardFn = Callable[[list[list[int]], list[list[int]]], Sequence[float] | torch.Tensor]
 
 
-def eos_token_ids(tokenizer: Any, model: nn.Module | None = None) -> list[int]:
-    """The tokenizer's EOS plus any extra end tokens in the model's generation config."""
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    return sorted(i for i in ids if i is not None)
-
-
-def generation_config(tokenizer: Any, eos_ids: list[int], max_new_tokens: int, temperature: float = 1.0,
-                      top_k: int = 0, top_p: float = 1.0, greedy: bool = False) -> GenerationConfig:
-    """Every sampling field set explicitly: generate() fills unset ones from the model's own
-    generation_config (which may carry a repetition penalty or top_k=50)."""
-    return GenerationConfig(
-        max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=not greedy, temperature=temperature,
-        top_k=top_k, top_p=top_p, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
-        eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, use_cache=True,
-    )
+def rollout_sampling(max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                     greedy: bool = False) -> SamplingParams:
+    """Every sampling setting explicit (no repetition penalty, no min-p), whatever the flags' defaults."""
+    return SamplingParams(temperature=0.0 if greedy else temperature, top_k=top_k, top_p=top_p, min_p=0.0,
+                          repetition_penalty=1.0, max_new_tokens=max_new_tokens, num_beams=1)
 
 
 def sequence_inputs(query_ids: torch.Tensor, query_mask: torch.Tensor, response_ids: torch.Tensor,
@@ -56,14 +43,18 @@ def sequence_inputs(query_ids: torch.Tensor, query_mask: torch.Tensor, response_
     return input_ids, attention_mask, position_ids
 
 
-@torch.no_grad()
-def generate_responses(model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor,
-                       config: GenerationConfig, pad_token_id: int, synced_gpus: bool = False,
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(response_ids, response_mask, ended): sampled with the KV cache, cut after the first EOS."""
-    out = model.generate(input_ids=query_ids, attention_mask=query_mask, generation_config=config,
-                         synced_gpus=synced_gpus)
-    return truncate_after_eos(out[:, query_ids.size(1):], config.eos_token_id, pad_token_id)
+def generate_responses(engine: Engine, prompts: Sequence[Sequence[int]], params: SamplingParams, pad_token_id: int,
+                       max_batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(response_ids, response_mask, ended) [B, R]: each reply with the end-of-turn token that ended it,
+    right-padded; ended is False for a reply cut at max_new_tokens."""
+    completions = [c[0] for c in engine.generate(prompts, params, max_batch_size=max_batch_size)]
+    replies = [c.token_ids + ([c.stop_token_id] if c.stop_token_id is not None else []) for c in completions]
+    width = max(1, max(map(len, replies)))
+    device = engine.model.device
+    response_ids = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in replies], device=device)
+    response_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in replies], device=device)
+    ended = torch.tensor([c.stop_token_id is not None for c in completions], device=device)
+    return response_ids, response_mask, ended
 
 
 def reply_tokens(response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
@@ -81,7 +72,7 @@ class RewardModelScorer:
         self.tokenizer = tokenizer
         self.policy_tokenizer = policy_tokenizer
         self.batch_size = batch_size
-        self.eos_ids = set(eos_token_ids(policy_tokenizer))
+        self.eos_ids = stop_token_ids(None, policy_tokenizer)
 
     def texts(self, prompts: Sequence[Prompt], responses: Sequence[Sequence[int]]) -> list[str]:
         texts = []

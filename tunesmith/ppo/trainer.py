@@ -23,6 +23,7 @@ from transformers import get_scheduler
 
 from ..constants import REWARD_PLOT_FILE
 from ..data.prompts import Prompt, left_pad
+from ..generation import Engine
 from ..hparams import PPOArguments, check, save_run_config, zero_stage
 from ..train.callbacks import plot_loss
 from ..train.checkpoints import (
@@ -55,11 +56,10 @@ from .rollout import (
     RewardFn,
     RewardModelScorer,
     Rollout,
-    eos_token_ids,
     generate_responses,
-    generation_config,
     policy_statistics,
     reply_tokens,
+    rollout_sampling,
 )
 
 logger = logging.getLogger(__name__)
@@ -141,12 +141,11 @@ class PPOTrainer:
 
         self.kl_ctl = (AdaptiveKLController(ppo_args.kl_coef, ppo_args.kl_target, ppo_args.kl_horizon)
                        if ppo_args.adaptive_kl else FixedKLController(ppo_args.kl_coef))
-        self.eos_ids = eos_token_ids(tokenizer, self.unwrapped.policy)
-        self.generation_config = generation_config(tokenizer, self.eos_ids, ppo_args.max_new_tokens,
-                                                   ppo_args.temperature, ppo_args.top_k, ppo_args.top_p)
-        # Under ZeRO-3 every rank must keep stepping generate() until all are done: each forward gathers
-        # the sharded weights collectively.
-        self.synced_gpus = self.zero_stage == 3
+        self.sampling = rollout_sampling(ppo_args.max_new_tokens, ppo_args.temperature, ppo_args.top_k,
+                                         ppo_args.top_p)
+        # Under ZeRO-3 every rank must keep stepping until all are done: each forward gathers the sharded
+        # weights collectively.
+        self.engine = Engine(self.unwrapped.policy, tokenizer, synced=self.zero_stage == 3)
         self.step = 0
         self.log_history: list[dict[str, Any]] = []
         self._perms: dict[int, torch.Tensor] = {}
@@ -239,9 +238,7 @@ class PPOTrainer:
                                                                   self.tokenizer.pad_token_id))
         start = time.perf_counter()
         response_ids, response_mask, ended = generate_responses(
-            model, query_ids, query_mask, self.generation_config, self.tokenizer.pad_token_id,
-            synced_gpus=self.synced_gpus,
-        )
+            self.engine, [p.input_ids for p in prompts], self.sampling, self.tokenizer.pad_token_id)
         scores, source_scores = self.score(prompts, response_ids, response_mask)
         r = Rollout(query_ids, query_mask, response_ids, response_mask, ended,
                     logprobs=None, ref_logprobs=None, values=None, entropy=None,

@@ -1,47 +1,36 @@
-"""Base model vs fine-tuned adapter, side by side, on held-out prompts. Where a prompt row holds the
-tool call it should get (`expected_call`: {"name", "arguments"}), the calls each column makes are
-scored too.
+"""Two models side by side on held-out prompts: by default the base model and the fine-tuned adapter on it,
+or any model or adapter given as --baseline against the --model_name_or_path/--adapter_name_or_path one.
+Where a prompt row holds the tool call it should get (`expected_call`: {"name", "arguments"}), the calls
+each column makes are scored too.
 
     tunesmith compare --adapter_name_or_path outputs/sft_demo --data_path data/demo/identity_heldout.jsonl \
         --count_word Tunesmith
+    tunesmith compare --baseline outputs/sft_demo --adapter_name_or_path outputs/dpo_demo --data_path F
 
-One model in memory: the base answers come from the same PeftModel with its adapter disabled.
-Greedy decoding, so the comparison is repeatable; all prompts go through generate() as one
-left-padded batch per model (the same answers as one at a time, a few times faster on a CPU).
+Each column renders the prompts with its own chat template and answers them through the generation
+engine, greedily so that the comparison is repeatable (--num_beams for beam search). Base
+vs adapter keeps one model in memory: the base answers come from the same model with its adapter off.
+Columns are laid out by display width, so Chinese, Japanese and emoji line up.
 """
 
 from __future__ import annotations
 
 import json
-import textwrap
+import os
 from collections.abc import Sequence
-from typing import Any
 
-import torch
+import wcwidth
 
 from ..boundary import entry_point
 from ..data.prompts import Prompt, build_prompts
+from ..generation import BASE, Engine, SamplingParams
 from ..hparams import parse_run
-from ..models.loader import load_for_inference
+from ..models.loader import inference_model_args, load_for_inference
 
 
-@torch.no_grad()
-def greedy_answers(model: Any, tokenizer: Any, prompts: list[Prompt], max_new_tokens: int) -> list[str]:
-    """Each prompt rendered like training renders it, answered greedily."""
-    batch = tokenizer.pad({"input_ids": [list(p.input_ids) for p in prompts]}, padding_side="left",
-                          return_tensors="pt").to(model.device)
-    out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
-                         temperature=None, pad_token_id=tokenizer.pad_token_id)
-    width = batch["input_ids"].shape[1]
-    return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]
-
-
-def compare(model: Any, tokenizer: Any, prompts: list[Prompt], max_new_tokens: int) -> list[tuple[str, str, str]]:
-    """(question, base answer, fine-tuned answer) per prompt."""
-    tuned = greedy_answers(model, tokenizer, prompts, max_new_tokens)
-    with model.disable_adapter():
-        base = greedy_answers(model, tokenizer, prompts, max_new_tokens)
-    return [(p.messages[-1]["content"], b, t) for p, b, t in zip(prompts, base, tuned)]
+def answers(engine: Engine, prompts: list[Prompt], params: SamplingParams, adapter: str | None = None) -> list[str]:
+    """Each prompt, rendered as training renders it, answered by one column's model."""
+    return [c[0].text.strip() for c in engine.generate([p.input_ids for p in prompts], params, adapter=adapter)]
 
 
 def first_call(text: str) -> dict | None:
@@ -79,35 +68,48 @@ def _same(got: dict, want: dict) -> bool:
         else got[k] == want[k] for k in want)
 
 
-def print_side_by_side(rows: list[tuple[str, str, str]], width: int) -> None:
-    for question, base, tuned in rows:
+def print_side_by_side(rows: list[tuple[str, str, str]], width: int, labels: tuple[str, str]) -> None:
+    for question, left_text, right_text in rows:
         print(f"\nQ: {question}")
-        left = textwrap.wrap(base, width) or [""]
-        right = textwrap.wrap(tuned, width) or [""]
-        print(f"  {'base model':<{width}} | fine-tuned")
+        left, right = wcwidth.wrap(left_text, width) or [""], wcwidth.wrap(right_text, width) or [""]
+        print(f"  {wcwidth.ljust(labels[0], width)} | {labels[1]}")
         for i in range(max(len(left), len(right))):
             a = left[i] if i < len(left) else ""
             b = right[i] if i < len(right) else ""
-            print(f"  {a:<{width}} | {b}")
+            print(f"  {wcwidth.ljust(a, width)} | {b}".rstrip())
 
 
 def run(argv: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
     args = parse_run("compare", argv, __doc__)
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.compare.max_new_tokens, num_beams=args.compare.num_beams)
     model, tokenizer = load_for_inference(args.model)
     prompts = build_prompts(tokenizer, args.data, "eval")
-    rows = compare(model, tokenizer, prompts, args.compare.max_new_tokens)
-    print_side_by_side(rows, args.compare.width)
+    tuned = answers(Engine(model, tokenizer), prompts, params)
+    if args.compare.baseline:
+        baseline, baseline_tokenizer = load_for_inference(inference_model_args(args.compare.baseline))
+        baseline_prompts = build_prompts(baseline_tokenizer, args.data, "eval")
+        base = answers(Engine(baseline, baseline_tokenizer), baseline_prompts, params)
+        labels = (_name(args.compare.baseline), _name(args.model.adapter_name_or_path or args.model.model_name_or_path))
+    else:
+        base = answers(Engine(model, tokenizer), prompts, params, adapter=BASE)
+        labels = ("base", "fine-tuned")
+    rows = [(p.messages[-1]["content"], b, t) for p, b, t in zip(prompts, base, tuned)]
+    print_side_by_side(rows, args.compare.width, labels)
     expected = [p.row.data.get("expected_call") for p in prompts]
     if all(isinstance(e, dict) for e in expected):
-        for column, answers in (("base", [b for _, b, _ in rows]), ("fine-tuned", [t for _, _, t in rows])):
-            counts = score_calls(answers, expected)
+        for column, replies in ((labels[0], base), (labels[1], tuned)):
+            counts = score_calls(replies, expected)
             print(f"tool calls, {column}: " + ", ".join(f"{k.replace('_', ' ')} {v}/{len(rows)}" for k, v in counts.items()))
     word = args.compare.count_word
     if word:
-        before = sum(word.lower() in base.lower() for _, base, _ in rows)
-        after = sum(word.lower() in tuned.lower() for _, _, tuned in rows)
-        print(f"\nanswers containing {word!r}: base {before}/{len(rows)} -> fine-tuned {after}/{len(rows)}")
+        before = sum(word.lower() in b.lower() for b in base)
+        after = sum(word.lower() in t.lower() for t in tuned)
+        print(f"\nanswers containing {word!r}: {labels[0]} {before}/{len(rows)} -> {labels[1]} {after}/{len(rows)}")
     return rows
+
+
+def _name(path: str | None) -> str:
+    return os.path.basename(os.path.normpath(path)) if path else "model"
 
 
 main = entry_point(run)

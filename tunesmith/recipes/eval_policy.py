@@ -30,6 +30,7 @@ from torch import nn
 
 from ..boundary import entry_point
 from ..data.prompts import Prompt, build_prompts, left_pad
+from ..generation import Engine
 from ..hparams import EvalArguments, parse_run
 from ..models.loader import inference_model_args, load_for_inference
 from ..ppo.core import logprobs_from_logits
@@ -37,29 +38,25 @@ from ..ppo.models import response_logits
 from ..ppo.rewards import Rewards, load_reward_function
 from ..ppo.rollout import (
     RewardModelScorer,
-    eos_token_ids,
     generate_responses,
-    generation_config,
     reply_tokens,
+    rollout_sampling,
     sequence_inputs,
 )
 from ..utils.io import atomic_write_jsonl
 from ..utils.paths import adapter_base_model
 
 
-@torch.no_grad()
-def answer(model: nn.Module, tokenizer: Any, prompts: list[Prompt], args: EvalArguments, sample: bool,
+def answer(engine: Engine, tokenizer: Any, prompts: list[Prompt], args: EvalArguments, sample: bool,
            temperature: float) -> tuple[list[list[int]], list[tuple[torch.Tensor, ...]]]:
     """Replies (token lists), and per batch the (query ids, query mask, response ids, response mask)."""
-    config = generation_config(tokenizer, eos_token_ids(tokenizer, model), args.max_new_tokens,
-                               temperature=temperature, greedy=not sample)
+    params = rollout_sampling(args.max_new_tokens, temperature, greedy=not sample)
     torch.manual_seed(args.seed)
     replies, batches = [], []
     for start in range(0, len(prompts), args.batch_size):
-        chunk = prompts[start:start + args.batch_size]
-        query_ids, query_mask = left_pad([p.input_ids for p in chunk], tokenizer.pad_token_id)
-        response_ids, response_mask, _ = generate_responses(model, query_ids, query_mask, config,
-                                                            tokenizer.pad_token_id)
+        chunk = [p.input_ids for p in prompts[start:start + args.batch_size]]
+        query_ids, query_mask = left_pad(chunk, tokenizer.pad_token_id)
+        response_ids, response_mask, _ = generate_responses(engine, chunk, params, tokenizer.pad_token_id)
         replies += reply_tokens(response_ids, response_mask)
         batches.append((query_ids, query_mask, response_ids, response_mask))
     return replies, batches
@@ -89,11 +86,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, float]:
     rewards = Rewards(tokenizer, reward_funcs, args.reward_weights, scorer, args.reward_model_weight)
     prompts = build_prompts(tokenizer, data, "eval")
 
-    baseline_replies, _ = answer(baseline, tokenizer, prompts, args, args.do_sample, args.temperature)
-    policy_replies, _ = answer(policy, tokenizer, prompts, args, args.do_sample, args.temperature)
+    baseline_engine, policy_engine = Engine(baseline, tokenizer), Engine(policy, tokenizer)
+    baseline_replies, _ = answer(baseline_engine, tokenizer, prompts, args, args.do_sample, args.temperature)
+    policy_replies, _ = answer(policy_engine, tokenizer, prompts, args, args.do_sample, args.temperature)
     (baseline_scores, baseline_sources), (policy_scores, policy_sources) = (
         rewards(prompts, baseline_replies), rewards(prompts, policy_replies))
-    _, kl_batches = answer(policy, tokenizer, prompts, args, sample=True, temperature=1.0)
+    _, kl_batches = answer(policy_engine, tokenizer, prompts, args, sample=True, temperature=1.0)
     kl = torch.cat([reply_logprobs(policy, *b) - reply_logprobs(baseline, *b) for b in kl_batches])
     result = summarize(baseline_scores, policy_scores, kl, baseline_replies, policy_replies)
     functions = rewards.names[:len(reward_funcs)]
