@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 from conftest import build_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
@@ -291,3 +292,63 @@ def test_stop_strings_are_held_back_until_they_cannot_match():
 
     assert shown == ["Hello ", "", "ENough. ", "Bye ", ""]
     assert matcher.stopped and matcher.text == "Hello ENough. Bye "
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory, model_dir, tokenizer) -> str:
+    from peft import LoraConfig, get_peft_model
+
+    from tunesmith.models.loader import find_lora_targets
+
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    config = LoraConfig(r=4, lora_alpha=32, target_modules=find_lora_targets(model), init_lora_weights=False)
+    out = str(tmp_path_factory.mktemp("served-adapter"))
+    get_peft_model(model, config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_several_adapters_over_one_base_are_served_by_name(model_dir, adapter_dir, tokenizer, tmp_path):
+    """--adapter NAME=PATH: /v1/models lists the base and the adapter, a request's `model` picks one, and
+    concurrent requests for both (one batch, peft's mixed-adapter forward) answer as each model alone."""
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0",
+             "--served_model_name", "base", "--adapter", f"tuned={adapter_dir}", "--do_sample", "false",
+             "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "200", "--max_request_bytes", "4096"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        url = _wait_until_healthy(proc, log)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["base", "tuned"]
+        messages = CONVERSATIONS[1]
+
+        def ask(name: str) -> str:
+            reply = client.chat.completions.create(model=name, messages=messages, temperature=0, max_tokens=MAX_TOKENS)
+            return reply.choices[0].message.content
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(ask, ["base", "tuned"], timeout=120))
+        prompt = encode_prompt(tokenizer, messages)
+        params = SamplingParams(temperature=0, max_new_tokens=MAX_TOKENS)
+        from peft import PeftModel
+
+        tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter_dir).eval()
+        base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        expected = [Engine(m, tokenizer).generate([prompt], params)[0][0].text for m in (base, tuned)]
+        assert answers == expected and expected[0] != expected[1]
+        assert httpx.get(url + "/health").json()["largest_batch"] == 2  # the two shared a batch
+
+        with pytest.raises(openai.NotFoundError, match="'other' does not exist here: this server serves 'base', 'tuned'"):
+            ask("other")
+        big = httpx.post(url + "/v1/chat/completions", content=b"{" + b" " * 5000 + b"}",
+                         headers={"Content-Type": "application/json"})
+        assert big.status_code == 413 and "more than this server's limit of 4096" in big.json()["error"]["message"]
+        assert ask("tuned") == expected[1]  # still up
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

@@ -34,7 +34,8 @@ class TokenLogprob:
 
 @dataclass
 class Completion:
-    """One finished reply: its tokens (without the end-of-turn token that ended it, `stop_token_id`),
+    """One finished reply: its tokens (without the token that ended it, `stop_token_id`: an end-of-turn
+    token or one of the request's stop_token_ids),
     its text (cut before a stop string), why it ended (stop, length, cancelled) and, when asked, each
     token's log-probability."""
 

@@ -1,0 +1,177 @@
+"""The one generation engine (tunesmith/generation/): greedy and seeded sampled replies equal transformers'
+generate() on the same prompts; a request's replies do not depend on what shares its batch (prompt lengths,
+adapters, seeds); the logit processors do what their docstrings say; log-probabilities are the model's own;
+rows of different adapters share one batch and answer as each adapter alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model_dir
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from tunesmith.data.template import encode_prompt
+from tunesmith.generation import BASE, Engine, Request, SamplingParams
+from tunesmith.generation.engine import Batch
+from tunesmith.generation.sampling import apply_penalties, warp
+from tunesmith.models.loader import find_lora_targets
+
+QUESTIONS = ["Hi", "Tell me a long story about a cat and a dog, please.", "你好，世界！"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer) -> str:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("gen-model"), tokenizer, initializer_range=0.2)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    return [encode_prompt(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+def hf_generate(model, tokenizer, prompts, **settings) -> list[list[int]]:
+    batch = tokenizer.pad({"input_ids": prompts}, padding_side="left", return_tensors="pt")
+    config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id, **settings)
+    with torch.no_grad():
+        out = model.generate(**batch, generation_config=config)
+    rows = out[:, batch["input_ids"].shape[1]:].tolist()
+    return [row[:row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row for row in rows]
+
+
+def test_greedy_replies_equal_generate_and_each_prompt_alone(model, tokenizer, prompts):
+    engine = Engine(model, tokenizer)
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    together = [c[0].token_ids for c in engine.generate(prompts, params)]
+    alone = [engine.generate([p], params)[0][0].token_ids for p in prompts]
+    one_at_a_time = [c[0].token_ids for c in engine.generate(prompts, params, max_batch_size=1)]
+    expected = hf_generate(model, tokenizer, prompts, max_new_tokens=10, do_sample=False)
+    assert together == alone == one_at_a_time == expected
+    assert len(set(map(tuple, together))) == len(prompts)
+
+
+def test_seeded_sampling_draws_what_generate_draws(model, tokenizer, prompts):
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=8)
+    torch.manual_seed(11)
+    ours = [c[0].token_ids for c in Engine(model, tokenizer).generate(prompts * 2, params)]
+    torch.manual_seed(11)
+    theirs = hf_generate(model, tokenizer, prompts * 2, max_new_tokens=8, do_sample=True, temperature=0.8, top_k=20,
+                         top_p=0.9)
+    assert ours == theirs and ours[0] != ours[len(prompts)]  # the same prompt twice: two different draws
+
+
+def test_a_seeded_request_repeats_whatever_shares_its_batch(model, tokenizer, prompts):
+    engine = Engine(model, tokenizer)
+    seeded = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=7, max_new_tokens=8, n=2)
+    alone = engine.generate([prompts[0]], seeded)[0]
+    crowd = engine.generate(prompts, [seeded, SamplingParams(temperature=1.0, max_new_tokens=12),
+                                      SamplingParams(temperature=0, max_new_tokens=3)])[0]
+    assert [c.token_ids for c in alone] == [c.token_ids for c in crowd]
+    assert alone[0].token_ids != alone[1].token_ids  # n replies are n draws
+
+
+def test_stop_strings_stop_ids_and_lengths_end_replies(model, tokenizer, prompts):
+    engine = Engine(model, tokenizer)
+    [[free]] = engine.generate([prompts[1]], SamplingParams(temperature=0, max_new_tokens=10))
+    assert free.finish_reason == "length" and len(free.token_ids) == 10
+    cut = free.text[3:6]
+    [[stopped]] = engine.generate([prompts[1]], SamplingParams(temperature=0, max_new_tokens=10, stop=(cut,)))
+    assert stopped.finish_reason == "stop" and stopped.text == free.text[:free.text.index(cut)]
+    [[by_id]] = engine.generate([prompts[1]], SamplingParams(temperature=0, max_new_tokens=10,
+                                                             stop_token_ids=(free.token_ids[4],)))
+    assert by_id.finish_reason == "stop" and by_id.token_ids == free.token_ids[:4]
+    assert by_id.stop_token_id == free.token_ids[4] and free.stop_token_id is None
+
+
+def test_logprobs_are_the_models_own_and_prompt_logprobs_cover_every_prompt_token(model, tokenizer, prompts):
+    params = SamplingParams(temperature=0, max_new_tokens=5, logprobs=True, top_logprobs=3, prompt_logprobs=True)
+    request_prompt = prompts[1]
+    request = Request(request_prompt, params)  # run on a batch directly, to read its prompt log-probabilities
+    batch = Batch(model, tokenizer)
+    batch.admit([request])
+    while len(batch):
+        batch.step()
+    [completion] = request.completions
+    assert completion.token_ids == Engine(model, tokenizer).generate([request_prompt], params)[0][0].token_ids
+    ids = torch.tensor([request_prompt + completion.token_ids])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0].float().log_softmax(-1)
+    for t, record in enumerate(completion.logprobs):
+        position = len(request_prompt) + t - 1
+        assert record.logprob == pytest.approx(logprobs[position, record.token_id].item(), abs=1e-4)
+        assert [i for i, _ in record.top] == logprobs[position].topk(3).indices.tolist()
+        assert record.top[0][0] == record.token_id  # greedy: the chosen token is the most likely
+    assert request.prompt_logprobs[0] is None and len(request.prompt_logprobs) == len(request_prompt)
+    for t, record in enumerate(request.prompt_logprobs[1:], 1):
+        assert record.token_id == request_prompt[t]
+        assert record.logprob == pytest.approx(logprobs[t - 1, request_prompt[t]].item(), abs=1e-4)
+
+
+def test_processors_penalties_and_truncation():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
+    warped = warp(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0))
+    assert torch.isinf(warped[0, 2:]).all() and not torch.isinf(warped[0, :2]).any()
+    probs = logits.softmax(-1)[0]
+    kept = warp(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0))[0]
+    assert (~torch.isinf(kept)).sum() == 2 and probs[:2].sum() >= 0.8 > probs[0]
+    kept = warp(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3))[0]
+    assert (~torch.isinf(kept)).tolist() == (probs >= 0.3 * probs.max()).tolist()
+    scaled = warp(logits, SamplingParams(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0))
+    torch.testing.assert_close(scaled, logits / 0.5)
+
+    row, reply = logits[0], torch.tensor([0, 0, 3])
+    penalised = apply_penalties(row, SamplingParams(presence_penalty=0.5, frequency_penalty=0.25),
+                                torch.tensor([1]), reply)
+    torch.testing.assert_close(penalised, torch.tensor([2.0 - 0.5 - 0.5, 1.0, 0.5, -1.0 - 0.5 - 0.25, -3.0]))
+    repeated = apply_penalties(row, SamplingParams(repetition_penalty=2.0), torch.tensor([1]), torch.tensor([3]))
+    torch.testing.assert_close(repeated, torch.tensor([2.0, 0.5, 0.5, -2.0, -3.0]))
+
+
+def test_a_frequency_penalty_changes_a_repetitive_greedy_reply(tiny_model_dir, tokenizer, prompts):
+    engine = Engine(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), tokenizer)  # it repeats "\n"
+    plain = engine.generate([prompts[0]], SamplingParams(temperature=0, max_new_tokens=24))[0][0].token_ids
+    penalised = engine.generate([prompts[0]], SamplingParams(temperature=0, max_new_tokens=24,
+                                                             frequency_penalty=100.0))[0][0].token_ids
+    assert len(set(plain)) < len(plain)  # the greedy reply repeats tokens ...
+    assert len(set(penalised)) == len(penalised)  # ... and a penalty far above the logits' spread stops that
+
+
+def test_rows_of_different_adapters_share_a_batch_and_answer_as_each_alone(model_dir, tokenizer, prompts):
+    adapters = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        torch.manual_seed(seed)
+        base = AutoModelForCausalLM.from_pretrained(model_dir)
+        config = LoraConfig(r=4, lora_alpha=32, target_modules=find_lora_targets(base), init_lora_weights=False)
+        adapters[name] = get_peft_model(base, config)
+    model = PeftModel(AutoModelForCausalLM.from_pretrained(model_dir), adapters["a"].peft_config["default"], "a")
+    model.load_state_dict({k.replace(".default.", ".a."): v for k, v in adapters["a"].state_dict().items()},
+                          strict=False)
+    model.add_adapter("b", adapters["b"].peft_config["default"])
+    model.load_state_dict({k.replace(".default.", ".b."): v for k, v in adapters["b"].state_dict().items()},
+                          strict=False)
+    model.eval()
+    engine = Engine(model, tokenizer)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    alone = {name: engine.generate([prompts[1]], params, adapter=name)[0][0].token_ids for name in ("a", "b", BASE)}
+    assert len({tuple(v) for v in alone.values()}) == 3  # three different models
+
+    requests = [Request(prompts[1], params, adapter=name) for name in ("a", "b", BASE)]
+    batch = Batch(model, tokenizer)
+    batch.admit(requests)
+    while len(batch):
+        batch.step()
+    assert [r.completions[0].token_ids for r in requests] == [alone["a"], alone["b"], alone[BASE]]
+    reference = adapters["b"].eval()
+    assert alone["b"] == hf_generate(reference, tokenizer, [prompts[1]], max_new_tokens=8, do_sample=False)[0]
+
+
+def test_beam_search_is_transformers_own(model, tokenizer, prompts):
+    [[beam]] = Engine(model, tokenizer).generate([prompts[0]], SamplingParams(num_beams=3, max_new_tokens=6))
+    assert beam.token_ids == hf_generate(model, tokenizer, [prompts[0]], max_new_tokens=6, num_beams=3,
+                                         do_sample=False)[0]
+    assert beam.text == tokenizer.decode(beam.token_ids, skip_special_tokens=True)
