@@ -175,3 +175,38 @@ def test_beam_search_is_transformers_own(model, tokenizer, prompts):
     assert beam.token_ids == hf_generate(model, tokenizer, [prompts[0]], max_new_tokens=6, num_beams=3,
                                          do_sample=False)[0]
     assert beam.text == tokenizer.decode(beam.token_ids, skip_special_tokens=True)
+
+
+def test_adapters_peft_cannot_mix_are_scheduled_one_adapter_at_a_time(model_dir, tokenizer, prompts):
+    """DoRA adapters cannot share a forward (peft refuses adapter_names with DoRA): the worker runs one
+    adapter's rows at a time, first come first served, and each answer is what that adapter gives alone."""
+    import threading
+
+    from tunesmith.generation.worker import Scheduler
+
+    torch.manual_seed(4)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    config = {"r": 4, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"], "use_dora": True,
+              "init_lora_weights": False}
+    model = get_peft_model(base, LoraConfig(**config), adapter_name="a")
+    model.add_adapter("b", LoraConfig(**config))
+    model.eval()
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    alone = {name: Engine(model, tokenizer).generate([prompts[1]], params, adapter=name)[0][0].token_ids
+             for name in ("a", "b")}
+    assert alone["a"] != alone["b"]
+
+    scheduler = Scheduler(model, tokenizer, max_batch_size=4, wait_s=0.5)
+    assert not scheduler.batch.mixes_adapters
+    finished = threading.Semaphore(0)
+    requests = [Request(prompts[1], params, adapter=name, emit=lambda e: e.finish_reason and finished.release())
+                for name in ("a", "b", "a")]
+    for request in requests:
+        scheduler.submit(request)
+    scheduler.start()
+    try:
+        assert all(finished.acquire(timeout=60) for _ in requests)
+    finally:
+        scheduler.close()
+    assert [r.completions[0].token_ids for r in requests] == [alone["a"], alone["b"], alone["a"]]
+    assert scheduler.stats["largest_batch"] == 1 and scheduler.stats["prefills"] == 3

@@ -169,6 +169,11 @@ class Batch:
         self.device = model.device
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.cache_arg = _cache_argument(model)
+        self.default_adapter = getattr(model, "active_adapter", None)
+        # peft runs rows of different LoRA adapters in one forward (adapter_names); DoRA and other tuners not.
+        configs = getattr(model, "peft_config", {}) or {}
+        self.mixes_adapters = all(str(getattr(c, "peft_type", "")).endswith("LORA") and not getattr(c, "use_dora", False)
+                                  for c in configs.values())
         self.reset()
 
     def reset(self) -> None:
@@ -186,15 +191,20 @@ class Batch:
         return list({id(row.request): row.request for row in self.rows}.values())
 
     def _forward(self, adapters: list[str | None], **inputs: Any) -> Any:
-        """The model's forward with each row's adapter: a peft mixed batch when the rows differ."""
-        active = getattr(self.model, "active_adapter", None)
-        names = [active if a is None else a for a in adapters]
-        if all(n == active for n in names) or active is None:
+        """The model's forward with each row's adapter (None: the one active when the batch was made): all
+        rows on one adapter switch to it; rows on several run as a peft mixed batch (adapter_names)."""
+        names = {self.default_adapter if a is None else a for a in adapters}
+        if self.default_adapter is None or not names:
             return self.model(**inputs)
-        if all(n == BASE for n in names):
+        if names == {BASE}:
             with self.model.disable_adapter():
                 return self.model(**inputs)
-        return self.model(**inputs, adapter_names=names)
+        if len(names) == 1:
+            [name] = names
+            if self.model.active_adapter != name:  # frozen: an inference switch must not make it trainable
+                self.model.set_adapter(name, inference_mode=True)
+            return self.model(**inputs)
+        return self.model(**inputs, adapter_names=[self.default_adapter if a is None else a for a in adapters])
 
     @torch.inference_mode()
     def admit(self, requests: list[Request]) -> None:

@@ -20,7 +20,7 @@ class Scheduler:
         self.max_batch_size, self.wait_s = max_batch_size, wait_s
         self.batch = Batch(model, tokenizer)
         self._queue: queue.Queue[Request | None] = queue.Queue()
-        self._carried: Request | None = None  # a job that did not fit goes first next time
+        self._held: list[Request] = []  # jobs that did not fit yet go first next time
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="tunesmith-generate", daemon=True)
         self.stats = {"requests": 0, "prefills": 0, "largest_batch": 0}
@@ -38,10 +38,7 @@ class Scheduler:
         self._queue.put(job)
 
     def _get(self, timeout: float | None) -> Request | None:
-        """The next job (None: none within the timeout, or closing); timeout None blocks, 0 polls."""
-        if self._carried is not None:
-            job, self._carried = self._carried, None
-            return job
+        """The next queued job (None: none within the timeout, or closing); timeout None blocks, 0 polls."""
         try:
             job = self._queue.get(timeout=timeout) if timeout != 0 else self._queue.get_nowait()
         except queue.Empty:
@@ -49,15 +46,32 @@ class Scheduler:
         self._closing = self._closing or job is None
         return job
 
+    def _fits(self, job: Request, room: int, adapters: set) -> bool:
+        """Whether a job joins now: its rows fit, and its adapter may share the batch (any adapter when
+        peft can mix them in one forward; else only the adapter already running)."""
+        return job.n <= room and (self.batch.mixes_adapters or not adapters or adapters == {job.adapter})
+
     def _take(self) -> list[Request]:
-        """Jobs to admit now, as many as fit the rows left. Idle: block for the first, then wait the
-        window for more; busy: only those already queued, so running rows never wait."""
+        """Jobs to admit now, as many as fit the rows left, the ones held back before first. Idle: block for
+        the first, then wait the window for more; busy: only those already queued, so running rows never wait.
+        A job that does not fit yet is held back, in order, for a later step."""
         room = self.max_batch_size - len(self.batch)
-        idle = not len(self.batch)
+        adapters = {row.request.adapter for row in self.batch.rows}
         jobs: list[Request] = []
+        held = []
+        for job in self._held:
+            if job.cancelled:
+                continue
+            if not held and self._fits(job, room, adapters | {j.adapter for j in jobs}):
+                jobs.append(job)
+                room -= job.n
+            else:
+                held.append(job)
+        self._held = held
+        idle = not len(self.batch)
         deadline = None
         while room > 0 and not self._closing:
-            if idle and not jobs:
+            if idle and not jobs and not held:
                 timeout = None
             elif idle:
                 deadline = deadline or time.monotonic() + self.wait_s
@@ -69,11 +83,11 @@ class Scheduler:
                 break
             if job.cancelled:
                 continue
-            if job.n > room:
-                self._carried = job
-                break
-            jobs.append(job)
-            room -= job.n
+            if not self._held and self._fits(job, room, adapters | {j.adapter for j in jobs}):
+                jobs.append(job)
+                room -= job.n
+            else:  # behind a held job it waits its turn: first come, first served
+                self._held.append(job)
         return jobs
 
     def _run(self) -> None:
