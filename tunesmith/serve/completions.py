@@ -83,7 +83,7 @@ def parse_completion_request(body: dict, max_n: int) -> CompletionRequest:
     if request.max_tokens == 0 and not request.echo:
         raise APIError(400, "`max_tokens` 0 asks for nothing: give at least 1, or set `echo` (with `logprobs`) to "
                        "score the prompt alone", "max_tokens")
-    request.logprobs = _integer(body, "logprobs", 0, MAX_LOGPROBS, f"in 0..{MAX_LOGPROBS} (OpenAI's limit)")
+    request.logprobs = _integer(body, "logprobs", 0, MAX_LOGPROBS, f"in 0..{MAX_LOGPROBS}")
     request.temperature = _number(body, "temperature", 0.0, 2.0)
     request.top_p = _number(body, "top_p", 0.0, 1.0)
     request.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0) or 0.0
