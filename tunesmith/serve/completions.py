@@ -146,12 +146,12 @@ def encode(prompt: str | list[int], tokenizer: Any, name: str) -> Prompt:
     return Prompt(list(prompt), tokenizer.decode(prompt), text_offsets(tokenizer, prompt, skip_special=False))
 
 
-def text_offsets(tokenizer: Any, ids: list[int], skip_special: bool, start: int = 0) -> list[int]:
-    """Each token's character offset in the text `ids` decode to, from `start`: the length of the text
-    released before it. A token inside a character split over several byte tokens gets that character's
+def text_offsets(tokenizer: Any, ids: list[int], skip_special: bool) -> list[int]:
+    """Each token's character offset in the text `ids` decode to: the length of the text released
+    before it. A token inside a character split over several byte tokens gets that character's
     offset, so text[offset:] always begins at a whole character."""
     decoder = IncrementalDecoder(tokenizer, skip_special_tokens=skip_special)
-    offsets, length = [], start
+    offsets, length = [], 0
     for token in ids:
         offsets.append(length)
         length += len(decoder.add(token))
