@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from tunesmith.generation import Engine, SamplingParams
 from tunesmith.generation.engine import Batch, Request
-from tunesmith.serve.completions import _ChoiceLogprobs
+from tunesmith.serve.completions import _ChoiceLogprobs, encode
 
 TASKS = ROOT / "tests" / "data" / "lm_eval_tasks"
 PROMPT = "The quick brown fox, café ☕, jumps"
@@ -124,6 +124,24 @@ def test_echoed_and_generated_logprobs_equal_a_forwards(client, model, tokenizer
         assert len(top) == 3 and top[token] == logprob == max(top.values())  # greedy: the chosen is the likeliest
     assert lp.text_offset[len(ids)] == len(PROMPT)  # the reply's offsets count on from the echo
     _check_offsets(lp, text)
+
+    bare = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, logprobs=0, temperature=0)
+    assert bare.choices[0].logprobs.top_logprobs == [{}] * 3  # logprobs 0: the chosen tokens' alone
+    assert bare.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs[len(ids):len(ids) + 3], abs=1e-4)
+
+
+def test_an_echo_keeps_the_prompt_as_sent_with_special_tokens_and_split_characters(tokenizer):
+    text = "<|im_start|>user\nCafé ☕ 你好<|im_end|>"
+    prompt = encode(text, tokenizer, "`prompt`")
+    ids = encode(prompt.ids, tokenizer, "`prompt`")
+
+    assert prompt.ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")  # a special token, not its letters
+    assert prompt.text == ids.text == text and prompt.offsets == ids.offsets
+    for token, offset in zip((tokenizer.decode([i]) for i in prompt.ids), prompt.offsets):
+        if "\ufffd" not in token:
+            assert text[offset:].startswith(token), (token, offset)
+        else:  # a byte of a character split over several tokens: the offset of that character
+            assert text[offset:].lstrip()[0] in "☕你好", (token, offset)
 
 
 def test_several_prompts_with_n_are_numbered_prompt_major_and_a_seed_repeats_them(client):
