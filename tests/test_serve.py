@@ -183,7 +183,7 @@ def test_bad_json_an_unknown_path_and_the_api_key(server, client):
     auth = {"Authorization": f"Bearer {KEY}"}
     bad_json = httpx.post(server + "/v1/chat/completions", content=b'{"messages": [', headers=auth)
     assert bad_json.status_code == 400 and "the request body is not valid JSON" in bad_json.json()["error"]["message"]
-    nowhere = httpx.get(server + "/v1/completions", headers=auth)
+    nowhere = httpx.get(server + "/v1/embeddings", headers=auth)
     assert nowhere.status_code == 404 and "POST /v1/chat/completions" in nowhere.json()["error"]["message"]
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         refused = httpx.post(server + "/v1/chat/completions", json={"messages": CONVERSATIONS[0]}, headers=headers)

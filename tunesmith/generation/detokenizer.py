@@ -11,16 +11,17 @@ from typing import Any
 class IncrementalDecoder:
     """The text of a growing list of token ids, in pieces. A piece is released once its tokens decode
     to whole characters: a character split over several byte tokens decodes to U+FFFD until its last
-    byte comes. Each step decodes a short window (from the last released boundary), not the whole reply."""
+    byte comes. Each step decodes a short window (from the last released boundary), not the whole reply.
+    Special tokens are left out of a reply's text; `skip_special_tokens=False` keeps them (an echoed prompt)."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
         self.ids: list[int] = []
         self._prefix = 0  # window start: the boundary released before the last one
         self._read = 0  # ids up to here are released
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)

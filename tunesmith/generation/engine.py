@@ -37,7 +37,8 @@ class Completion:
     """One finished reply: its tokens (without the token that ended it, `stop_token_id`: an end-of-turn
     token or one of the request's stop_token_ids),
     its text (cut before a stop string), why it ended (stop, length, cancelled) and, when asked, each
-    token's log-probability."""
+    token's log-probability, and the end-of-turn token's in `stop_logprob` (the legacy completions API
+    lists it: a loglikelihood client counts on one generated token after the echoed prompt)."""
 
     index: int
     token_ids: list[int]
@@ -45,6 +46,7 @@ class Completion:
     finish_reason: str
     stop_token_id: int | None = None
     logprobs: list[TokenLogprob] | None = None
+    stop_logprob: TokenLogprob | None = None
 
 
 @dataclass
@@ -98,7 +100,7 @@ class _Row:
     def advance(self, token: int, stop_ids: set[int], logprob: TokenLogprob | None) -> None:
         """Take one generated token; emit the text it releases, and the finish when there is one."""
         if token in stop_ids or token in self.request.params.stop_token_ids:
-            return self.finish("stop", token)
+            return self.finish("stop", token, logprob)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
         self.matcher.feed(self.decoder.add(token))
@@ -110,12 +112,13 @@ class _Row:
         if piece:
             self.request.emit(Event(self.index, piece, self._new_logprobs()))
 
-    def finish(self, reason: str, stop_token: int | None = None) -> None:
+    def finish(self, reason: str, stop_token: int | None = None, stop_logprob: TokenLogprob | None = None) -> None:
         self.matcher.feed(self.decoder.flush())
         self.finished = True
         tokens = list(self.decoder.ids)
         self.request.completions[self.index] = Completion(self.index, tokens, self.matcher.text, reason, stop_token,
-                                                          self.logprobs)
+                                                          self.logprobs,
+                                                          stop_logprob if self.logprobs is not None else None)
         self.request.emit(Event(self.index, self.matcher.release(final=True), self._new_logprobs(), reason,
                                 len(tokens)))
 

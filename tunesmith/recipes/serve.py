@@ -13,6 +13,13 @@ the room the prompt leaves in the context); --top_k and --repetition_penalty app
 A `max_tokens` that does not fit the context with the prompt is refused with a 400 that says by how
 many tokens, never cut. Requests that arrive together are generated as one batch.
 
+POST /v1/completions is OpenAI's legacy completions API, for raw text: a `prompt` (a string, token ids,
+or a list of either) goes in without the chat template; `max_tokens` (default 16; 0 with `echo` scores
+the prompt alone), `echo`, `logprobs` (0..5: each token, its log-probability, its most likely
+alternatives and its offset in the text), `n`, `seed`, `stop`, `stream`, the presence and frequency
+penalties. It is what lm-eval's `local-completions` model calls:
+`--model local-completions --model_args model=NAME,base_url=http://HOST:PORT/v1/completions,tokenizer=DIR`.
+
 Errors come back as OpenAI's {"error": {"message", "type", "param", "code"}}: 400 for a malformed
 request, 401 for a wrong key, 404 for another model's name or an unknown path, 500 if generation fails.
 """

@@ -28,11 +28,12 @@ from ..generation import Request as Job
 from ..generation.worker import Scheduler
 from ..hparams import GenerationArguments, ServeArguments
 from . import protocol
+from .completions import add_completion_routes
 from .protocol import APIError, ChatRequest
 
 logger = logging.getLogger(__name__)
 
-ROUTES = "POST /v1/chat/completions, GET /v1/models, GET /health"
+ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
 
 
 @dataclass
@@ -158,6 +159,7 @@ def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, gen
                                      headers={"Cache-Control": "no-cache"})
         return await _complete(job, events, served.id)
 
+    add_completion_routes(app, server)
     return app
 
 
