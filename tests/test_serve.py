@@ -24,10 +24,10 @@ from transformers import AutoModelForCausalLM
 from tunesmith.chat.session import ChatSession
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
-from tunesmith.hparams import GenerationArguments, ServeArguments, check
 from tunesmith.generation import Engine, Request, SamplingParams
 from tunesmith.generation.detokenizer import IncrementalDecoder, StopMatcher
 from tunesmith.generation.engine import Batch
+from tunesmith.hparams import GenerationArguments, ServeArguments, check
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key"
@@ -162,8 +162,17 @@ BAD_REQUESTS = [
     ("n", {"messages": [{"role": "user", "content": "Hi"}], "n": 100}, 400, r"`n` must be at most 16"),
     ("unknown field", {"messages": [{"role": "user", "content": "Hi"}], "max_token": 5}, 400,
      "unrecognized request argument supplied: max_token"),
-    ("tools", {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]}, 400,
-     "`tools` is not supported by this server"),
+    ("tools unrendered", {"messages": [{"role": "user", "content": "Hi"}],
+                          "tools": [{"type": "function", "function": {"name": "get_weather"}}]}, 400,
+     r"`tools`: this model's chat template does not render tools \(its prompt is the same without them\)"),
+    ("tool calls unrendered", {"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}, 400,
+     "check `tool calls rendered` failed: the chat template does not render the assistant's tool calls"),
+    ("logit_bias", {"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"42": 5}}, 400,
+     "`logit_bias` is not supported by this server"),
     ("other model", {"model": "gpt-9", "messages": [{"role": "user", "content": "Hi"}]}, 404,
      "the model 'gpt-9' does not exist here: this server serves 'tiny'"),
 ]

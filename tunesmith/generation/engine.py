@@ -213,7 +213,7 @@ class Batch:
         if want_prompt:
             self._prompt_logprobs(rows, ids, logits)
         logits = logits[:, -1].float()
-        for k, row in enumerate(rows):
+        for row in rows:
             row.request.generator = row.request.generator or self._generator(row.request)
             if row.request.params.max_new_tokens == 0:
                 row.finish("length")
