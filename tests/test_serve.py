@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import build_tiny_model_dir
+from conftest import build_tiny_model_dir, wait_until_healthy
 from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.session import ChatSession
@@ -52,27 +52,12 @@ def server(model_dir, tmp_path_factory):
              "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "50"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
-        url = _wait_until_healthy(proc, log)
+        url = wait_until_healthy(proc, log)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
-
-
-def _wait_until_healthy(proc: subprocess.Popen, log: Path, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        found = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", log.read_text())
-        if found:
-            try:
-                if httpx.get(found[1] + "/health", timeout=5).status_code == 200:
-                    return found[1]
-            except httpx.TransportError:
-                pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not come up: " + log.read_text()[-3000:])
 
 
 @pytest.fixture(scope="module")
