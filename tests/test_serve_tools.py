@@ -367,3 +367,63 @@ def test_a_tokens_bytes_are_its_own_even_inside_a_character(tokenizer):
     assert b"".join(bytes(e["bytes"]) for e in entries) == text.encode()
     assert any(e["token"] == "\ufffd" for e in entries)  # a piece of a character decodes to U+FFFD alone
     assert entries[-1] == {"token": "<|im_end|>", "logprob": -1.0, "bytes": list(b"<|im_end|>")}
+
+
+@pytest.fixture(scope="session")
+def tool_adapter(tmp_path_factory, default_model_path) -> str:
+    """The tool demo's LoRA adapter on SmolLM2-135M-Instruct: TUNESMITH_TOOL_ADAPTER when set (say, the one
+    `scripts/tool_demo.sh` left in outputs/sft_tools_demo), else trained here as configs/sft_tools_demo.yaml
+    trains it (minutes on a CPU), once per session."""
+    given = os.environ.get("TUNESMITH_TOOL_ADAPTER")
+    if given:
+        return given
+    from tunesmith.recipes.sft import run as sft_main
+
+    out = tmp_path_factory.mktemp("sft-tools-demo")
+    sft_main([str(ROOT / "configs" / "sft_tools_demo.yaml"), "--data_path", str(ROOT / "data/demo/tools.jsonl"),
+              "--output_dir", str(out)])
+    return str(out)
+
+
+@pytest.mark.slow
+def test_a_langchain_agent_calls_a_tool_and_answers_from_its_result(tool_adapter, tmp_path):
+    """One agent round through LangChain's ChatOpenAI against the tuned adapter: the question, the model's
+    call, the tool's result as a ToolMessage, the model's answer from it."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city"""
+        return json.dumps({"city": city, "temperature_c": 21, "conditions": "cloudy"})
+
+    # The demo's other two functions, as its conversations offer them beside get_weather.
+    others = [t for t in json.loads((ROOT / "data/demo/tools.jsonl").open().readline())["tools"]
+              if t["function"]["name"] != "get_weather"]
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    with open(log, "w") as out:
+        # The adapter's folder carries the chatml_tools template it trained with; the flag says it anyway.
+        proc = subprocess.Popen([sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", tool_adapter,
+                                 "--chat_template", "chatml_tools", "--port", "0", "--api_key", KEY,
+                                 "--served_model_name", "tools", "--do_sample", "false"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        url = wait_until_healthy(proc, log, timeout=300)
+        llm = ChatOpenAI(base_url=url + "/v1", api_key=KEY, model="tools", temperature=0, max_tokens=60,
+                         max_retries=0).bind_tools([get_weather, *others])
+        messages = [HumanMessage("What's the weather in Paris?")]
+
+        call = llm.invoke(messages)
+        assert [(c["name"], c["args"]) for c in call.tool_calls] == [("get_weather", {"city": "Paris"})], call
+        assert call.response_metadata["finish_reason"] == "tool_calls"
+        messages += [call, ToolMessage(get_weather.invoke(call.tool_calls[0]["args"]),
+                                       tool_call_id=call.tool_calls[0]["id"])]
+        answer = llm.invoke(messages)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert not answer.tool_calls and answer.response_metadata["finish_reason"] == "stop", answer
+    assert "21" in answer.content and "Paris" in answer.content, answer.content
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
