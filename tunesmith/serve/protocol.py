@@ -26,9 +26,9 @@ ERROR_CODES = {400: "invalid_request_error", 401: "invalid_request_error", 404: 
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
            "prompt_cache_key", "prompt_cache_retention", "reasoning_effort", "verbosity"}
 # Fields accepted only at a value that asks for nothing this server lacks (OpenAI's legacy `functions`
-# are `tools` now).
-NEUTRAL_ONLY = {"functions", "function_call", "logit_bias", "response_format", "audio", "modalities", "prediction", "web_search_options", "frequency_penalty",
-                "presence_penalty"}
+# and `function_call` are `tools` and `tool_choice` here).
+NEUTRAL_ONLY = {"functions", "function_call", "logit_bias", "response_format", "audio", "modalities", "prediction",
+                "web_search_options", "frequency_penalty", "presence_penalty"}
 NEUTRAL_VALUES: list[Any] = [False, 0, 0.0, [], {}, "none", "auto", ["text"], {"type": "text"}]
 KNOWN = {"messages", "model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "temperature",
          "top_p", "stop", "seed", "tools", "tool_choice", "logprobs", "top_logprobs"} | IGNORED | NEUTRAL_ONLY
@@ -99,8 +99,7 @@ def parse_chat_request(body: dict, max_n: int) -> ChatRequest:
         raise APIError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
     for key in sorted(NEUTRAL_ONLY & set(body)):
         if not _neutral(body[key]):
-            raise APIError(400, f"`{key}` is not supported by this server (it generates plain text); leave it out",
-                           key)
+            raise APIError(400, f"`{key}` is not supported by this server; leave it out", key)
     if "messages" not in body:
         raise APIError(400, "`messages` is required: a list of {role, content} messages ending with a user message",
                        "messages")
