@@ -3,7 +3,9 @@
 object. Each request names one of the served models (the base or model as loaded, and each --adapter),
 is rendered by that model's training template (data/template.py's encode_prompt, what chat uses),
 checked against the context, and handed to the engine's worker thread (generation/worker.py); its
-events come back through an asyncio queue, so the loop never waits on the model."""
+events come back through an asyncio queue, so the loop never waits on the model. A reply comes back
+split into reasoning, content and tool calls (reply.py, tools.py), with its log-probabilities when
+asked (logprobs.py)."""
 
 from __future__ import annotations
 
