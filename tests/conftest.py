@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -70,3 +75,19 @@ def build_tiny_model_dir(path, tokenizer, hidden_size: int = 64, layers: int = 2
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
+
+
+def wait_until_healthy(proc: subprocess.Popen, log: Path, timeout: float = 120) -> str:
+    """The address a `chat/serve.py` process logs (it listens on `--port 0`), once its /health answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        found = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", log.read_text())
+        if found:
+            try:
+                if httpx.get(found[1] + "/health", timeout=5).status_code == 200:
+                    return found[1]
+            except httpx.TransportError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not come up: " + log.read_text()[-3000:])

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import build_tiny_model_dir
+from conftest import build_tiny_model_dir, wait_until_healthy
 from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.session import ChatSession
@@ -53,27 +53,12 @@ def server(model_dir, tmp_path_factory):
              "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "50"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
-        url = _wait_until_healthy(proc, log)
+        url = wait_until_healthy(proc, log)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
-
-
-def _wait_until_healthy(proc: subprocess.Popen, log: Path, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        found = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", log.read_text())
-        if found:
-            try:
-                if httpx.get(found[1] + "/health", timeout=5).status_code == 200:
-                    return found[1]
-            except httpx.TransportError:
-                pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not come up: " + log.read_text()[-3000:])
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +148,17 @@ BAD_REQUESTS = [
     ("n", {"messages": [{"role": "user", "content": "Hi"}], "n": 100}, 400, r"`n` must be at most 16"),
     ("unknown field", {"messages": [{"role": "user", "content": "Hi"}], "max_token": 5}, 400,
      "unrecognized request argument supplied: max_token"),
-    ("tools", {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]}, 400,
-     "`tools` is not supported by this server"),
+    ("tools unrendered", {"messages": [{"role": "user", "content": "Hi"}],
+                          "tools": [{"type": "function", "function": {"name": "get_weather"}}]}, 400,
+     r"`tools`: this model's chat template does not render tools \(its prompt is the same without them\)"),
+    ("tool calls unrendered", {"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}, 400,
+     "check `tool calls rendered` failed: the chat template does not render the assistant's tool calls"),
+    ("logit_bias", {"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"42": 5}}, 400,
+     "`logit_bias` is not supported by this server"),
     ("other model", {"model": "gpt-9", "messages": [{"role": "user", "content": "Hi"}]}, 404,
      "the model 'gpt-9' does not exist here: this server serves 'tiny'"),
 ]
@@ -321,7 +315,7 @@ def test_several_adapters_over_one_base_are_served_by_name(model_dir, adapter_di
              "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "200", "--max_request_bytes", "4096"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
-        url = _wait_until_healthy(proc, log)
+        url = wait_until_healthy(proc, log)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == ["base", "tuned"]
         messages = CONVERSATIONS[1]

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import build_tiny_model_dir
-from test_serve import KEY, ROOT, _wait_until_healthy
+from conftest import build_tiny_model_dir, wait_until_healthy
+from test_serve import KEY, ROOT
 from transformers import AutoModelForCausalLM
 
 from tunesmith.generation import Engine, SamplingParams
@@ -43,7 +43,7 @@ def server(model_dir, tmp_path_factory):
              "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--batch_wait_ms", "20"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
-        yield _wait_until_healthy(proc, log)
+        yield wait_until_healthy(proc, log)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -6,8 +6,18 @@ chat template that training used.
     python chat/serve.py --model_name_or_path M --adapter_name_or_path A --host 127.0.0.1 --port 8000 --api_key KEY
 
 Routes: POST /v1/chat/completions (`stream` over server-sent events or not; `temperature`, `top_p`,
-`max_tokens` or `max_completion_tokens`, `stop`, `n`, `seed`; usage counts, and in a stream with
-`stream_options: {"include_usage": true}`), GET /v1/models, GET /health (no key needed). Settings a
+`max_tokens` or `max_completion_tokens`, `stop`, `n`, `seed`; `tools` and `tool_choice`; `logprobs` and
+`top_logprobs` (0..20); usage counts, and in a stream with `stream_options: {"include_usage": true}`),
+GET /v1/models, GET /health (no key needed).
+
+Tools are listed in the prompt by the model's own chat template (a template that renders none is
+refused: serve a tool template, e.g. one trained with --chat_template chatml_tools); a reply that is a
+call (`<tool_call>{json}</tool_call>`, or a bare JSON call as Llama 3 writes them) comes back as
+`message.tool_calls` with finish_reason "tool_calls", streamed as `delta.tool_calls`; anything else
+comes back as text. tool_choice "none" shows the tools and parses no call; "required" or a named
+function puts the call's opening after the prompt. A template's `<think>` block goes to
+`reasoning_content` (`delta.reasoning_content` streamed). Log-probabilities are the model's own, in
+OpenAI's `choices[i].logprobs.content` (token, logprob, bytes, top_logprobs). Settings a
 request leaves out come from the generation flags (--do_sample false: greedy; --max_new_tokens, cut to
 the room the prompt leaves in the context); --top_k and --repetition_penalty apply to every request.
 A `max_tokens` that does not fit the context with the prompt is refused with a 400 that says by how
@@ -21,7 +31,7 @@ penalties. It is what lm-eval's `local-completions` model calls:
 `--model local-completions --model_args model=NAME,base_url=http://HOST:PORT/v1/completions,tokenizer=DIR`.
 
 Errors come back as OpenAI's {"error": {"message", "type", "param", "code"}}: 400 for a malformed
-request, 401 for a wrong key, 404 for another model's name or an unknown path, 500 if generation fails.
+request (`param` names the field, e.g. `tools[0].function.name`), 401 for a wrong key, 404 for another model's name or an unknown path, 500 if generation fails.
 """
 
 from __future__ import annotations

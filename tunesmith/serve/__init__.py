@@ -1,3 +1,4 @@
-"""An OpenAI-compatible HTTP server for a trained model: the protocol (protocol.py), incremental
-decoding and sampling (decoding.py), batched generation (generation.py) on one worker thread fed by
-a scheduler (scheduler.py), and the FastAPI routes (app.py). Its command line is recipes/serve.py."""
+"""An OpenAI-compatible HTTP server for a trained model: the protocol (protocol.py), tool calls
+(tools.py), a reply split into reasoning, content and calls (reply.py), log-probabilities in OpenAI's
+shape (logprobs.py), and the FastAPI routes (app.py); generation runs on the engine's worker thread
+(generation/worker.py). Its command line is recipes/serve.py."""

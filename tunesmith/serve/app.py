@@ -3,7 +3,9 @@
 object. Each request names one of the served models (the base or model as loaded, and each --adapter),
 is rendered by that model's training template (data/template.py's encode_prompt, what chat uses),
 checked against the context, and handed to the engine's worker thread (generation/worker.py); its
-events come back through an asyncio queue, so the loop never waits on the model."""
+events come back through an asyncio queue, so the loop never waits on the model. A reply comes back
+split into reasoning, content and tool calls (reply.py, tools.py), with its log-probabilities when
+asked (logprobs.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..data.template import encode_prompt
+from ..data.template import render_text
 from ..errors import TemplateError
 from ..generation import Event, SamplingParams
 from ..generation import Request as Job
@@ -29,7 +31,9 @@ from ..generation.worker import Scheduler
 from ..hparams import GenerationArguments, ServeArguments
 from . import protocol
 from .completions import add_completion_routes
+from .logprobs import TokenTexts, choice_logprobs
 from .protocol import APIError, ChatRequest
+from .reply import ReplyShape, ReplySplitter, template_text
 
 logger = logging.getLogger(__name__)
 
@@ -84,15 +88,16 @@ class Server:
             raise APIError(401, "invalid or missing API key: send `Authorization: Bearer KEY` with the server's "
                            "--api_key", code="invalid_api_key")
 
-    def sampling(self, request: ChatRequest, prompt_tokens: int) -> SamplingParams:
+    def sampling(self, request: ChatRequest, prompt_tokens: int, shape: ReplyShape | None = None) -> SamplingParams:
         """The request's settings over the server's defaults (--temperature etc.; --do_sample false:
-        greedy unless the request asks for a temperature)."""
+        greedy unless the request asks for a temperature), with the stop strings a forced call adds."""
         defaults = SamplingParams.from_arguments(self.generation)
         return defaults.replace(
             temperature=defaults.temperature if request.temperature is None else request.temperature,
             top_p=defaults.top_p if request.top_p is None else request.top_p,
             max_new_tokens=self.reply_budget(prompt_tokens, request.max_tokens),
-            stop=tuple(request.stop), seed=request.seed, n=request.n,
+            stop=tuple(request.stop) + (shape.stop if shape else ()), seed=request.seed, n=request.n,
+            logprobs=request.logprobs, top_logprobs=request.top_logprobs,
         )
 
     def reply_budget(self, prompt_tokens: int, max_tokens: int | None) -> int:
@@ -149,15 +154,13 @@ def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, gen
         body = protocol.parse_json_body(await request.body())
         chat = protocol.parse_chat_request(body, serve.max_batch_size)
         served = server.model(chat.model)
-        try:
-            prompt_ids = encode_prompt(served.tokenizer, chat.messages)
-        except TemplateError as e:
-            raise APIError(400, str(e), "messages") from None
-        job, events = server.submit(prompt_ids, server.sampling(chat, len(prompt_ids)), served)
+        prompt_ids, shape = _prompt(served, chat)
+        job, events = server.submit(prompt_ids, server.sampling(chat, len(prompt_ids), shape), served)
+        texts = TokenTexts(served.tokenizer) if chat.logprobs else None
         if chat.stream:
-            return StreamingResponse(_stream(job, events, chat, served.id), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await _complete(job, events, served.id)
+            return StreamingResponse(_stream(job, events, chat, served.id, shape, texts),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await _complete(job, events, served.id, shape, texts)
 
     add_completion_routes(app, server)
     return app
@@ -169,25 +172,62 @@ def _model_card(server: Server, served: ServedModel) -> dict:
             "parent": None if served is server.default else server.default.id}
 
 
-async def _complete(job: Job, events: asyncio.Queue[Event], model_id: str) -> dict:
-    texts, reasons, tokens = [""] * job.n, [""] * job.n, 0
+def _prompt(served: ServedModel, chat: ChatRequest) -> tuple[list[int], ReplyShape]:
+    """The prompt's token ids, as encode_prompt makes them (the template's render, the tools listed by
+    the template itself, tokenized), with a forced call's opening after them; and the reply's shape."""
+    tokenizer = served.tokenizer
+    try:
+        text = render_text(tokenizer, chat.messages, add_generation_prompt=True, tools=chat.tools)
+        if chat.tools and text == render_text(tokenizer, chat.messages, add_generation_prompt=True):
+            raise APIError(400, "`tools`: this model's chat template does not render tools (its prompt is the same "
+                           "without them), so the model would never see them; serve a model whose template "
+                           "supports tools, or one trained with --chat_template chatml_tools", "tools")
+    except TemplateError as e:
+        raise APIError(400, str(e), "messages") from None
+    shape = ReplyShape.of(template_text(tokenizer), text, chat.tools, chat.tool_choice)
+    return tokenizer(text + shape.forced, add_special_tokens=False)["input_ids"], shape
+
+
+async def _complete(job: Job, events: asyncio.Queue[Event], model_id: str, shape: ReplyShape,
+                    texts: TokenTexts | None) -> dict:
+    replies, reasons, records, tokens = [""] * job.n, [""] * job.n, [[] for _ in range(job.n)], 0
     done = 0
     try:
         while done < job.n:
             event = await events.get()
             if event.error:
                 raise APIError(500, event.error)
-            texts[event.index] += event.text
+            replies[event.index] += event.text
+            records[event.index] += event.logprobs
             if event.finish_reason:
                 reasons[event.index], done, tokens = event.finish_reason, done + 1, tokens + event.completion_tokens
     finally:
         job.cancelled = True  # nothing left to do for a finished job; a dropped client frees its rows
+    choices = []
+    for index, text in enumerate(replies):
+        splitter = ReplySplitter(shape)
+        splitter.feed(text)
+        reply = splitter.finish()[1]
+        logprobs = choice_logprobs(records[index], texts) if texts else None
+        choices.append(protocol.choice(index, reply.message(), reply.finish_reason(reasons[index]), logprobs))
     usage = protocol.usage(len(job.prompt_ids), tokens)
-    return protocol.completion(protocol.completion_id(), model_id, texts, reasons, usage)
+    return protocol.completion(protocol.completion_id(), model_id, choices, usage)
 
 
-async def _stream(job: Job, events: asyncio.Queue[Event], chat: ChatRequest, model_id: str) -> AsyncIterator[str]:
+async def _stream(job: Job, events: asyncio.Queue[Event], chat: ChatRequest, model_id: str, shape: ReplyShape,
+                  texts: TokenTexts | None) -> AsyncIterator[str]:
+    """Each reply's deltas as its splitter releases them (reasoning, content, then any tool calls); each
+    chunk carries the log-probabilities of the tokens generated since the last chunk of its reply."""
     cid, done, tokens = protocol.completion_id(), 0, 0
+    splitters = [ReplySplitter(shape) for _ in range(job.n)]
+    pending: list[list] = [[] for _ in range(job.n)]
+
+    def logprobs(index: int) -> dict | None:
+        if texts is None or not pending[index]:
+            return None
+        records, pending[index] = pending[index], []
+        return choice_logprobs(records, texts)
+
     try:
         for index in range(job.n):
             yield protocol.sse(protocol.chunk(cid, model_id, index, {"role": "assistant", "content": ""}))
@@ -196,11 +236,18 @@ async def _stream(job: Job, events: asyncio.Queue[Event], chat: ChatRequest, mod
             if event.error:
                 yield protocol.sse(APIError(500, event.error).body())
                 break
-            if event.text:
-                yield protocol.sse(protocol.chunk(cid, model_id, event.index, {"content": event.text}))
+            index = event.index
+            pending[index] += event.logprobs
+            deltas = splitters[index].feed(event.text) if event.text else []
+            if event.finish_reason:
+                rest, reply = splitters[index].finish()
+                deltas += rest + reply.call_deltas()
+            for delta in deltas:
+                yield protocol.sse(protocol.chunk(cid, model_id, index, delta, logprobs=logprobs(index)))
             if event.finish_reason:
                 done, tokens = done + 1, tokens + event.completion_tokens
-                yield protocol.sse(protocol.chunk(cid, model_id, event.index, {}, event.finish_reason))
+                yield protocol.sse(protocol.chunk(cid, model_id, index, {}, reply.finish_reason(event.finish_reason),
+                                                  logprobs(index)))
         if chat.include_usage and done == job.n:
             yield protocol.sse(protocol.usage_chunk(cid, model_id, protocol.usage(len(job.prompt_ids), tokens)))
         yield protocol.sse("[DONE]")

@@ -1,5 +1,6 @@
 """The OpenAI chat-completions protocol as this server speaks it: a request body checked into a
-`ChatRequest`, the error object, and the completion, chunk and usage objects.
+`ChatRequest` (with the tools offered, the tool choice and the log-probabilities asked for), the error
+object, and the completion, chunk and usage objects.
 
 Messages are read by the data layer's own reader (data/formats.py), so the server accepts exactly
 what training accepts (roles, content strings or text parts, tool calls and results) and refuses the
@@ -8,6 +9,7 @@ rest with the same words; its errors come back as a 400 naming the field."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from typing import Any
 
 from ..constants import ASSISTANT, LOSS_FLAG, TOOL, USER
 from ..data.formats import Message, Row, check_role_order, link_tool_results, openai_messages
+from .tools import ToolChoice, tool_names
 
 ERROR_CODES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                405: "invalid_request_error", 413: "invalid_request_error"}
@@ -22,14 +25,18 @@ ERROR_CODES = {400: "invalid_request_error", 401: "invalid_request_error", 404: 
 # Fields an OpenAI client may send that change nothing here.
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
            "prompt_cache_key", "prompt_cache_retention", "reasoning_effort", "verbosity"}
-# Fields accepted only at a value that asks for nothing this server lacks (it generates plain text).
-NEUTRAL_ONLY = {"tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs", "logit_bias",
-                "response_format", "audio", "modalities", "prediction", "web_search_options", "frequency_penalty",
-                "presence_penalty"}
+# Fields accepted only at a value that asks for nothing this server lacks (OpenAI's legacy `functions`
+# and `function_call` are `tools` and `tool_choice` here).
+NEUTRAL_ONLY = {"functions", "function_call", "logit_bias", "response_format", "audio", "modalities", "prediction",
+                "web_search_options", "frequency_penalty", "presence_penalty"}
 NEUTRAL_VALUES: list[Any] = [False, 0, 0.0, [], {}, "none", "auto", ["text"], {"type": "text"}]
 KNOWN = {"messages", "model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "temperature",
-         "top_p", "stop", "seed"} | IGNORED | NEUTRAL_ONLY
+         "top_p", "stop", "seed", "tools", "tool_choice", "logprobs", "top_logprobs"} | IGNORED | NEUTRAL_ONLY
 MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20
+FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+MAX_TOOLS = 128
+TOOL_CHOICES = ("none", "auto", "required")
 
 
 class APIError(Exception):
@@ -68,6 +75,10 @@ class ChatRequest:
     top_p: float | None = None
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -88,8 +99,7 @@ def parse_chat_request(body: dict, max_n: int) -> ChatRequest:
         raise APIError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
     for key in sorted(NEUTRAL_ONLY & set(body)):
         if not _neutral(body[key]):
-            raise APIError(400, f"`{key}` is not supported by this server (it generates plain text); leave it out",
-                           key)
+            raise APIError(400, f"`{key}` is not supported by this server; leave it out", key)
     if "messages" not in body:
         raise APIError(400, "`messages` is required: a list of {role, content} messages ending with a user message",
                        "messages")
@@ -103,6 +113,14 @@ def parse_chat_request(body: dict, max_n: int) -> ChatRequest:
     request.top_p = _number(body, "top_p", 0.0, 1.0)
     request.seed = _integer(body, "seed", -(2**63), 2**63 - 1, "a 64-bit integer")
     request.stop = _stop(body.get("stop"))
+    request.tools = check_tools(body.get("tools"))
+    request.tool_choice = check_tool_choice(body.get("tool_choice"), request.tools)
+    request.logprobs = bool(_optional(body, "logprobs", bool))
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not request.logprobs:
+        raise APIError(400, "`top_logprobs` needs `logprobs: true`: ask for both, or leave top_logprobs out",
+                       "top_logprobs")
+    request.top_logprobs = top or 0
     return request
 
 
@@ -111,6 +129,7 @@ def _messages(body: dict) -> list[Message]:
     # (nothing to train) does not apply, so they go in as `"loss": false` and come out without it.
     items = body["messages"]
     if isinstance(items, list):
+        _check_tool_call_ids(items)
         items = [{**m, LOSS_FLAG: False} if isinstance(m, dict) and m.get("role") == ASSISTANT else m for m in items]
     row = _RequestRow("request", 1, body)
     messages = openai_messages(row, items)
@@ -119,6 +138,76 @@ def _messages(body: dict) -> list[Message]:
     for m in messages:
         m.pop(LOSS_FLAG, None)
     return messages
+
+
+def _check_tool_call_ids(items: list) -> None:
+    """A tool result names the call it answers (OpenAI requires it; the data reader would guess it from
+    the order, as training files need)."""
+    for i, m in enumerate(items):
+        if isinstance(m, dict) and m.get("role") == TOOL and not (isinstance(m.get("tool_call_id"), str)
+                                                                  and m["tool_call_id"]):
+            raise APIError(400, f"`messages[{i}].tool_call_id` is required: the id of the assistant's tool call "
+                           "this message answers", f"messages[{i}].tool_call_id")
+
+
+def check_tools(value: Any) -> list[dict] | None:
+    """The request's `tools` as OpenAI takes them: [{"type": "function", "function": {"name", "description"?,
+    "parameters"? (a JSON schema object), "strict"?}}], names unique. None when left out or empty."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise APIError(400, f"`tools` must be a list of {{type: function, function: {{name, ...}}}} objects, got "
+                       f"{type(value).__name__}", "tools")
+    if len(value) > MAX_TOOLS:
+        raise APIError(400, f"`tools` takes at most {MAX_TOOLS} functions (got {len(value)})", "tools")
+    seen: set[str] = set()
+    for k, tool in enumerate(value):
+        where = f"tools[{k}]"
+        if not isinstance(tool, dict):
+            raise APIError(400, f"`{where}` must be an object {{type: function, function: {{name, ...}}}}", where)
+        if tool.get("type") != "function":
+            raise APIError(400, f"`{where}.type` must be 'function' (got {json.dumps(tool.get('type'))})",
+                           f"{where}.type")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise APIError(400, f"`{where}.function` is required: an object {{name, description, parameters}}",
+                           f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+            raise APIError(400, f"`{where}.function.name` must be 1 to 64 letters, digits, underscores or dashes "
+                           f"(got {json.dumps(name)})", f"{where}.function.name")
+        if name in seen:
+            raise APIError(400, f"`{where}.function.name`: {name!r} is offered twice; give each function once",
+                           f"{where}.function.name")
+        seen.add(name)
+        for key, kind, what in (("description", str, "a string"), ("parameters", dict, "a JSON schema object"),
+                                ("strict", bool, "true or false")):
+            if function.get(key) is not None and not isinstance(function[key], kind):
+                raise APIError(400, f"`{where}.function.{key}` must be {what}, got {type(function[key]).__name__}",
+                               f"{where}.function.{key}")
+    return value
+
+
+def check_tool_choice(value: Any, tools: list[dict] | None) -> ToolChoice:
+    """`tool_choice`: "none", "auto" (the default), "required", or {"type": "function", "function": {"name"}}
+    naming one of `tools`. Without tools only none and auto mean something (nothing to call)."""
+    if value is None:
+        return ToolChoice()
+    if isinstance(value, str) and value in TOOL_CHOICES:
+        choice = ToolChoice(value)
+    elif isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict) \
+            and isinstance(value["function"].get("name"), str):
+        choice = ToolChoice("function", value["function"]["name"])
+    else:
+        raise APIError(400, "`tool_choice` must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                       f"\"function\": {{\"name\": ...}}}} (got {json.dumps(value)})", "tool_choice")
+    if choice.forced and not tools:
+        raise APIError(400, f"`tool_choice` {json.dumps(value)} needs `tools` to call", "tool_choice")
+    names = tool_names(tools)
+    if choice.name is not None and choice.name not in names:
+        raise APIError(400, f"`tool_choice` names the function {choice.name!r}, which is not in `tools` "
+                       f"({', '.join(map(repr, names))})", "tool_choice")
+    return choice
 
 
 def _neutral(value: Any) -> bool:
@@ -180,16 +269,22 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion(cid: str, model: str, texts: list[str], reasons: list[str], usage_: dict) -> dict:
-    choices = [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                "logprobs": None} for i, (text, reason) in enumerate(zip(texts, reasons))]
+def choice(index: int, message: dict, finish_reason: str, logprobs: dict | None = None) -> dict:
+    """One choice of a completion: the assistant message (content, and tool_calls or reasoning_content
+    where there are some), why it ended, the log-probabilities when asked."""
+    return {"index": index, "message": {"role": "assistant", **message}, "finish_reason": finish_reason,
+            "logprobs": logprobs}
+
+
+def completion(cid: str, model: str, choices: list[dict], usage_: dict) -> dict:
     return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage_}
 
 
-def chunk(cid: str, model: str, index: int, delta: dict, finish_reason: str | None = None) -> dict:
+def chunk(cid: str, model: str, index: int, delta: dict, finish_reason: str | None = None,
+          logprobs: dict | None = None) -> dict:
     return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
 
 
 def usage_chunk(cid: str, model: str, usage_: dict) -> dict:
