@@ -9,7 +9,8 @@ With --peer, both servers serve a plain model folder (default: the embedded mode
 loads no adapter), the servers take turns for --repeats rounds (each round: one server started, warmed up,
 every client count, stopped), and the table gives medians; generated tokens are counted with the model's
 tokenizer on the text each server returned, so both are counted alike; peak RSS is the server process's
-(VmHWM). The last line is `req/s ratio vs transformers serve at 16 clients: X.XX`.
+(VmHWM). --dtype goes to both servers: `auto` (default) compares each at its own default, `bfloat16` or
+`float32` at the same precision. The last line is `req/s ratio vs transformers serve at 16 clients: X.XX`.
 
 Starts the server (greedy, --port 0, on 127.0.0.1 only) as a subprocess, sends one warm-up request,
 then for each client count runs that many threads, each sending --requests_per_client streamed
@@ -51,7 +52,7 @@ REQUEST_TIMEOUT_S = 300
 
 def ours_command(args: argparse.Namespace, port: int) -> list[str]:
     command = [sys.executable, str(ROOT / "chat" / "serve.py"), "--port", str(port), "--do_sample", "false",
-               "--max_new_tokens", str(args.max_tokens), "--max_batch_size", str(max(args.clients))]
+               "--max_new_tokens", str(args.max_tokens), "--max_batch_size", str(max(args.clients)), "--dtype", args.dtype]
     if args.model_name_or_path:
         command += ["--model_name_or_path", args.model_name_or_path]
     if args.adapter_name_or_path:
@@ -61,7 +62,7 @@ def ours_command(args: argparse.Namespace, port: int) -> list[str]:
 
 def peer_command(args: argparse.Namespace, port: int) -> list[str]:
     return [str(Path(sys.executable).with_name("transformers")), "serve", "--continuous-batching", "--host",
-            "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", args.model_name_or_path]
+            "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", args.dtype, args.model_name_or_path]
 
 
 def free_port() -> int:
@@ -136,7 +137,8 @@ def one_round(name: str, command: list[str], url: str, args: argparse.Namespace,
         levels = [run_level(client, model, c, args.requests_per_client, args.max_tokens, tokenizer)
                   for c in args.clients]
         rss = peak_rss_mb(proc.pid)
-        return [level | {"server": name, "peak_rss_mb": rss} for level in levels]
+        dtype = httpx.get(url + "/health").json().get("dtype", "?") if name == "tunesmith" else args.dtype
+        return [level | {"server": name, "peak_rss_mb": rss, "dtype": dtype} for level in levels]
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -151,6 +153,9 @@ def main() -> None:
     parser.add_argument("--max_tokens", type=int, default=64)
     parser.add_argument("--peer", choices=["transformers"], help="Also run this server on the same work.")
     parser.add_argument("--repeats", type=int, default=1, help="Rounds of each server, interleaved; medians reported.")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="Both servers' --dtype (auto: each its own default: tunesmith bf16 where the hardware "
+                        "computes it, transformers serve the weights' dtype).")
     args = parser.parse_args()
     if args.peer:
         if args.adapter_name_or_path:
@@ -171,7 +176,8 @@ def main() -> None:
                 port = free_port()
                 for r in one_round(name, command(args, port), f"http://127.0.0.1:{port}", args, tokenizer, tmp):
                     results.append(r)
-                    print(f"round {round_ + 1} {name:>12} clients {r['clients']:>2}: {r['requests_per_s']:.2f} req/s, "
+                    print(f"round {round_ + 1} {name:>12} ({r['dtype']}) clients {r['clients']:>2}: "
+                          f"{r['requests_per_s']:.2f} req/s, "
                           f"{r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50_s']:.2f} s, peak RSS "
                           f"{r['peak_rss_mb']:.0f} MB", flush=True)
     print(f"\nmedians of {args.repeats} round(s):")

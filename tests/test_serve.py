@@ -49,8 +49,8 @@ def server(model_dir, tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0",
-             "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "50"],
+            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0", "--dtype", "float32",
+             "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "50", "--max_request_bytes", "65536"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
         url = wait_until_healthy(proc, log)
@@ -111,7 +111,8 @@ def test_streamed_and_whole_answers_equal_the_chat_engines(client, engine, token
 
 def test_models_health_stop_n_and_seed(client, server):
     assert [m.id for m in client.models.list()] == ["tiny"]
-    assert httpx.get(server + "/health").json()["status"] == "ok"  # no key needed
+    health = httpx.get(server + "/health").json()  # no key needed
+    assert health["status"] == "ok" and health["dtype"] == "float32"  # as --dtype asked
 
     full = client.chat.completions.create(model="tiny", messages=CONVERSATIONS[0], temperature=0)
     text = full.choices[0].message.content
@@ -157,6 +158,10 @@ BAD_REQUESTS = [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}, 400,
      "check `tool calls rendered` failed: the chat template does not render the assistant's tool calls"),
+    ("too many stops", {"messages": [{"role": "user", "content": "Hi"}], "stop": [str(i) for i in range(17)]}, 400,
+     r"`stop` takes at most 16 sequences \(got 17\)"),
+    ("body over the limit", {"messages": [{"role": "user", "content": "x" * 70000}]}, 413,
+     r"more than this server's limit of 65536 \(--max_request_bytes\)"),
     ("logit_bias", {"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"42": 5}}, 400,
      "`logit_bias` is not supported by this server"),
     ("other model", {"model": "gpt-9", "messages": [{"role": "user", "content": "Hi"}]}, 404,
@@ -310,7 +315,7 @@ def test_several_adapters_over_one_base_are_served_by_name(model_dir, adapter_di
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0",
+            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0", "--dtype", "float32",
              "--served_model_name", "base", "--adapter", f"tuned={adapter_dir}", "--do_sample", "false",
              "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "200", "--max_request_bytes", "4096"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -346,3 +351,14 @@ def test_several_adapters_over_one_base_are_served_by_name(model_dir, adapter_di
         proc.terminate()
         proc.wait(timeout=30)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def test_serving_picks_bf16_where_the_hardware_computes_it():
+    from tunesmith.hparams import ModelArguments
+    from tunesmith.models.loader import serving_model_args
+    from tunesmith.utils.hardware import native_bf16
+
+    native = native_bf16(on_cpu=not torch.cuda.is_available())
+    assert serving_model_args(ModelArguments(dtype="auto")).dtype == ("bfloat16" if native else "auto")
+    assert serving_model_args(ModelArguments(dtype="float32")).dtype == "float32"
+    assert serving_model_args(ModelArguments(dtype="auto", quantization_bit=4)).dtype == "auto"

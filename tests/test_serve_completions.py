@@ -39,7 +39,7 @@ def server(model_dir, tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0",
+            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0", "--dtype", "float32",
              "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--batch_wait_ms", "20"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
@@ -256,7 +256,6 @@ def _answers(result: dict, task: str) -> list:
 
 
 def test_lm_eval_local_completions_scores_and_generates_as_its_hf_model(server, model_dir, monkeypatch):
-    pytest.importorskip("lm_eval")
     monkeypatch.chdir(ROOT)  # the task's data_files are relative to the repository root
     monkeypatch.setenv("OPENAI_API_KEY", KEY)  # lm-eval's API models send it as the bearer token
     local = _lm_eval("hf", f"pretrained={model_dir},dtype=float32,device=cpu,batch_size=1")

@@ -117,7 +117,7 @@ def server(model_dir, tmp_path_factory):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--chat_template",
-             "chatml_tools", "--port", "0", "--api_key", KEY, "--served_model_name", "chain", "--do_sample", "false",
+             "chatml_tools", "--port", "0", "--dtype", "float32", "--api_key", KEY, "--served_model_name", "chain", "--do_sample", "false",
              "--max_new_tokens", "40"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
         yield wait_until_healthy(proc, log)
@@ -386,6 +386,7 @@ def tool_adapter(tmp_path_factory, default_model_path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_langchain_agent_calls_a_tool_and_answers_from_its_result(tool_adapter, tmp_path):
     """One agent round through LangChain's ChatOpenAI against the tuned adapter: the question, the model's
     call, the tool's result as a ToolMessage, the model's answer from it."""
@@ -406,7 +407,7 @@ def test_a_langchain_agent_calls_a_tool_and_answers_from_its_result(tool_adapter
     with open(log, "w") as out:
         # The adapter's folder carries the chatml_tools template it trained with; the flag says it anyway.
         proc = subprocess.Popen([sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", tool_adapter,
-                                 "--chat_template", "chatml_tools", "--port", "0", "--api_key", KEY,
+                                 "--chat_template", "chatml_tools", "--port", "0", "--dtype", "float32", "--api_key", KEY,
                                  "--served_model_name", "tools", "--do_sample", "false"],
                                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:

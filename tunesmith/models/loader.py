@@ -17,7 +17,7 @@ from ..data.template import apply_chat_template_override
 from ..errors import PathError
 from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
-from ..utils.hardware import trains_on_cpu
+from ..utils.hardware import native_bf16, trains_on_cpu
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
 
@@ -277,6 +277,18 @@ def inference_device() -> torch.device:
     """Where a model for inference (chat, serve, score, compare, merge) runs: the GPU when there is
     one, else the CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def serving_model_args(model_args: ModelArguments) -> ModelArguments:
+    """The model arguments a server loads with: `--dtype auto` serves in bfloat16 where the hardware computes
+    it natively (a GPU with bf16, a CPU with AVX512-BF16/AMX), as SFT trains there: a decode step reads
+    every weight, and half the bytes with AMX's bf16 products measured twice the tokens/s of float32 on the
+    2-core CPU (docs/benchmark.md). Elsewhere, and for a quantized base, the choice stays resolve_dtype's."""
+    if model_args.dtype != "auto" or model_args.quantization_bit is not None:
+        return model_args
+    if not native_bf16(on_cpu=inference_device().type == "cpu"):
+        return model_args
+    return dataclasses.replace(model_args, dtype="bfloat16")
 
 
 def load_for_inference(model_args: ModelArguments, task: str = "causal_lm") -> tuple[nn.Module, Any]:

@@ -4,6 +4,15 @@ chat template that training used.
     tunesmith serve                                              # the embedded SmolLM2-135M-Instruct
     python chat/serve.py --model_name_or_path outputs/sft_demo   # an adapter dir (base from adapter_config.json)
     python chat/serve.py --model_name_or_path M --adapter_name_or_path A --host 127.0.0.1 --port 8000 --api_key KEY
+    python chat/serve.py --adapter identity=outputs/sft_demo --adapter tools=outputs/sft_tools_demo   # several
+
+--dtype auto serves in bfloat16 where the hardware computes it natively (a CPU with AVX512-BF16/AMX, a
+GPU with bf16), float32 elsewhere; --dtype float32 gives the answers chat and compare give, bit for bit.
+
+--adapter NAME=PATH (repeatable) serves LoRA adapters over the one base, each as model NAME with the chat
+template it was trained with; GET /v1/models lists the model as given first, then every adapter, and a
+request's `model` picks one (an unknown name is a 404 listing them). Rows of different adapters share
+a batch through peft's mixed-adapter forward; adapters peft cannot mix (DoRA) run one adapter at a time.
 
 Routes: POST /v1/chat/completions (`stream` over server-sent events or not; `temperature`, `top_p`,
 `max_tokens` or `max_completion_tokens`, `stop`, `n`, `seed`; `tools` and `tool_choice`; `logprobs` and
@@ -31,7 +40,8 @@ penalties. It is what lm-eval's `local-completions` model calls:
 `--model local-completions --model_args model=NAME,base_url=http://HOST:PORT/v1/completions,tokenizer=DIR`.
 
 Errors come back as OpenAI's {"error": {"message", "type", "param", "code"}}: 400 for a malformed
-request (`param` names the field, e.g. `tools[0].function.name`), 401 for a wrong key, 404 for another model's name or an unknown path, 500 if generation fails.
+request (`param` names the field, e.g. `tools[0].function.name`), 401 for a wrong key, 404 for another
+model's name or an unknown path, 413 for a body over --max_request_bytes, 500 if generation fails.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from ..boundary import entry_point
 from ..errors import ConfigError
 from ..generation import BASE
 from ..hparams import ModelArguments, parse_run
-from ..models.loader import add_adapters, load_for_inference
+from ..models.loader import add_adapters, load_for_inference, serving_model_args
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +67,7 @@ def run(argv: Sequence[str] | None = None) -> None:
     from ..serve.app import ServedModel, create_app
 
     listener = listen(args.serve.host, args.serve.port)  # before the model loads: a busy port fails at once
+    args.model = serving_model_args(args.model)  # --dtype auto: bf16 where the hardware computes it
     model, tokenizer = load_for_inference(args.model)
     main_id = args.serve.served_model_name or model_name(args.model)
     adapters = args.serve.adapters()

@@ -59,6 +59,7 @@ class Server:
         self.default = models[0]
         self.serve, self.generation, self.api_key = serve, generation, api_key
         self.context = serve.context_length or getattr(model.config, "max_position_embeddings", None) or 2048
+        self.dtype = str(model.dtype).removeprefix("torch.")
         self.scheduler = Scheduler(model, self.default.tokenizer, serve.max_batch_size, serve.batch_wait_ms / 1000)
         self.created = int(time.time())
 
@@ -135,7 +136,7 @@ def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, gen
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": server.default.id, "models": list(server.models),
+        return {"status": "ok", "model": server.default.id, "models": list(server.models), "dtype": server.dtype,
                 **server.scheduler.stats}
 
     @app.get("/v1/models")

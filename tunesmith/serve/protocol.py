@@ -32,7 +32,9 @@ NEUTRAL_ONLY = {"functions", "function_call", "logit_bias", "response_format", "
 NEUTRAL_VALUES: list[Any] = [False, 0, 0.0, [], {}, "none", "auto", ["text"], {"type": "text"}]
 KNOWN = {"messages", "model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "temperature",
          "top_p", "stop", "seed", "tools", "tool_choice", "logprobs", "top_logprobs"} | IGNORED | NEUTRAL_ONLY
-MAX_STOP_SEQUENCES = 4
+# OpenAI takes 4; evaluation harnesses send more (lm-eval adds the end-of-text string to a task's
+# `until` list) and vLLM sets no limit, so this server takes 16. Each is matched on every piece of text.
+MAX_STOP_SEQUENCES = 16
 MAX_TOP_LOGPROBS = 20
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 MAX_TOOLS = 128
