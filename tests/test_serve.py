@@ -264,10 +264,25 @@ def test_a_busy_port_is_refused_before_the_model_loads(model_dir):
     (dict(port=70000), r"--port must be in 0..65535 \(got 70000\); 0 takes any free port"),
     (dict(max_batch_size=0), r"--max_batch_size must be at least 1 and --batch_wait_ms at least 0 \(got 0 and 10.0\)"),
     (dict(context_length=4), r"--context_length must be at least 8 tokens \(got 4\)"),
+    (dict(adapter=["tuned"]), r"--adapter: 'tuned' is not NAME=PATH; give each adapter as NAME=PATH"),
+    (dict(max_request_bytes=10), r"--max_request_bytes must be at least 1024 \(got 10\)"),
 ])
 def test_serve_flags_are_checked(flags, message):
     with pytest.raises(ConfigError, match=message):
         check(serve=ServeArguments(**flags))
+
+
+def test_serve_refuses_beam_search_and_one_adapter_name_twice(adapter_dir):
+    from tunesmith.errors import PathError
+
+    with pytest.raises(PathError, match="--adapter: /nonexistent: not a LoRA adapter folder"):
+        check(serve=ServeArguments(adapter=["tuned=/nonexistent"]))
+    with pytest.raises(ConfigError, match="--num_beams cannot be used with serve"):
+        check(serve=ServeArguments(), generation=GenerationArguments(num_beams=2))
+    with pytest.raises(ConfigError, match="two adapters share a NAME"):
+        check(serve=ServeArguments(adapter=[f"a={adapter_dir}", f"a={adapter_dir}"]))
+    assert ServeArguments(adapter=[[f"a={adapter_dir}"], [f"b={adapter_dir}"]]).adapters() == {
+        "a": adapter_dir, "b": adapter_dir}  # repeated flags arrive as lists: flattened
 
 
 def test_incremental_decoding_never_splits_a_character(tokenizer):

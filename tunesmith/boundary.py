@@ -41,5 +41,16 @@ def entry_point(run: Callable[[list[str]], Any]) -> Callable[[Sequence[str] | No
         except KeyboardInterrupt:
             print("tunesmith: interrupted", file=sys.stderr, flush=True)
             sys.exit(EXIT_INTERRUPTED)
+        finally:
+            leave_process_group()
 
     return main
+
+
+def leave_process_group() -> None:
+    """Destroy a distributed run's process group before the interpreter exits. Left to the interpreter's
+    teardown, gloo's threads could be destroyed still running: "terminate called without an active
+    exception" and exit status 250 (or a launcher's 1) after a run that had trained and saved."""
+    dist = sys.modules.get("torch.distributed")  # a run that never imported torch has no group to leave
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

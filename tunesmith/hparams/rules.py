@@ -286,12 +286,14 @@ RULES: list[Rule] = [
     Rule("serve_adapter_spec", ("serve",),
          lambda a: _problem(next((f"{spec!r} is not NAME=PATH" for spec in a.serve.adapter
                                   if not re.fullmatch(r"[^=\s]+=.+", spec)), None)
-                            or next((f"{path}: {problem}" for path in (s.split("=", 1)[1] for s in a.serve.adapter)
-                                     if not is_adapter_dir(path) for problem in ["not a LoRA adapter folder"]), None)
                             or (len({s.split("=", 1)[0] for s in a.serve.adapter}) < len(a.serve.adapter)
-                                and "two adapters share a NAME")),
-         "--adapter: {problem}; give each adapter as NAME=PATH, PATH a LoRA adapter folder (adapter_config.json), "
-         "each NAME once.", PathError),
+                                and "two adapters share a NAME") or None),
+         "--adapter: {problem}; give each adapter as NAME=PATH, each NAME once."),
+    Rule("serve_adapter_path", ("serve",),
+         lambda a: _problem(next((path for path in (s.split("=", 1)[1] for s in a.serve.adapter if "=" in s)
+                                  if not is_adapter_dir(path)), None)),
+         "--adapter: {problem}: not a LoRA adapter folder (no adapter_config.json); give NAME=PATH with PATH an "
+         "adapter folder that training wrote.", PathError),
     Rule("serve_no_beams", ("serve", "generation"), lambda a: a.generation.num_beams != 1,
          "--num_beams cannot be used with serve: the server streams replies token by token (beam search picks "
          "a reply only at its end); leave it out."),
