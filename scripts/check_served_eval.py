@@ -94,7 +94,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=60)
     for task in args.tasks:
-        metrics = {k: v for k, v in local["results"][task].items() if "stderr" not in k and k != "alias"}
+        metrics = {k: v for k, v in local["results"][task].items() if "," in k and "stderr" not in k}
         both = ", ".join(f"{k}: in-process {v} / served {remote['results'][task][k]}" for k, v in metrics.items())
         mine, theirs = responses(remote, task), responses(local, task)
         if mine and isinstance(mine[0][0], (list, tuple)):  # loglikelihood: (ll, is_greedy) per choice
