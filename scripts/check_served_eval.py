@@ -15,42 +15,28 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from bench_serve import free_port, start_server  # the script's own folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "tests" / "data" / "lm_eval_tasks"
 
 
 def serve(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, str(ROOT / "chat" / "serve.py"), "--port", "0", "--dtype", "float32",
+    """chat/serve.py on a free port, in float32 as lm-eval's hf model computes; (process, address)."""
+    port = free_port()
+    command = [sys.executable, str(ROOT / "chat" / "serve.py"), "--port", str(port), "--dtype", "float32",
                "--served_model_name", "served", "--do_sample", "false"]
     if args.model_name_or_path:
         command += ["--model_name_or_path", args.model_name_or_path]
     if args.adapter_name_or_path:
         command += ["--adapter_name_or_path", args.adapter_name_or_path]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server stopped:\n{log.read_text()[-3000:]}")
-        found = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", log.read_text())
-        if found:
-            try:
-                httpx.get(found[1] + "/health", timeout=5).raise_for_status()
-                return proc, found[1]
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise SystemExit("the server did not come up within 300 s")
+    url = f"http://127.0.0.1:{port}"
+    return start_server(command, url, log), url
 
 
 def evaluate(model: str, model_args: str, tasks: list[str], include_path: str) -> dict:

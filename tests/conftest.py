@@ -3,11 +3,14 @@ config around it (fast tier), and the real 135M default model (slow tier)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -75,6 +78,41 @@ def build_tiny_model_dir(path, tokenizer, hidden_size: int = 64, layers: int = 2
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
+
+
+def save_random_adapter(model_dir: str, tokenizer, out: str, seed: int) -> str:
+    """A LoRA adapter (r 4, every linear layer) with random B as well as A, so it changes the model's
+    answers, saved with the tokenizer to `out`."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.models.loader import find_lora_targets
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    config = LoraConfig(r=4, lora_alpha=32, target_modules=find_lora_targets(model), init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def running_server(log: Path, *flags: str, timeout: float = 120) -> Iterator[str]:
+    """A `chat/serve.py` process with these flags on a free port (`--port 0`) and one thread; yields its
+    address once /health answers, stops it afterwards, and fails if its log holds a traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "chat" / "serve.py"), "--port", "0", *flags],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        yield wait_until_healthy(proc, log, timeout)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def wait_until_healthy(proc: subprocess.Popen, log: Path, timeout: float = 120) -> str:

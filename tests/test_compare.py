@@ -9,12 +9,12 @@ import os
 import pytest
 import torch
 import wcwidth
-from peft import LoraConfig, PeftModel, get_peft_model
+from conftest import save_random_adapter
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import DataError
-from tunesmith.models.loader import find_lora_targets
 from tunesmith.recipes import compare
 
 QUESTIONS = ["Who are you?", "What is the capital of France, and why is it famous?", "你是谁？"]
@@ -22,13 +22,7 @@ QUESTIONS = ["Who are you?", "What is the capital of France, and why is it famou
 
 @pytest.fixture(scope="module")
 def adapter(tmp_path_factory, tiny_model_dir, tokenizer) -> str:
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    config = LoraConfig(r=4, lora_alpha=32, target_modules=find_lora_targets(model), init_lora_weights=False)
-    out = str(tmp_path_factory.mktemp("adapter"))
-    get_peft_model(model, config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_random_adapter(tiny_model_dir, tokenizer, str(tmp_path_factory.mktemp("adapter")), seed=3)
 
 
 def alone(model, tokenizer, question: str, max_new_tokens: int) -> str:

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import build_tiny_model_dir, wait_until_healthy
+from conftest import build_tiny_model_dir, running_server, save_random_adapter
 from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.session import ChatSession
@@ -45,20 +45,11 @@ def model_dir(tmp_path_factory, tokenizer) -> str:
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     """A server process on a free port (`--port 0`), its address read from its log."""
-    log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0", "--dtype", "float32",
-             "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "50", "--max_request_bytes", "65536"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        url = wait_until_healthy(proc, log)
+    with running_server(tmp_path_factory.mktemp("serve-log") / "server.log", "--model_name_or_path", model_dir,
+                        "--dtype", "float32", "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false",
+                        "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "50",
+                        "--max_request_bytes", "65536") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -310,32 +301,16 @@ def test_stop_strings_are_held_back_until_they_cannot_match():
 
 @pytest.fixture(scope="module")
 def adapter_dir(tmp_path_factory, model_dir, tokenizer) -> str:
-    from peft import LoraConfig, get_peft_model
-
-    from tunesmith.models.loader import find_lora_targets
-
-    torch.manual_seed(5)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    config = LoraConfig(r=4, lora_alpha=32, target_modules=find_lora_targets(model), init_lora_weights=False)
-    out = str(tmp_path_factory.mktemp("served-adapter"))
-    get_peft_model(model, config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_random_adapter(model_dir, tokenizer, str(tmp_path_factory.mktemp("served-adapter")), seed=5)
 
 
 def test_several_adapters_over_one_base_are_served_by_name(model_dir, adapter_dir, tokenizer, tmp_path):
     """--adapter NAME=PATH: /v1/models lists the base and the adapter, a request's `model` picks one, and
     concurrent requests for both (one batch, peft's mixed-adapter forward) answer as each model alone."""
-    log = tmp_path / "server.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0", "--dtype", "float32",
-             "--served_model_name", "base", "--adapter", f"tuned={adapter_dir}", "--do_sample", "false",
-             "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "200", "--max_request_bytes", "4096"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        url = wait_until_healthy(proc, log)
+    with running_server(tmp_path / "server.log", "--model_name_or_path", model_dir, "--dtype", "float32",
+                        "--served_model_name", "base", "--adapter", f"tuned={adapter_dir}", "--do_sample", "false",
+                        "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "200",
+                        "--max_request_bytes", "4096") as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == ["base", "tuned"]
         messages = CONVERSATIONS[1]
@@ -362,10 +337,6 @@ def test_several_adapters_over_one_base_are_served_by_name(model_dir, adapter_di
                          headers={"Content-Type": "application/json"})
         assert big.status_code == 413 and "more than this server's limit of 4096" in big.json()["error"]["message"]
         assert ask("tuned") == expected[1]  # still up
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def test_serving_picks_bf16_where_the_hardware_computes_it():

@@ -6,16 +6,13 @@ on it scores a small multiple-choice task (and generates) exactly as lm-eval's o
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import httpx
 import openai
 import pytest
 import torch
-from conftest import build_tiny_model_dir, wait_until_healthy
+from conftest import build_tiny_model_dir, running_server
 from test_serve import KEY, ROOT
 from transformers import AutoModelForCausalLM
 
@@ -35,19 +32,10 @@ def model_dir(tmp_path_factory, tokenizer) -> str:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("completions-log") / "server.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--port", "0", "--dtype", "float32",
-             "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false", "--batch_wait_ms", "20"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        yield wait_until_healthy(proc, log)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    with running_server(tmp_path_factory.mktemp("completions-log") / "server.log", "--model_name_or_path", model_dir,
+                        "--dtype", "float32", "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false",
+                        "--batch_wait_ms", "20") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import wait_until_healthy
+from conftest import running_server, wait_until_healthy
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from tunesmith.data.template import apply_chat_template_override, encode_prompt, render_text
@@ -112,19 +112,10 @@ def model_dir(tmp_path_factory, tokenizer, tools_tokenizer) -> str:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve-tools-log") / "server.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir, "--chat_template",
-             "chatml_tools", "--port", "0", "--dtype", "float32", "--api_key", KEY, "--served_model_name", "chain", "--do_sample", "false",
-             "--max_new_tokens", "40"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        yield wait_until_healthy(proc, log)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    with running_server(tmp_path_factory.mktemp("serve-tools-log") / "server.log", "--model_name_or_path", model_dir,
+                        "--chat_template", "chatml_tools", "--dtype", "float32", "--api_key", KEY,
+                        "--served_model_name", "chain", "--do_sample", "false", "--max_new_tokens", "40") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
