@@ -115,6 +115,15 @@ def running_server(log: Path, *flags: str, timeout: float = 120) -> Iterator[str
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
+def assert_openai_error(reply: httpx.Response, status: int, pattern: str) -> dict:
+    """The reply is OpenAI's error object with this status, its message matching `pattern`; returns it."""
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert re.search(pattern, error["message"]), error
+    assert error["type"] == "invalid_request_error" and set(error) == {"message", "type", "param", "code"}
+    return error
+
+
 def wait_until_healthy(proc: subprocess.Popen, log: Path, timeout: float = 120) -> str:
     """The address a `chat/serve.py` process logs (it listens on `--port 0`), once its /health answers."""
     deadline = time.monotonic() + timeout

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import build_tiny_model_dir, running_server, save_random_adapter
+from conftest import assert_openai_error, build_tiny_model_dir, running_server, save_random_adapter
 from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.session import ChatSession
@@ -163,10 +162,7 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("name, body, status, message", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
 def test_bad_requests_get_an_openai_error_object(server, name, body, status, message):
     reply = httpx.post(server + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
-    assert reply.status_code == status
-    error = reply.json()["error"]
-    assert re.search(message, error["message"]), error
-    assert error["type"] == "invalid_request_error" and set(error) == {"message", "type", "param", "code"}
+    assert_openai_error(reply, status, message)
 
 
 def test_bad_json_an_unknown_path_and_the_api_key(server, client):

@@ -6,13 +6,11 @@ on it scores a small multiple-choice task (and generates) exactly as lm-eval's o
 
 from __future__ import annotations
 
-import re
-
 import httpx
 import openai
 import pytest
 import torch
-from conftest import build_tiny_model_dir, running_server
+from conftest import assert_openai_error, build_tiny_model_dir, running_server
 from test_serve import KEY, ROOT
 from transformers import AutoModelForCausalLM
 
@@ -217,10 +215,7 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("name, body, status, message", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
 def test_bad_requests_get_an_openai_error_object(server, name, body, status, message):
     reply = httpx.post(server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
-    assert reply.status_code == status
-    error = reply.json()["error"]
-    assert re.search(message, error["message"]), error
-    assert error["type"] == "invalid_request_error" and set(error) == {"message", "type", "param", "code"}
+    assert_openai_error(reply, status, message)
 
 
 def test_the_openai_client_sees_the_refusals_and_the_server_goes_on(client):
