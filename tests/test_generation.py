@@ -159,6 +159,8 @@ def test_rows_of_different_adapters_share_a_batch_and_answer_as_each_alone(model
     params = SamplingParams(temperature=0, max_new_tokens=8)
     alone = {name: engine.generate([prompts[1]], params, adapter=name)[0][0].token_ids for name in ("a", "b", BASE)}
     assert len({tuple(v) for v in alone.values()}) == 3  # three different models
+    # No adapter named: the one active when the engine was made ("a"), though "b"'s batch switched to "b".
+    assert engine.generate([prompts[1]], params)[0][0].token_ids == alone["a"]
 
     requests = [Request(prompts[1], params, adapter=name) for name in ("a", "b", BASE)]
     batch = Batch(model, tokenizer)

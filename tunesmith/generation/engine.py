@@ -166,13 +166,16 @@ class Batch:
     padding), next positions, next-token logits and adapters. The cache's tensors are edited the way
     transformers' own batch_select_indices does."""
 
-    def __init__(self, model: Any, tokenizer: Any, stop_ids: set[int] | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, stop_ids: set[int] | None = None,
+                 default_adapter: str | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.stop_ids = stop_token_ids(model, tokenizer) if stop_ids is None else stop_ids
         self.device = model.device
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.cache_arg = _cache_argument(model)
-        self.default_adapter = getattr(model, "active_adapter", None)
+        # What a request's adapter None means: the adapter active when the engine was made (a batch on one
+        # adapter switches the model to it, so the active one at a later batch's start may be another).
+        self.default_adapter = default_adapter or getattr(model, "active_adapter", None)
         # peft runs rows of different LoRA adapters in one forward (adapter_names); DoRA and other tuners not.
         configs = getattr(model, "peft_config", {}) or {}
         self.mixes_adapters = all(str(getattr(c, "peft_type", "")).endswith("LORA") and not getattr(c, "use_dora", False)
@@ -333,6 +336,7 @@ class Engine:
     def __init__(self, model: Any, tokenizer: Any, synced: bool = False) -> None:
         self.model, self.tokenizer, self.synced = model, tokenizer, synced
         self.stop_ids = stop_token_ids(model, tokenizer)
+        self.default_adapter = getattr(model, "active_adapter", None)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
                  adapter: str | None = None, on_event: Callable[[int, Event], None] | None = None,
@@ -348,7 +352,7 @@ class Engine:
             return beam_search(self.model, self.tokenizer, prompts, settings, self.stop_ids, adapter)
         requests = [Request(p, s, (lambda e, i=i: on_event(i, e)) if on_event else None, adapter)
                     for i, (p, s) in enumerate(zip(prompts, settings))]
-        batch = Batch(self.model, self.tokenizer, self.stop_ids)
+        batch = Batch(self.model, self.tokenizer, self.stop_ids, self.default_adapter)
         waiting = list(requests)
         limit = max_batch_size or sum(r.n for r in requests) or 1
         while True:
