@@ -80,6 +80,14 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
 
 
+@pytest.fixture(scope="session")
+def chatty_model_dir(tmp_path_factory, tokenizer) -> str:
+    # Larger random weights than the shared tiny model (whose greedy reply is "\n" over and over): replies
+    # with varied words, a byte token that never completes a character (decoded as U+FFFD), and
+    # multiple-choice answers whose log-likelihoods differ.
+    return build_tiny_model_dir(tmp_path_factory.mktemp("chatty"), tokenizer, initializer_range=0.2)
+
+
 def save_random_adapter(model_dir: str, tokenizer, out: str, seed: int) -> str:
     """A LoRA adapter (r 4, every linear layer) with random B as well as A, so it changes the model's
     answers, saved with the tokenizer to `out`."""

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.session import ChatSession
@@ -118,13 +117,6 @@ def test_generation_flags_are_checked(flags, message):
     with pytest.raises(ConfigError, match=message):
         check(generation=GenerationArguments(**flags))
     check(generation=GenerationArguments(do_sample=False, temperature=0.0))  # greedy decoding ignores the temperature
-
-
-@pytest.fixture(scope="module")
-def chatty_model_dir(tmp_path_factory, tokenizer) -> str:
-    # Larger random weights than the shared tiny model (whose greedy reply is "\n" over and over): replies
-    # with words in them, which the SFT loader takes back from /save.
-    return build_tiny_model_dir(tmp_path_factory.mktemp("chatty"), tokenizer, initializer_range=0.2)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model_dir
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -21,13 +20,8 @@ QUESTIONS = ["Hi", "Tell me a long story about a cat and a dog, please.", "ä½ å¥
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer) -> str:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("gen-model"), tokenizer, initializer_range=0.2)
-
-
-@pytest.fixture(scope="module")
-def model(model_dir):
-    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+def model(chatty_model_dir):
+    return AutoModelForCausalLM.from_pretrained(chatty_model_dir).eval()
 
 
 @pytest.fixture(scope="module")
@@ -141,14 +135,14 @@ def test_a_frequency_penalty_changes_a_repetitive_greedy_reply(tiny_model_dir, t
     assert len(set(penalised)) == len(penalised)  # ... and a penalty far above the logits' spread stops that
 
 
-def test_rows_of_different_adapters_share_a_batch_and_answer_as_each_alone(model_dir, tokenizer, prompts):
+def test_rows_of_different_adapters_share_a_batch_and_answer_as_each_alone(chatty_model_dir, tokenizer, prompts):
     adapters = {}
     for name, seed in (("a", 1), ("b", 2)):
         torch.manual_seed(seed)
-        base = AutoModelForCausalLM.from_pretrained(model_dir)
+        base = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
         config = LoraConfig(r=4, lora_alpha=32, target_modules=find_lora_targets(base), init_lora_weights=False)
         adapters[name] = get_peft_model(base, config)
-    model = PeftModel(AutoModelForCausalLM.from_pretrained(model_dir), adapters["a"].peft_config["default"], "a")
+    model = PeftModel(AutoModelForCausalLM.from_pretrained(chatty_model_dir), adapters["a"].peft_config["default"], "a")
     model.load_state_dict({k.replace(".default.", ".a."): v for k, v in adapters["a"].state_dict().items()},
                           strict=False)
     model.add_adapter("b", adapters["b"].peft_config["default"])
@@ -179,7 +173,7 @@ def test_beam_search_is_transformers_own(model, tokenizer, prompts):
     assert beam.text == tokenizer.decode(beam.token_ids, skip_special_tokens=True)
 
 
-def test_adapters_peft_cannot_mix_are_scheduled_one_adapter_at_a_time(model_dir, tokenizer, prompts):
+def test_adapters_peft_cannot_mix_are_scheduled_one_adapter_at_a_time(chatty_model_dir, tokenizer, prompts):
     """DoRA adapters cannot share a forward (peft refuses adapter_names with DoRA): the worker runs one
     adapter's rows at a time, first come first served, and each answer is what that adapter gives alone."""
     import threading
@@ -187,7 +181,7 @@ def test_adapters_peft_cannot_mix_are_scheduled_one_adapter_at_a_time(model_dir,
     from tunesmith.generation.worker import Scheduler
 
     torch.manual_seed(4)
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
     config = {"r": 4, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"], "use_dora": True,
               "init_lora_weights": False}
     model = get_peft_model(base, LoraConfig(**config), adapter_name="a")

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import assert_openai_error, build_tiny_model_dir, running_server, save_random_adapter
+from conftest import assert_openai_error, running_server, save_random_adapter
 from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.session import ChatSession
@@ -35,16 +35,9 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer) -> str:
-    # Larger random weights than the shared tiny model, whose greedy reply is "\n" over and over: these
-    # answer with varied words, and a byte token that never completes a character (decoded as U+FFFD).
-    return build_tiny_model_dir(tmp_path_factory.mktemp("serve-model"), tokenizer, initializer_range=0.2)
-
-
-@pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server(chatty_model_dir, tmp_path_factory):
     """A server process on a free port (`--port 0`), its address read from its log."""
-    with running_server(tmp_path_factory.mktemp("serve-log") / "server.log", "--model_name_or_path", model_dir,
+    with running_server(tmp_path_factory.mktemp("serve-log") / "server.log", "--model_name_or_path", chatty_model_dir,
                         "--dtype", "float32", "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false",
                         "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "50",
                         "--max_request_bytes", "65536") as url:
@@ -57,8 +50,8 @@ def client(server) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir, tokenizer) -> ChatSession:
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+def engine(chatty_model_dir, tokenizer) -> ChatSession:
+    model = AutoModelForCausalLM.from_pretrained(chatty_model_dir).eval()
     return ChatSession(model, tokenizer, GenerationArguments(do_sample=False, max_new_tokens=MAX_TOKENS))
 
 
@@ -233,12 +226,12 @@ def test_rows_join_a_running_batch_and_leave_it_with_the_answers_they_get_alone(
     assert len(batch) == 0 and batch.cache is None
 
 
-def test_a_busy_port_is_refused_before_the_model_loads(model_dir):
+def test_a_busy_port_is_refused_before_the_model_loads(chatty_model_dir):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = subprocess.run([sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", model_dir,
+        proc = subprocess.run([sys.executable, str(ROOT / "chat" / "serve.py"), "--model_name_or_path", chatty_model_dir,
                                "--port", str(port)], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -296,14 +289,14 @@ def test_stop_strings_are_held_back_until_they_cannot_match():
 
 
 @pytest.fixture(scope="module")
-def adapter_dir(tmp_path_factory, model_dir, tokenizer) -> str:
-    return save_random_adapter(model_dir, tokenizer, str(tmp_path_factory.mktemp("served-adapter")), seed=5)
+def adapter_dir(tmp_path_factory, chatty_model_dir, tokenizer) -> str:
+    return save_random_adapter(chatty_model_dir, tokenizer, str(tmp_path_factory.mktemp("served-adapter")), seed=5)
 
 
-def test_several_adapters_over_one_base_are_served_by_name(model_dir, adapter_dir, tokenizer, tmp_path):
+def test_several_adapters_over_one_base_are_served_by_name(chatty_model_dir, adapter_dir, tokenizer, tmp_path):
     """--adapter NAME=PATH: /v1/models lists the base and the adapter, a request's `model` picks one, and
     concurrent requests for both (one batch, peft's mixed-adapter forward) answer as each model alone."""
-    with running_server(tmp_path / "server.log", "--model_name_or_path", model_dir, "--dtype", "float32",
+    with running_server(tmp_path / "server.log", "--model_name_or_path", chatty_model_dir, "--dtype", "float32",
                         "--served_model_name", "base", "--adapter", f"tuned={adapter_dir}", "--do_sample", "false",
                         "--max_new_tokens", str(MAX_TOKENS), "--batch_wait_ms", "200",
                         "--max_request_bytes", "4096") as url:
@@ -321,8 +314,8 @@ def test_several_adapters_over_one_base_are_served_by_name(model_dir, adapter_di
         params = SamplingParams(temperature=0, max_new_tokens=MAX_TOKENS)
         from peft import PeftModel
 
-        tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter_dir).eval()
-        base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(chatty_model_dir), adapter_dir).eval()
+        base = AutoModelForCausalLM.from_pretrained(chatty_model_dir).eval()
         expected = [Engine(m, tokenizer).generate([prompt], params)[0][0].text for m in (base, tuned)]
         assert answers == expected and expected[0] != expected[1]
         assert httpx.get(url + "/health").json()["largest_batch"] == 2  # the two shared a batch

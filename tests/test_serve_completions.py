@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import assert_openai_error, build_tiny_model_dir, running_server
+from conftest import assert_openai_error, running_server
 from test_serve import KEY, ROOT
 from transformers import AutoModelForCausalLM
 
@@ -23,14 +23,8 @@ PROMPT = "The quick brown fox, café ☕, jumps"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer) -> str:
-    # Large random weights (as test_serve's): varied words, and choices whose loglikelihoods differ.
-    return build_tiny_model_dir(tmp_path_factory.mktemp("completions-model"), tokenizer, initializer_range=0.2)
-
-
-@pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("completions-log") / "server.log", "--model_name_or_path", model_dir,
+def server(chatty_model_dir, tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("completions-log") / "server.log", "--model_name_or_path", chatty_model_dir,
                         "--dtype", "float32", "--api_key", KEY, "--served_model_name", "tiny", "--do_sample", "false",
                         "--batch_wait_ms", "20") as url:
         yield url
@@ -42,8 +36,8 @@ def client(server) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def model(model_dir):
-    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+def model(chatty_model_dir):
+    return AutoModelForCausalLM.from_pretrained(chatty_model_dir).eval()
 
 
 def _logprobs(model, ids: list[int]) -> torch.Tensor:
@@ -238,13 +232,13 @@ def _answers(result: dict, task: str) -> list:
     return [sample["filtered_resps"] for sample in sorted(result["samples"][task], key=lambda s: s["doc_id"])]
 
 
-def test_lm_eval_local_completions_scores_and_generates_as_its_hf_model(server, model_dir, monkeypatch):
+def test_lm_eval_local_completions_scores_and_generates_as_its_hf_model(server, chatty_model_dir, monkeypatch):
     monkeypatch.chdir(ROOT)  # the task's data_files are relative to the repository root
     monkeypatch.setenv("OPENAI_API_KEY", KEY)  # lm-eval's API models send it as the bearer token
-    local = _lm_eval("hf", f"pretrained={model_dir},dtype=float32,device=cpu,batch_size=1")
+    local = _lm_eval("hf", f"pretrained={chatty_model_dir},dtype=float32,device=cpu,batch_size=1")
     # batch_size 4: a list of token-id prompts per request. tokenizer_backend auto: lm-eval first asks
     # GET /tokenizer_info for a remote tokenizer; the 404 sends it to the local one, as it should.
-    remote = _lm_eval("local-completions", f"model=tiny,base_url={server}/v1/completions,tokenizer={model_dir},"
+    remote = _lm_eval("local-completions", f"model=tiny,base_url={server}/v1/completions,tokenizer={chatty_model_dir},"
                       "tokenizer_backend=auto,tokenized_requests=True,num_concurrent=1,max_retries=1,batch_size=4")
 
     accuracy = local["results"]["tunesmith_tiny_mc"]["acc,none"]

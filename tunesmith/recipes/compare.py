@@ -84,14 +84,15 @@ def run(argv: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
     params = SamplingParams(temperature=0.0, max_new_tokens=args.compare.max_new_tokens, num_beams=args.compare.num_beams)
     model, tokenizer = load_for_inference(args.model)
     prompts = build_prompts(tokenizer, args.data, "eval")
-    tuned = answers(Engine(model, tokenizer), prompts, params)
+    engine = Engine(model, tokenizer)
+    tuned = answers(engine, prompts, params)
     if args.compare.baseline:
         baseline, baseline_tokenizer = load_for_inference(inference_model_args(args.compare.baseline))
         baseline_prompts = build_prompts(baseline_tokenizer, args.data, "eval")
         base = answers(Engine(baseline, baseline_tokenizer), baseline_prompts, params)
         labels = (_name(args.compare.baseline), _name(args.model.adapter_name_or_path or args.model.model_name_or_path))
     else:
-        base = answers(Engine(model, tokenizer), prompts, params, adapter=BASE)
+        base = answers(engine, prompts, params, adapter=BASE)
         labels = ("base", "fine-tuned")
     rows = [(p.messages[-1]["content"], b, t) for p, b, t in zip(prompts, base, tuned)]
     print_side_by_side(rows, args.compare.width, labels)
