@@ -157,6 +157,13 @@ def main() -> None:
                         help="Both servers' --dtype (auto: each its own default: tunesmith bf16 where the hardware "
                         "computes it, transformers serve the weights' dtype).")
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from tunesmith.utils.paths import problem_with_model_dir
+
+    for flag in ("model_name_or_path", "adapter_name_or_path"):
+        problem = getattr(args, flag) and problem_with_model_dir(getattr(args, flag))
+        if problem:
+            raise SystemExit(f"bench_serve: --{flag} {getattr(args, flag)}: {problem}")
     if args.peer:
         if args.adapter_name_or_path:
             raise SystemExit("--peer transformers serves a plain model folder: give --model_name_or_path, no adapter")

@@ -60,7 +60,14 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from tunesmith.models.default_model import ensure_default_model
-    from tunesmith.utils.paths import adapter_base_model
+    from tunesmith.utils.paths import adapter_base_model, is_adapter_dir, problem_with_model_dir
+
+    if args.adapter_name_or_path and not is_adapter_dir(args.adapter_name_or_path):
+        raise SystemExit(f"check_served_eval: --adapter_name_or_path {args.adapter_name_or_path}: not a LoRA adapter "
+                         "folder (no adapter_config.json); give one that training wrote")
+    problem = args.model_name_or_path and problem_with_model_dir(args.model_name_or_path)
+    if problem:
+        raise SystemExit(f"check_served_eval: --model_name_or_path {args.model_name_or_path}: {problem}")
 
     base = args.model_name_or_path or (adapter_base_model(args.adapter_name_or_path) if args.adapter_name_or_path
                                        else str(ensure_default_model()))
