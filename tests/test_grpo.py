@@ -273,7 +273,7 @@ def test_demo_data_is_what_the_generator_writes(tmp_path):
 
 
 def test_eval_rl_reports_accuracy_and_format_with_paired_errors(tmp_path, policy_dir, tokenizer, capsys):
-    from tunesmith.recipes import eval_policy
+    from tunesmith.recipes import eval as evaluation
 
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{i} + 1?"}], "answer": str(i + 1)})
@@ -282,7 +282,8 @@ def test_eval_rl_reports_accuracy_and_format_with_paired_errors(tmp_path, policy
                                 encode_prompts(tokenizer, [Prompt(Row("q", 1, {}), [{"role": "user", "content": "hi"}])] * 4,
                                                512))
     trained.train()
-    result = eval_policy.run(["--policy", str(tmp_path / "policy"), "--data_path", str(data), "--max_new_tokens", "4",
+    # through the one front door, `tunesmith eval`, with the spelling --prompts
+    result = evaluation.run(["--policy", str(tmp_path / "policy"), "--prompts", str(data), "--max_new_tokens", "4",
                               "--reward_funcs", "exact_answer", "answer_format", "--show", "1",
                               "--output_file", str(tmp_path / "e.jsonl")])
     assert result["prompts"] == 4 and result["exact_answer_baseline"] == 0.0

@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"generation"},
     {"ppo"},
-    {"chat", "serve"},
+    {"chat", "serve", "evaluation"},
     {"recipes"},
     {"cli", "__main__"},
 ]

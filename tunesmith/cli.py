@@ -20,15 +20,19 @@ COMMANDS = {
     "dpo": "tunesmith.recipes.dpo",
     "score": "tunesmith.recipes.score",
     "ppo": "tunesmith.recipes.ppo",
-    "eval-policy": "tunesmith.recipes.eval_policy",
-    "eval-ppo": "tunesmith.recipes.eval_policy",  # its first name, kept
-    "eval-rl": "tunesmith.recipes.eval_policy",  # the same evaluation, named for GRPO's reward functions
+    "eval": "tunesmith.recipes.eval",
     "merge": "tunesmith.recipes.merge",
     "export": "tunesmith.recipes.export",
     "chat": "tunesmith.recipes.chat",
     "serve": "tunesmith.recipes.serve",
     "inspect": "tunesmith.recipes.inspect",
     "compare": "tunesmith.recipes.compare",
+}
+# Earlier names that still work, left out of `tunesmith --help`: the policy evaluation is part of `eval` now.
+HIDDEN_COMMANDS = {
+    "eval-policy": "tunesmith.recipes.eval_policy",
+    "eval-ppo": "tunesmith.recipes.eval_policy",  # its first name
+    "eval-rl": "tunesmith.recipes.eval_policy",  # named for GRPO's reward functions
 }
 
 
@@ -54,11 +58,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(usage())
         return
     name = args[0].replace("_", "-")
-    if name not in COMMANDS:
+    module = COMMANDS.get(name) or HIDDEN_COMMANDS.get(name)
+    if module is None:
         print(f"tunesmith: unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
         sys.exit(2)
     sys.argv = [f"tunesmith {name}", *args[1:]]  # so --help shows the command as it was typed
-    importlib.import_module(COMMANDS[name]).main(args[1:])
+    importlib.import_module(module).main(args[1:])
 
 
 if __name__ == "__main__":

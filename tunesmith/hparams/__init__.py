@@ -21,6 +21,7 @@ from .tool_args import (
     EvalArguments,
     ExportArguments,
     ExportModelArguments,
+    HarnessArguments,
     InspectArguments,
     MergeArguments,
     ScoreArguments,
@@ -41,6 +42,7 @@ RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
     "eval_policy": (PromptDataArguments, EvalArguments),
+    "eval": (ModelArguments, HarnessArguments),
 }
 
 
@@ -55,6 +57,6 @@ __all__ = [
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
     "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "SFTTrainingArguments", "TrainingArguments",
-    "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments",
+    "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments", "HarnessArguments",
     "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES",
 ]

@@ -364,6 +364,27 @@ RULES: list[Rule] = [
          lambda a: a.evaluation.reward_weights and len(a.evaluation.reward_weights) != len(a.evaluation.reward_funcs)
          and {"weights": len(a.evaluation.reward_weights), "funcs": len(a.evaluation.reward_funcs)},
          "--reward_weights has {weights} values for {funcs} --reward_funcs: give one weight per function, in order."),
+    Rule("harness_tasks_given", ("harness",), lambda a: not (a.harness.tasks or "").strip(", "),
+         "--tasks is required: lm-eval task or group names, comma-separated, e.g. --tasks tunesmith_knowledge "
+         "(shipped offline: tunesmith_identity, tunesmith_arithmetic, tunesmith_tool_calls, tunesmith_knowledge)."),
+    Rule("harness_compare_base", ("harness", "model"),
+         lambda a: a.harness.compare_to == "base" and not a.model.adapter_name_or_path,
+         "--compare_to base compares an adapter with the model under it: give --adapter_name_or_path (or compare "
+         "two models with --compare_to PATH)."),
+    Rule("harness_compare_path", ("harness",),
+         lambda a: a.harness.compare_to not in (None, "base") and _problem(problem_with_model_dir(a.harness.compare_to)),
+         "--compare_to {harness.compare_to}: {problem}; give `base`, a model folder or an adapter folder.", PathError),
+    Rule("harness_include_path", ("harness",), lambda a: _missing_dir(a.harness.include_path),
+         "--include_path {path}: {problem} (a folder of lm-eval task YAML files).", PathError),
+    Rule("harness_limit", ("harness",), lambda a: a.harness.limit is not None and not a.harness.limit > 0,
+         "--limit must be > 0 (got {harness.limit}): a number of documents per task, or a share below 1."),
+    Rule("harness_batch_size", ("harness",),
+         lambda a: not (a.harness.batch_size.isdigit() and int(a.harness.batch_size) > 0
+                        or re.fullmatch(r"auto(:\d+)?", a.harness.batch_size)),
+         "--batch_size must be a positive number or auto (got {harness.batch_size})."),
+    Rule("harness_multiturn", ("harness",),
+         lambda a: a.harness.fewshot_as_multiturn and not a.harness.apply_chat_template,
+         "--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat turns)."),
     Rule("eval_model_paths", ("evaluation",),
          lambda a: _first([p for p in (a.evaluation.baseline, a.evaluation.policy, a.evaluation.reward_model) if p],
                           _missing_dir_problem),

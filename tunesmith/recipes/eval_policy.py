@@ -30,6 +30,7 @@ from torch import nn
 
 from ..boundary import entry_point
 from ..data.prompts import Prompt, build_prompts, left_pad
+from ..evaluation.paired import paired_change
 from ..generation import Engine
 from ..hparams import EvalArguments, parse_run
 from ..models.loader import inference_model_args, load_for_inference
@@ -125,14 +126,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, float]:
     print(f"KL(policy || baseline): {result['kl_policy_baseline']:.3f} nats/reply ({len(prompts)} replies sampled "
           "from the policy at temperature 1)")
     return result
-
-
-def paired_change(baseline: torch.Tensor, policy: torch.Tensor) -> dict[str, float]:
-    """Both means and the mean change with its standard error, from the per-prompt differences (the two
-    replies to one prompt are not independent: their difference is what varies less)."""
-    gain, n = policy - baseline, len(policy)
-    return {"baseline": baseline.mean().item(), "policy": policy.mean().item(), "change": gain.mean().item(),
-            "change_stderr": (gain.std() / n ** 0.5).item() if n > 1 else 0.0}
 
 
 def summarize(baseline_scores: torch.Tensor, policy_scores: torch.Tensor, kl: torch.Tensor,
