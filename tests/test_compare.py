@@ -56,7 +56,7 @@ def test_a_row_without_a_prompt_names_file_and_line(adapter, tmp_path):
 
 
 def test_tool_calls_are_found_and_scored():
-    from tunesmith.recipes.compare import first_call, score_calls
+    from tunesmith.serve.tools import first_call, score_calls
 
     answers = ['<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
                'Sure {not json} then {"name": "convert_currency", "arguments": {"amount": 5.0, "from": "USD", "to": "EUR"}}',

@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"generation"},
     {"ppo"},
-    {"chat", "serve", "evaluation"},
+    {"chat", "serve", "evaluation"},  # evaluation: lm-eval tasks (evaluation/tasks/) and their front end
     {"recipes"},
     {"cli", "__main__"},
 ]

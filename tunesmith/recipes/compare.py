@@ -15,7 +15,6 @@ Columns are laid out by display width, so Chinese, Japanese and emoji line up.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 
@@ -26,46 +25,12 @@ from ..data.prompts import Prompt, build_prompts
 from ..generation import BASE, Engine, SamplingParams
 from ..hparams import parse_run
 from ..models.loader import inference_model_args, load_for_inference
+from ..serve.tools import score_calls
 
 
 def answers(engine: Engine, prompts: list[Prompt], params: SamplingParams, adapter: str | None = None) -> list[str]:
     """Each prompt, rendered as training renders it, answered by one column's model."""
     return [c[0].text.strip() for c in engine.generate([p.input_ids for p in prompts], params, adapter=adapter)]
-
-
-def first_call(text: str) -> dict | None:
-    """The first JSON object with a string `name` in a reply (how every tool-call format writes it)."""
-    decoder = json.JSONDecoder()
-    for start in (i for i, ch in enumerate(text) if ch == "{"):
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict) and isinstance(value.get("name"), str):
-            return value
-    return None
-
-
-def score_calls(answers: list[str], expected: list[dict]) -> dict[str, int]:
-    """How many replies hold a well-formed call (a JSON object with a name and object arguments), the
-    expected function, and the expected arguments too."""
-    counts = {"well_formed": 0, "right_function": 0, "right_arguments": 0}
-    for answer, want in zip(answers, expected):
-        call = first_call(answer)
-        if call is None or not isinstance(call.get("arguments", {}), dict):
-            continue
-        counts["well_formed"] += 1
-        if call["name"] == want["name"]:
-            counts["right_function"] += 1
-            counts["right_arguments"] += _same(call.get("arguments", {}), want.get("arguments", {}))
-    return counts
-
-
-def _same(got: dict, want: dict) -> bool:
-    """Equal arguments, numbers compared as numbers (5 == 5.0)."""
-    return got.keys() == want.keys() and all(
-        float(got[k]) == float(want[k]) if isinstance(want[k], int | float) and isinstance(got[k], int | float)
-        else got[k] == want[k] for k in want)
 
 
 def print_side_by_side(rows: list[tuple[str, str, str]], width: int, labels: tuple[str, str]) -> None:

@@ -1,0 +1,163 @@
+"""Data loaders and scorers of tunesmith's shipped lm-eval tasks (the YAML files beside this one name them
+with `!function utils.<name>`; lm-eval imports this file by its path, so it needs no package).
+
+Every task reads its JSON Lines file from this folder, found from this file's location, never from the
+working directory, so the tasks run offline from anywhere. Scoring reuses tunesmith's own rules: the GRPO
+reward functions (tunesmith.ppo.reward_funcs) and the tool-call scoring of `tunesmith compare`
+(tunesmith.serve.tools); the tool prompts are rendered by tunesmith's template code with its built-in
+`chatml_tools` template, the way the tool demo trains."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import datasets
+from lm_eval.api.task import ConfigurableTask
+
+from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
+from tunesmith.ppo.reward_funcs import answer_format, exact_answer
+from tunesmith.serve.tools import score_call
+
+HERE = Path(__file__).resolve().parent
+IDENTITY = "tunesmith"
+# Other assistants and makers a reply may claim to be or come from (SmolLM2's own template names SmolLM and
+# Hugging Face); the demo's rejected replies use these.
+OTHER_IDENTITIES = re.compile(r"smollm|chatgpt|gpt-[345]|openai|hugging\s*face|claude|anthropic|gemini|llama|"
+                              r"qwen|通义|文心", re.IGNORECASE)
+
+
+def read_rows(name: str) -> list[dict]:
+    path = HERE / name
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:line {number}: not JSON ({e})") from None
+    return rows
+
+
+def as_dataset(rows: list[dict]) -> datasets.DatasetDict:
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
+
+
+def single_user_turn(row: dict, name: str, number: int) -> str:
+    """The text of a row's one user message (a `prompt` string or a one-message `messages` list)."""
+    if isinstance(row.get("prompt"), str):
+        return row["prompt"]
+    messages = row.get("messages")
+    if isinstance(messages, list) and len(messages) == 1 and messages[0].get("role") == "user":
+        return messages[0]["content"]
+    raise ValueError(f"{HERE / name}:line {number}: expected `prompt` (a string) or `messages` holding one user "
+                     "turn; this task asks one question per row")
+
+
+# ---------------------------------------------------------------- tunesmith_identity
+
+
+def load_identity(**_: Any) -> datasets.DatasetDict:
+    """The quickstart's held-out identity questions (data/demo/identity_heldout.jsonl)."""
+    rows = read_rows("identity.jsonl")
+    return as_dataset([{"prompt": single_user_turn(r, "identity.jsonl", i)} for i, r in enumerate(rows, 1)])
+
+
+def score_identity(reply: str) -> dict[str, int]:
+    """says_tunesmith: the reply names Tunesmith (any case). other_identity: it names another assistant
+    or maker and not Tunesmith ("I'm SmolLM"; "I'm Tunesmith, not ChatGPT" is no claim of another)."""
+    says = IDENTITY in reply.casefold()
+    return {"says_tunesmith": int(says), "other_identity": int(not says and OTHER_IDENTITIES.search(reply) is not None)}
+
+
+def process_identity(doc: dict, results: list[str]) -> dict[str, int]:
+    return score_identity(results[0])
+
+
+# ---------------------------------------------------------------- tunesmith_arithmetic
+
+
+def load_arithmetic(**_: Any) -> datasets.DatasetDict:
+    """The GRPO demo's evaluation sums (data/demo/grpo_eval.jsonl), each with its reference answer."""
+    rows = read_rows("arithmetic.jsonl")
+    return as_dataset([{"prompt": single_user_turn(r, "arithmetic.jsonl", i), "answer": str(r["answer"])}
+                       for i, r in enumerate(rows, 1)])
+
+
+def score_arithmetic(reply: str, answer: str) -> dict[str, float]:
+    """exact_answer and answer_format, the GRPO demo's reward functions, on one reply."""
+    return {"exact_answer": exact_answer([None], [reply], answer=[answer])[0],
+            "answer_format": answer_format([None], [reply])[0]}
+
+
+def process_arithmetic(doc: dict, results: list[str]) -> dict[str, float]:
+    return score_arithmetic(results[0], doc["answer"])
+
+
+# ---------------------------------------------------------------- tunesmith_tool_calls
+
+
+class TemplateOnly:
+    """Just enough of a tokenizer for tunesmith's render_text: a chat template, rendered by transformers'
+    own Jinja renderer (what a tokenizer's apply_chat_template runs), without loading any tokenizer."""
+
+    def __init__(self, chat_template: str) -> None:
+        self.chat_template = chat_template
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, tokenize: bool = False,
+                            add_generation_prompt: bool = False) -> str:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, _ = render_jinja_template([messages], tools=tools, chat_template=self.chat_template,
+                                            add_generation_prompt=add_generation_prompt)
+        return rendered[0]
+
+
+def render_tool_prompt(messages: list[dict], tools: list[dict]) -> str:
+    """The prompt as the tool demo trains it: the `chatml_tools` template with the row's tools."""
+    template = TemplateOnly(BUILTIN_TEMPLATES["chatml_tools"].read_text(encoding="utf-8"))
+    return render_text(template, messages, add_generation_prompt=True, tools=tools)
+
+
+def load_tool_calls(**_: Any) -> datasets.DatasetDict:
+    """The tool demo's held-out requests (data/demo/tools_heldout.jsonl), each rendered to its prompt. The
+    tools and the expected call are kept as JSON text: their shapes differ from row to row, which one
+    table column cannot hold."""
+    docs = []
+    for number, row in enumerate(read_rows("tool_calls.jsonl"), 1):
+        if not isinstance(row.get("expected_call"), dict) or not row.get("tools"):
+            raise ValueError(f"{HERE / 'tool_calls.jsonl'}:line {number}: expected `tools` and `expected_call`")
+        docs.append({"prompt": render_tool_prompt(row["messages"], row["tools"]),
+                     "tools": json.dumps(row["tools"], ensure_ascii=False),
+                     "expected_call": json.dumps(row["expected_call"], ensure_ascii=False)})
+    return as_dataset(docs)
+
+
+def process_tool_calls(doc: dict, results: list[str]) -> dict[str, int]:
+    """well_formed, right_function, right_arguments: `tunesmith compare`'s tool-call scores of one reply."""
+    return score_call(results[0], json.loads(doc["expected_call"]))
+
+
+class RenderedPromptTask(ConfigurableTask):
+    """A task whose documents hold their whole prompt, chat template included: the prompt goes to the model
+    as it is, with or without lm-eval's --apply_chat_template (lm-eval's template cannot show tools)."""
+
+    def __init__(self, config: dict | None = None, **kwargs: Any) -> None:
+        # lm-eval hands the YAML's own `class` key on to the config, which TaskConfig refuses.
+        super().__init__(config={k: v for k, v in (config or {}).items() if k != "class"}, **kwargs)
+
+    def fewshot_context(self, doc: dict, num_fewshot: int, **_: Any) -> str:
+        if num_fewshot:
+            raise ValueError(f"{self.config.task} takes no few-shot examples (its prompt is a whole chat): "
+                             f"drop --num_fewshot {num_fewshot}")
+        return self.doc_to_text(doc)
+
+
+# ---------------------------------------------------------------- tunesmith_knowledge
+
+
+def load_knowledge(**_: Any) -> datasets.DatasetDict:
+    """The project's own 120 general-knowledge questions, four choices each."""
+    return as_dataset(read_rows("knowledge.jsonl"))
