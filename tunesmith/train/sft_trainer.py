@@ -23,8 +23,8 @@ logger = logging.getLogger(__name__)
 class LoraTrainer(Trainer):
     """Trains full models and PEFT adapters alike (PEFT's own save writes adapters; the Trainer
     gathers ZeRO-3 shards first). Adds: the count of trained tokens in the logs (continued across a
-    resume), the resolved run config beside every save, and a refusal to leave a save with empty
-    (ungathered) tensors."""
+    resume), eval_loss per predicted token and eval_perplexity (evaluation_loop), the resolved run config
+    beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
 
     def __init__(self, *args: Any, run_configs: tuple = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
