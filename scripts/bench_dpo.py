@@ -78,7 +78,7 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> dict:
     from tunesmith.models.loader import load_tokenizer
 
     tokenizer = load_tokenizer(ModelArguments(model_name_or_path=args.model))
-    dataset, _ = build_preference_datasets(tokenizer, TrainDataArguments(data_path=[str(PAIRS)], eval_split_ratio=0.0))
+    dataset, _ = build_preference_datasets(tokenizer, TrainDataArguments(data_path=[str(PAIRS)], val_size=0.0))
     dataset = dataset.select(range(min(len(dataset), args.steps * args.batch_size)))
     dataset.save_to_disk(str(workdir / "pairs"))
     lengths = [len(c) + len(r) for c, r in zip(dataset["chosen_ids"], dataset["rejected_ids"])]

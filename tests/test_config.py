@@ -86,7 +86,7 @@ def test_cpu_default_and_training_defaults():
         (("--quantization_bit", "8", "--deepspeed", str(ROOT / "configs/ds_zero3.json")),
          r"ZeRO-3 cannot partition 8-bit bitsandbytes weights: use --quantization_bit 4"),
         (("--deepspeed", "nope.json"), r"--deepspeed nope.json: no such file \(shipped: configs/ds_zero2.json"),
-        (("--eval_split_ratio", "1.5"), r"--eval_split_ratio must be in \[0, 1\) \(got 1.5\)"),
+        (("--val_size", "1.5"), r"--val_size must be in \[0, 1\) \(got 1.5\)"),
         (("--lora_r", "0"), r"--lora_r must be a positive rank"),
         (("--attn_implementation", "flash_attention_2"), r"needs a CUDA GPU and the flash-attn package"),
         (("--adapter_name_or_path", "a", "--finetuning_type", "full"), r"continues a LoRA run"),

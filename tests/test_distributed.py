@@ -111,6 +111,20 @@ def test_two_ranks_match_one_rank_at_same_global_batch(tiny_model_dir, data, tmp
     assert one[-1] < one[0]
 
 
+def test_two_ranks_evaluate_the_whole_set_as_one(tiny_model_dir, data, tmp_path):
+    """SFT's eval_loss is the loss per predicted token of the whole evaluation set, summed over the ranks
+    (each scores half of it): an unchanged model (learning rate 0) gets the one-rank value on two ranks."""
+    evaluated = []
+    for ranks in (1, 2):
+        out = tmp_path / f"ranks{ranks}"
+        train(tiny_model_dir, data, out, ranks, "--eval_data_path", data, "--per_device_eval_batch_size", "2",
+              "--max_steps", "1", "--learning_rate", "0")
+        evaluated.append(json.loads((out / "eval_results.json").read_text()))
+    one, two = evaluated
+    assert two["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-6)
+    assert two["eval_perplexity"] == pytest.approx(math.exp(one["eval_loss"]), rel=1e-6)
+
+
 # --------------------------------------------------------------------------- reward model
 
 QUESTIONS = ["What is 2 + 2?", "Capital of France?", "Can you help me?", "Say something nice."]

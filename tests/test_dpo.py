@@ -168,13 +168,13 @@ def test_short_lora_run_learns_the_pairs_and_saves_a_loadable_adapter(tiny_model
     assert len(logs) == 4
     # A new adapter starts as the reference itself: every margin is 0 and the loss is log 2.
     assert logs[0]["loss"] == pytest.approx(math.log(2), abs=1e-3)
-    assert logs[0]["rewards/margin"] == pytest.approx(0.0, abs=1e-4)
+    assert logs[0]["margin"] == pytest.approx(0.0, abs=1e-4)
     assert logs[-1]["loss"] < logs[0]["loss"]
-    assert logs[-1]["rewards/margin"] > 0
-    for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracy", "logps/chosen", "logps/rejected"):
+    assert logs[-1]["margin"] > 0
+    for key in ("rewards/chosen", "rewards/rejected", "accuracy", "logps/chosen", "logps/rejected"):
         assert key in logs[-1]
     evaluation = trainer.state.log_history[-1]
-    assert evaluation["eval_rewards/accuracy"] > 0.5 and evaluation["eval_loss"] < math.log(2)
+    assert evaluation["eval_accuracy"] > 0.5 and evaluation["eval_loss"] < math.log(2)
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     reloaded = PeftModel.from_pretrained(base, str(out))

@@ -84,7 +84,8 @@ def test_an_adapter_given_as_the_model_becomes_the_adapter_on_its_recorded_base(
     (["data.jsonl"], r"unexpected argument 'data.jsonl': the first argument may be a run config"),
     (["--data_path", "x.jsonl", "--learning"], r"unknown flag --learning "),  # no silent prefix match
     # transformers' own check in TrainingArguments.__post_init__, as a ConfigError
-    (["--data_path", "x.jsonl", "--load_best_model_at_end", "true", "--eval_strategy", "no"], r"load_best_model_at_end"),
+    (["--data_path", "x.jsonl", "--val_size", "0.1", "--load_best_model_at_end", "true", "--eval_strategy", "no"],
+     r"^--load_best_model_at_end requires the save and eval strategy to match"),
 ])
 def test_unknown_and_malformed_flags_are_named(argv, message):
     with pytest.raises(ConfigError, match=message):

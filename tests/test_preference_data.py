@@ -248,8 +248,8 @@ def test_max_samples_caps_the_training_rows_only(tokenizer, tmp_path, write, bui
     assert lines(evaluation) == [1, 2, 3, 4]
 
 
-def test_eval_split_ratio_holds_out_pairs_of_the_capped_training_rows(tokenizer, tmp_path, cache):
-    args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 12)], eval_split_ratio=0.25, max_samples=8)
+def test_val_size_holds_out_pairs_of_the_capped_training_rows(tokenizer, tmp_path, cache):
+    args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 12)], val_size=0.25, max_samples=8)
     train, evaluation = build_preference_datasets(tokenizer, args, seed=0)
     assert (len(train), len(evaluation)) == (6, 2)
     assert sorted(lines(train) + lines(evaluation)) == list(range(1, 9))
@@ -275,6 +275,6 @@ def test_the_report_warns_only_when_pairs_are_dropped_or_truncated(tokenizer, tm
 
 
 def test_a_split_that_leaves_no_training_pair_says_what_to_change(tokenizer, tmp_path):
-    args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 1)], eval_split_ratio=0.5)
-    with pytest.raises(DataError, match=r"--eval_split_ratio 0.5 of 1 training examples leaves none to train on"):
+    args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 1)], val_size=0.5)
+    with pytest.raises(DataError, match=r"--val_size 0.5 of 1 training examples leaves none to train on"):
         build_preference_datasets(tokenizer, args)

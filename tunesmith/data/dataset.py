@@ -178,12 +178,12 @@ def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_arg
 def build_datasets(kind: DataKind, tokenizer: Any, data_args: TrainDataArguments, seed: int = 42,
                    report_dir: str | None = None) -> tuple[Dataset, Dataset | None]:
     """Training and evaluation data. --max_samples caps the --data_path rows only; evaluation is
-    --eval_data_path, used whole, or --eval_split_ratio of the (capped) training examples held out."""
+    --eval_data_path, used whole, or --val_size of the (capped) training examples held out."""
     train = build_dataset(kind, tokenizer, data_args.data_path, data_args, "train", data_args.max_samples, report_dir)
     if data_args.eval_data_path:
         return train, build_dataset(kind, tokenizer, data_args.eval_data_path, data_args, "eval", None, report_dir)
-    if data_args.eval_split_ratio > 0:
-        return split_off(train, data_args.eval_split_ratio, seed)
+    if data_args.val_size > 0:
+        return split_off(train, data_args.val_size, seed)
     return train, None
 
 
@@ -192,7 +192,7 @@ def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Datas
     in memory (datasets' own train_test_split would write index files into the shared cache folder)."""
     held_out = math.ceil(ratio * len(dataset))
     if held_out >= len(dataset):
-        raise DataError(f"--eval_split_ratio {ratio} of {len(dataset)} training examples leaves none to train on: "
+        raise DataError(f"--val_size {ratio} of {len(dataset)} training examples leaves none to train on: "
                         "give more data, a smaller ratio, or --eval_data_path")
     order = np.random.default_rng(seed).permutation(len(dataset))
     return (dataset.select(order[held_out:], keep_in_memory=True),

@@ -24,7 +24,7 @@ class DataFileArguments:
     max_samples: int | None = field(
         default=None,
         metadata={"help": "Use only the first N rows of --data_path (quick runs). --eval_data_path files are "
-                  "used whole; --eval_split_ratio holds out its share of these N."},
+                  "used whole; --val_size holds out its share of these N."},
     )
     overwrite_cache: bool = field(
         default=False,
@@ -52,10 +52,16 @@ class DataArguments(DataFileArguments):
 @dataclass
 class TrainDataArguments(DataArguments):
     eval_data_path: list[str] = field(
-        default_factory=list, metadata={"help": "Evaluation files, same formats as --data_path."}
+        default_factory=list,
+        metadata={"help": "Evaluation files, same formats as --data_path. Given (or --val_size), evaluation runs at "
+                  "every checkpoint and once at the end (see --eval_strategy): SFT logs eval_loss and "
+                  "eval_perplexity, the reward model and DPO eval_accuracy and eval_margin."},
     )
-    eval_split_ratio: float = field(
-        default=0.0, metadata={"help": "Hold out this fraction of the training rows for evaluation."}
+    val_size: float = field(
+        default=0.0,
+        metadata={"help": "Hold out this share of the --data_path examples (e.g. 0.1; the same ones for the same "
+                  "--seed) and evaluate on them as on --eval_data_path (give one of the two). Formerly "
+                  "--eval_split_ratio."},
     )
 
 

@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
 from ..utils.threads import warn_about_cpu_threads
 from .rules import check
+from .training_args import resolve_eval_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ DEPRECATED_FLAGS = {
     "sample": "do_sample",
     "sft": "baseline",
     "ppo": "policy",
+    "eval_split_ratio": "val_size",
 }
 DEPRECATED_UNTIL = "0.3"
 
@@ -137,6 +139,7 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
     if unknown:
         raise ConfigError(_unknown_message(unknown, parser.flags))
     del namespace.debug  # the boundary's flag, not a dataclass field (TrainingArguments has its own `debug`)
+    eval_note = resolve_eval_schedule(vars(namespace))
     configs = []
     for dtype in dataclass_types:
         keys = {f.name for f in dataclasses.fields(dtype) if f.init}
@@ -144,8 +147,8 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
             configs.append(dtype(**{k: v for k, v in vars(namespace).items() if k in keys}))
         except ConfigError:
             raise
-        except ValueError as e:  # a library's own check in __post_init__ (e.g. TrainingArguments)
-            raise ConfigError(str(e)) from e
+        except ValueError as e:  # a library's own check in __post_init__ (e.g. TrainingArguments), on one line
+            raise ConfigError(" ".join(str(e).split())) from e
     run = ParsedRun(configs)
     if hasattr(run, "model"):
         resolve_adapter_base(run.model, warn=False)
@@ -154,6 +157,8 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
         warn_if_not_the_recorded_base(run.model)  # after the rules: a refused run gets one message only
     if check_paths:  # a run about to start (not a config read for inspection)
         warn_about_cpu_threads()
+        if eval_note:
+            logger.info(eval_note)
     return run
 
 

@@ -178,8 +178,17 @@ RULES: list[Rule] = [
          "--per_device_train_batch_size to use less memory."),
     Rule("max_forward_tokens", ("data",), lambda a: (getattr(a.data, "max_forward_tokens", None) or 0) < 0,
          "--max_forward_tokens {data.max_forward_tokens}: give a number of tokens, or 0 for the whole batch at once."),
-    Rule("eval_split_ratio", ("data",), lambda a: not 0.0 <= getattr(a.data, "eval_split_ratio", 0.0) < 1.0,
-         "--eval_split_ratio must be in [0, 1) (got {data.eval_split_ratio})."),
+    Rule("val_size", ("data",), lambda a: not 0.0 <= getattr(a.data, "val_size", 0.0) < 1.0,
+         "--val_size must be in [0, 1) (got {data.val_size}): the share of --data_path held out for evaluation."),
+    Rule("val_size_and_eval_data_path", ("data",),
+         lambda a: getattr(a.data, "val_size", 0.0) > 0 and getattr(a.data, "eval_data_path", None),
+         "--val_size {data.val_size} and --eval_data_path both give evaluation data: keep one (--val_size holds out "
+         "a share of --data_path)."),
+    Rule("eval_strategy_without_data", ("data", "training"),
+         lambda a: hasattr(a.data, "val_size") and not (a.data.eval_data_path or a.data.val_size > 0)
+         and a.training.eval_strategy != "no" and {"strategy": getattr(a.training.eval_strategy, "value", "")},
+         "--eval_strategy {strategy} has no evaluation data to evaluate: give --eval_data_path FILE or --val_size "
+         "0.1 (a held-out share of --data_path), or drop --eval_strategy."),
     Rule("max_seq_length", ("data",), lambda a: getattr(a.data, "max_seq_length", 8) < 8,
          "--max_seq_length must be at least 8 tokens (got {data.max_seq_length})."),
     Rule("max_samples", ("data",), lambda a: a.data.max_samples is not None and a.data.max_samples < 1,

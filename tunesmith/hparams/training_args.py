@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from transformers import TrainingArguments as _HFTrainingArguments
@@ -17,6 +17,44 @@ from ..utils.hardware import native_bf16, trains_on_cpu
 
 # A plain default, not a default_factory: HfArgumentParser ignores factories of bool fields.
 _NO_ACCELERATOR = not torch.cuda.is_available()
+
+
+# Evaluation metrics of which less is better (the others, accuracy and margin, more is better).
+LOWER_IS_BETTER = ("loss", "perplexity")
+
+
+def resolve_eval_schedule(values: dict[str, Any]) -> str | None:
+    """Settle when a Trainer stage evaluates, in the parsed flag values (`values`, changed in place) of its
+    data and training arguments. The one home of this decision: only the parser sees both sets of flags,
+    and it must run before TrainingArguments.__post_init__, whose transformers checks (--load_best_model_at_end
+    needs matching save and eval schedules) read the result. Returns a line for the log, or None.
+
+    --eval_strategy left out (None) with evaluation data: the schedule of the checkpoints (--save_strategy,
+    --save_steps), so --load_best_model_at_end has a metric at every checkpoint; with --save_strategy no, the
+    end only. Without evaluation data: no. --eval_steps left out follows --save_steps. The evaluation once at
+    the end is the recipes' (train/run_setup.train_save_evaluate), whatever the schedule."""
+    if "val_size" not in values or "eval_strategy" not in values:
+        return None  # not a stage that reads evaluation data (PPO): TrainingArguments' own default
+    has_eval_data = bool(values["eval_data_path"]) or values["val_size"] > 0
+    if values["load_best_model_at_end"] and not has_eval_data:
+        # Before transformers' own check, which would blame the eval strategy instead of the missing data.
+        raise ConfigError("--load_best_model_at_end picks the checkpoint with the best evaluation metric: give "
+                          "evaluation data (--eval_data_path FILE or --val_size 0.1), or drop the flag")
+    note = None
+    if values["eval_strategy"] in (None, "auto"):
+        strategy = "no"
+        if has_eval_data:
+            strategy = "steps" if values["save_strategy"] == "best" else values["save_strategy"]
+            if strategy == "no":
+                note = ("evaluation data: evaluated once, at the end (--save_strategy no; evaluation follows the "
+                        "checkpoints unless --eval_strategy steps --eval_steps N says otherwise)")
+        values["eval_strategy"] = strategy
+    elif has_eval_data and values["eval_strategy"] == "no":
+        note = ("--eval_strategy no: the evaluation data is evaluated once, at the end of training; leave the flag "
+                "out to evaluate at every checkpoint too, or give --eval_strategy steps --eval_steps N")
+    if values["eval_strategy"] == "steps" and not values["eval_steps"]:
+        values["eval_steps"] = values["save_steps"]
+    return note
 
 
 @dataclass
@@ -53,6 +91,28 @@ class TrainingArguments(_HFTrainingArguments):
     logging_steps: float = field(default=1, metadata={"help": "Log every N optimizer steps."})
     save_strategy: str = field(default="steps", metadata={"help": "When to checkpoint: no, steps, epoch."})
     save_steps: float = field(default=100, metadata={"help": "Checkpoint every N steps."})
+    # None is auto, resolved by resolve_eval_schedule() from the data flags before __post_init__ runs.
+    eval_strategy: str | None = field(
+        default=None,
+        metadata={"help": "When to evaluate: no, steps, epoch. Default (auto): with evaluation data (--eval_data_path "
+                  "or --val_size) at every checkpoint (--save_strategy, --save_steps), without it never. Every stage "
+                  "with evaluation data also evaluates once at the end (eval_results.json); `no` leaves just that."},
+    )
+    eval_steps: float | None = field(
+        default=None, metadata={"help": "With --eval_strategy steps: evaluate every N steps (default: --save_steps)."}
+    )
+    load_best_model_at_end: bool = field(
+        default=False,
+        metadata={"help": "At the end, load the checkpoint with the best --metric_for_best_model (it is also what "
+                  "is saved in output_dir and evaluated last). Needs evaluation data; nothing else to set, as "
+                  "evaluation follows the checkpoints by default."},
+    )
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata={"help": "The evaluation metric --load_best_model_at_end compares, with or without its eval_ "
+                  "prefix: loss (default) or perplexity (SFT), accuracy or margin (reward, DPO). Lower is better "
+                  "for loss and perplexity, higher for the others, unless --greater_is_better says otherwise."},
+    )
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most N checkpoints."})
     seed: int = field(default=42, metadata={"help": "Random seed (data order, new weights, sampling)."})
     # None is auto, resolved in __post_init__: HfArgumentParser takes `--bf16 true/false` for it as for a bool.
@@ -70,6 +130,11 @@ class TrainingArguments(_HFTrainingArguments):
         if isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
             raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, "
                               "configs/ds_zero3.json and their _offload variants)")
+        if self.eval_strategy in (None, "auto"):  # made directly, not by the parser (which resolves auto): no evaluation
+            self.eval_strategy = "no"
+        if self.greater_is_better is None and self.metric_for_best_model:
+            # transformers reads any name but *loss as higher-is-better: perplexity is lower-is-better too.
+            self.greater_is_better = not self.metric_for_best_model.endswith(LOWER_IS_BETTER)
         if self.bf16 is None:
             on_cpu = trains_on_cpu(self)
             self.bf16 = self.bf16_auto and native_bf16(on_cpu) and not self.fp16 and not (self.deepspeed and on_cpu)

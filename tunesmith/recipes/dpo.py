@@ -1,8 +1,9 @@
 """DPO on preference pairs: teach the policy (usually an SFT adapter, continued) to prefer the chosen
 reply over the rejected one. The reference (sigmoid, ipo) is the model the run starts from: the adapter
 it continues, the base without its adapter, or with --finetuning_type full a frozen copy, each scored
-in every step or once before training (--precompute_ref_logps); simpo and orpo have none. Held-out
-implicit-reward accuracy and margin at the end.
+in every step or once before training (--precompute_ref_logps); simpo and orpo have none. With
+--eval_data_path or --val_size, held-out implicit-reward eval_accuracy and eval_margin at every checkpoint
+and at the end.
 
     python dpo/train.py configs/dpo_lora_demo.yaml
     python dpo/train.py --adapter_name_or_path outputs/sft_demo --data_path data/demo/preference.jsonl \

@@ -1,5 +1,6 @@
 """Reward-model training on preference pairs: a one-output score head on the model, trained so the
-chosen reply outscores the rejected one; held-out accuracy and margin at the end.
+chosen reply outscores the rejected one. With --eval_data_path or --val_size, held-out eval_accuracy and
+eval_margin at every checkpoint and at the end.
 
     python reward/train.py configs/reward_lora_demo.yaml
     python reward/train.py --data_path data/demo/preference.jsonl --eval_data_path data/demo/preference_eval.jsonl \

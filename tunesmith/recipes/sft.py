@@ -1,5 +1,6 @@
 """Supervised fine-tuning (full, LoRA, QLoRA) of a causal LM on multi-turn conversations: only the
-replies are trained (see `tunesmith inspect`).
+replies are trained (see `tunesmith inspect`). With --eval_data_path or --val_size, held-out loss and
+perplexity at every checkpoint and at the end.
 
     python sft/train.py configs/sft_lora_demo.yaml
     python sft/train.py --data_path data/demo/sft.jsonl --output_dir outputs/sft [--quantization_bit 4]
@@ -17,7 +18,7 @@ from ..data.dataset import build_sft_datasets
 from ..data.packing import sft_collator
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
-from ..train.run_setup import prepare_training_run
+from ..train.run_setup import prepare_training_run, train_save_evaluate
 from ..train.sft_trainer import LoraTrainer
 
 
@@ -41,9 +42,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
     )
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()
-    trainer.save_state()
+    train_save_evaluate(trainer, resume)
     return trainer
 
 

@@ -1,4 +1,4 @@
-"""Trainer callbacks: the loss-curve picture written at the end of a run."""
+"""Trainer callbacks: the loss-curve picture (training and evaluation loss) written at the end of a run."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ from transformers import TrainerCallback
 from ..constants import LOSS_PLOT_FILE
 
 
+def logged_series(log_history: list[dict], keys: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
+    """{key: [(step, value), ...]} of each of `keys` logged at least once: the training records hold `loss`,
+    the evaluations during training `eval_loss`."""
+    series = {k: [(r["step"], r[k]) for r in log_history if k in r and "step" in r] for k in keys}
+    return {k: v for k, v in series.items() if v}
+
+
 def plot_loss(log_history: list[dict], path: str, keys: tuple[str, ...] = ("loss", "eval_loss"),
               ylabel: str = "loss") -> bool:
     """Write a PNG of the logged values of `keys` (the losses) against the step (atomically); False when
@@ -19,8 +26,7 @@ def plot_loss(log_history: list[dict], path: str, keys: tuple[str, ...] = ("loss
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = {k: [(r["step"], r[k]) for r in log_history if k in r and "step" in r] for k in keys}
-    series = {k: v for k, v in series.items() if v}
+    series = logged_series(log_history, keys)
     if not series:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))

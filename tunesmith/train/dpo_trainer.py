@@ -21,9 +21,9 @@ from ..hparams import DPOArguments
 from .dpo_loss import PreferenceLoss, preference_loss
 from .pair_trainer import PairTrainer
 
-# Per-pair statistics, summed over the pairs seen since the last log; their means are logged.
-STAT_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin", "logps/chosen",
-              "logps/rejected")
+# Per-pair statistics, summed over the pairs seen since the last log; their means are logged (with the
+# eval_ prefix in evaluation). accuracy and margin are named as the reward model's are.
+STAT_NAMES = ("rewards/chosen", "rewards/rejected", "accuracy", "margin", "logps/chosen", "logps/rejected")
 
 
 # The model's own inputs in a PreferencePackingCollator batch (the rest is for the loss).

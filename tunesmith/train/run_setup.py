@@ -25,12 +25,13 @@ def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str
 
 
 def train_save_evaluate(trainer: Any, resume: str | None) -> None:
-    """Train (continuing `resume`, if any), save the result and the trainer's state, and report the
-    metrics of the evaluation data, when there is some."""
+    """Train (continuing `resume`, if any), save the result, evaluate it once more when there is evaluation
+    data, whatever --eval_strategy (its metrics printed, in eval_results.json and in the log history), and
+    save the trainer's state. The evaluations during training follow hparams.resolve_eval_schedule."""
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
-    trainer.save_state()
     if trainer.eval_dataset is not None:
         metrics = trainer.evaluate()
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
+    trainer.save_state()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import Any
 
 import torch
@@ -22,8 +23,8 @@ logger = logging.getLogger(__name__)
 class LoraTrainer(Trainer):
     """Trains full models and PEFT adapters alike (PEFT's own save writes adapters; the Trainer
     gathers ZeRO-3 shards first). Adds: the count of trained tokens in the logs (continued across a
-    resume), the resolved run config beside every save, and a refusal to leave a save with empty
-    (ungathered) tensors."""
+    resume), eval_loss per predicted token and eval_perplexity (evaluation_loop), the resolved run config
+    beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
 
     def __init__(self, *args: Any, run_configs: tuple = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -32,6 +33,7 @@ class LoraTrainer(Trainer):
         self.run_configs = run_configs
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
         self._tokens_before = 0  # all processes, up to the resumed checkpoint
+        self._eval_totals = torch.zeros(2, dtype=torch.float64)  # this process, this evaluation: summed loss, tokens
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
         self._trained_tokens.zero_()
@@ -69,9 +71,38 @@ class LoraTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs.pop(FORWARD_SPLITS, None)  # evaluation runs a batch in one forward: no backward to free
+        if not model.training:
+            return self.evaluation_loss(model, inputs, return_outputs)
         if "labels" in inputs:
             self._trained_tokens += (inputs["labels"] != IGNORE_INDEX).sum().cpu()
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+    def evaluation_loss(self, model, inputs, return_outputs=False):
+        """An evaluation batch's mean loss over its predicted tokens; their summed loss and count are added to
+        the totals that evaluation_loop turns into eval_loss and eval_perplexity."""
+        targets = predicted_targets(inputs)  # before the loss: label smoothing pops the labels
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs)  # this batch's own mean
+        if targets is not None:
+            loss = result[0] if return_outputs else result
+            tokens = (targets != IGNORE_INDEX).sum()
+            self._eval_totals += torch.stack([loss.detach().double() * tokens, tokens.double()]).cpu()
+        return result
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        """transformers' eval_loss is the mean of the batches' mean losses, which weighs a token of a short batch
+        more than one of a long batch. Here eval_loss is the mean loss per predicted token over the whole
+        evaluation set (all processes), and eval_perplexity its exp, in the same log record: a model's
+        perplexity on a set does not depend on the batch size or on packing. (Across processes, the examples
+        that pad the last batches to equal sizes are counted again, as they are in transformers' own losses.)"""
+        self._eval_totals.zero_()
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        summed, tokens = self.accelerator.reduce(self._eval_totals.to(self.accelerator.device), reduction="sum").tolist()
+        if tokens:
+            loss = summed / tokens
+            output.metrics[f"{metric_key_prefix}_loss"] = loss
+            output.metrics[f"{metric_key_prefix}_perplexity"] = math.exp(loss) if loss < 700 else math.inf
+        return output
 
     def trained_tokens(self) -> int:
         """Label tokens trained on so far, over all processes (a collective: every process calls it)."""
@@ -104,6 +135,14 @@ class LoraTrainer(Trainer):
                     f"{output_dir}: saved {len(empty)} empty tensors ({empty[:3]}...): under ZeRO-3 set "
                     "\"stage3_gather_16bit_weights_on_model_save\": true (configs/ds_zero3.json does)"
                 )
+
+
+def predicted_targets(inputs: dict[str, Any]) -> torch.Tensor | None:
+    """The targets a causal-LM loss scores in a batch (IGNORE_INDEX where none): `shift_labels` where the
+    packing collator gives them, else each label but a row's first (no token predicts it)."""
+    if "shift_labels" in inputs:
+        return inputs["shift_labels"]
+    return inputs["labels"][..., 1:] if "labels" in inputs else None
 
 
 def trained_tokens_logged(log_history: list[dict], up_to_step: int) -> tuple[int, int]:
