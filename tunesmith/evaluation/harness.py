@@ -26,9 +26,18 @@ def task_names(tasks: str) -> list[str]:
     return [t.strip() for t in tasks.split(",") if t.strip()]
 
 
+def quiet_lm_eval() -> None:
+    """lm-eval's per-step INFO lines off (its progress bars and warnings stay; we print what ran and where
+    it was written), and its advice about --metadata, given for every task that loads its own data (ours)."""
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    logging.getLogger("lm_eval.api.task").addFilter(lambda record: "Custom kwargs can be passed" not in record.getMessage())
+
+
 def task_manager(include_path: str | None) -> Any:
     """lm-eval's TaskManager over its own tasks, the shipped ones and `include_path`."""
     from lm_eval.tasks import TaskManager
+
+    quiet_lm_eval()
 
     paths = [str(TASKS_DIR)] if TASKS_DIR.is_dir() else []
     return TaskManager(include_path=paths + ([include_path] if include_path else []))
