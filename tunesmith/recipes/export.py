@@ -31,7 +31,7 @@ from pathlib import Path
 from ..boundary import entry_point
 from ..constants import ASSISTANT, SYSTEM, USER
 from ..data.formats import Message
-from ..data.ollama import modelfile_text, ollama_chat
+from ..data.ollama import modelfile_text, ollama_chat, ollama_parameters
 from ..data.template import render_text
 from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
 from ..hparams.run_config import as_saved
@@ -119,7 +119,8 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
 
     modelfile = args.modelfile
     if chat is not None:
-        atomic_write_text(modelfile, modelfile_text(target.name, chat, source))
+        parameters = ollama_parameters(load_args.model_name_or_path, load_args.adapter_name_or_path)
+        atomic_write_text(modelfile, modelfile_text(target.name, chat, source, parameters))
         os.chmod(modelfile, 0o644)
     else:
         Path(modelfile).unlink(missing_ok=True)  # an old one would describe another template
