@@ -195,6 +195,8 @@ def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Datas
         raise DataError(f"--val_size {ratio} of {len(dataset)} training examples leaves none to train on: "
                         "give more data, a smaller ratio, or --eval_data_path")
     order = np.random.default_rng(seed).permutation(len(dataset))
+    logger.info("eval: %d of the %d training examples held out (--val_size %s, seed %d)", held_out, len(dataset),
+                ratio, seed)
     return (dataset.select(order[held_out:], keep_in_memory=True),
             dataset.select(order[:held_out], keep_in_memory=True))
 
