@@ -5,6 +5,7 @@ it; other architectures and tokenizers are refused by name; a refused export lea
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -21,7 +22,8 @@ from tunesmith.data.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, rende
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
 from tunesmith.errors import ConfigError, PathError
 from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments, parse_run
-from tunesmith.models.gguf_export import ExportError, RoundTrip, check_llama
+from tunesmith.models.gguf_arch import architecture
+from tunesmith.models.gguf_export import ExportError, RoundTrip
 from tunesmith.models.gguf_vocab import pre_tokenizer_name
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _refusal
@@ -45,7 +47,7 @@ def test_f32_round_trip_is_exact_with_tokenizer_template_and_modelfile(tiny_mode
     reader = gguf.GGUFReader(out)
     assert _field(reader, "general.architecture") == "llama"
     assert _field(reader, "tokenizer.chat_template") == tokenizer.chat_template  # the training template
-    assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "gpt2"
+    assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "smollm"
     assert _field(reader, "tokenizer.ggml.add_bos_token") is False
     assert _field(reader, "tokenizer.ggml.eos_token_id") == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert json.loads(_field(reader, RUN_CONFIG_KEY))["ExportArguments"]["output_file"] == str(out)
@@ -98,10 +100,11 @@ def test_export_over_its_bound_is_refused_and_leaves_nothing(tiny_model_dir, tmp
 def test_other_architectures_and_existing_files_are_refused_before_loading(tiny_model_dir, tmp_path):
     qwen = tmp_path / "qwen"
     qwen.mkdir()
-    (qwen / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}))
+    (qwen / "config.json").write_text(json.dumps({"architectures": ["PhiForCausalLM"], "model_type": "phi"}))
     proc = cli("merge/export_gguf.py", "--model_name_or_path", str(qwen), "--output_file", "q.gguf", cwd=tmp_path)
-    assert_one_line_error(proc, "config error: export_gguf supports llama-family models (LlamaForCausalLM); this model "
-                          "is Qwen2ForCausalLM")
+    assert_one_line_error(proc, "config error: export_gguf supports LlamaForCausalLM, MistralForCausalLM, "
+                          "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM; this model "
+                          "is PhiForCausalLM")
     (tmp_path / "taken.Modelfile").write_text("FROM ./other.gguf\n")
     with pytest.raises(PathError, match=r"taken.Modelfile exists: choose another --output_file, or pass "
                                           r"--overwrite_output_file"):
@@ -113,7 +116,7 @@ def test_other_architectures_and_existing_files_are_refused_before_loading(tiny_
 def test_tokenizers_llama_cpp_would_split_differently_are_refused_by_name():
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     bpe = {"type": "BPE", "byte_fallback": False}
-    assert pre_tokenizer_name({"model": bpe, "pre_tokenizer": byte_level}) == "gpt2"
+    assert pre_tokenizer_name({"model": bpe, "pre_tokenizer": byte_level}) == "gpt-2"
     digits = {"type": "Digits", "individual_digits": True}
     assert pre_tokenizer_name({"model": bpe, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
         digits, byte_level]}}) == "smollm"  # SmolLM2's own tokenizer.json
@@ -152,7 +155,12 @@ def test_templates_without_a_translation_are_named(default_model_path):
     (["--output_file", "m.gguf", "--max_relative_logit_diff", "-1"], ConfigError,
      r"--max_relative_logit_diff must be >= 0 \(got -1.0\)"),
     (["--output_file", "m.gguf", "--dtype", "q4_0"], SystemExit, "^2$"),  # argparse lists the choices, exit 2
-], ids=["output_file", "quantized", "tolerance", "dtype"])
+    pytest.param(["--output_file", "m.gguf", "--dtype", "q4_k_m"], ConfigError,
+                 r"--dtype q4_k_m is made by llama.cpp's quantizer, and llama-cpp-python is not installed: run "
+                 r"`bash scripts/setup.sh --with-llama-cpp`",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is not None,
+                                          reason="llama-cpp-python is installed here: k-quants are available")),
+], ids=["output_file", "quantized", "tolerance", "dtype", "k_quant"])
 def test_export_settings_that_cannot_work_stop_before_loading(argv, error, message, tiny_model_dir, tmp_path,
                                                               monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -170,8 +178,9 @@ def test_reward_adapters_and_unsupported_llama_settings_are_refused_by_name(tiny
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1,
                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
-    with pytest.raises(ConfigError, match="export_gguf writes Llama models with rope_type default; this one has linear"):
-        check_llama(LlamaForCausalLM(config))
+    with pytest.raises(ConfigError, match="export_gguf writes LlamaForCausalLM models with rope_type default; "
+                                          "this one has linear"):
+        architecture(LlamaForCausalLM(config))
 
 
 def test_a_different_tokenizer_or_template_in_the_file_is_a_refusal_whatever_the_logits():

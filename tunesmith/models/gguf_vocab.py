@@ -9,6 +9,7 @@ but only on the few conversations it encodes)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -17,16 +18,46 @@ import gguf
 
 from ..errors import ConfigError, TemplateError
 
-# HF pre-tokenizer (its tokenizer.json shape) -> llama.cpp's `tokenizer.ggml.pre`, and the same split as
-# one regex for Ollama's own engine, which reads `tokenizer.ggml.pretokenizer` and otherwise falls back
-# to Llama 3's split. gpt2: GPT-2's split, what HF's ByteLevel(use_regex=true) does. smollm: each digit
-# on its own first (Digits(individual_digits=true)), then GPT-2's split.
+# HF pre-tokenizer (its tokenizer.json shape) -> llama.cpp's `tokenizer.ggml.pre` (the names its
+# llama-vocab.cpp knows), and the same split as one regex for Ollama's own engine, which reads
+# `tokenizer.ggml.pretokenizer` and otherwise falls back to Llama 3's split. gpt-2: GPT-2's split, what HF's
+# ByteLevel(use_regex=true) does. smollm: each digit on its own first (Digits(individual_digits=true)), then
+# GPT-2's split. qwen2 and llama-bpe: their tokenizer.json's Split regex, then ByteLevel without a regex.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
 _BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+_BYTES_ONLY = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
 _DIGITS = {"type": "Digits", "individual_digits": True}
+
+
+def _split(pattern: str) -> dict:
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+
+
 PRE_TOKENIZERS = {
-    "gpt2": ([_BYTE_LEVEL], _GPT2_SPLIT),
+    "gpt-2": ([_BYTE_LEVEL], _GPT2_SPLIT),
     "smollm": ([_DIGITS, _BYTE_LEVEL], r"\p{N}|" + _GPT2_SPLIT.replace(r"| ?\p{N}+", "")),
+    "qwen2": ([_split(_QWEN2_SPLIT), _BYTES_ONLY], _QWEN2_SPLIT),
+    "llama-bpe": ([_split(_LLAMA3_SPLIT), _BYTES_ONLY], _LLAMA3_SPLIT),
+}
+# llama.cpp's converter names a pre-tokenizer by the sha256 of the ids its tokenizer gives CHECK_TEXT
+# (convert_hf_to_gguf.py, get_vocab_base_pre); these are its entries for the families above. A known
+# tokenizer gets the name llama.cpp's converter would write (SmolLM2's converted tokenizer, whose
+# tokenizer.json says only ByteLevel, splits digits exactly as "smollm" does); any other falls back to
+# the tokenizer.json's shape.
+CHECK_TEXT = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ '
+              '🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ '
+              '------======= нещо на Български \'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\'s there, '
+              '\'RE you sure? \'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL')
+KNOWN_HASHES = {
+    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",  # HuggingFaceTB/SmolLM-135M
+    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",  # openai-community/gpt2
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",  # Qwen/Qwen1.5-7B
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen/Qwen3-Embedding-0.6B
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # meta-llama/Meta-Llama-3-8B
 }
 OLLAMA_PRETOKENIZER_KEY = "tokenizer.ggml.pretokenizer"
 
@@ -67,7 +98,7 @@ def pre_tokenizer_name(backend: dict) -> str:
     for name, (shape, _) in PRE_TOKENIZERS.items():
         if len(steps) == len(shape) and all(_matches(s, want) for s, want in zip(steps, shape)):
             return name
-    raise ConfigError(f"export_gguf knows the pre-tokenizers {' and '.join(PRE_TOKENIZERS)} (llama.cpp's names); "
+    raise ConfigError(f"export_gguf knows the pre-tokenizers {', '.join(PRE_TOKENIZERS)} (llama.cpp's names); "
                       f"this tokenizer's is {_describe(pre)}, which llama.cpp would split differently")
 
 
@@ -75,7 +106,9 @@ def gguf_vocab(tokenizer: Any, vocab_size: int) -> GGUFVocab:
     """The GGUF tokenizer metadata of a transformers fast tokenizer, padded to the model's vocab_size
     (the embedding's rows) with unused tokens, as llama.cpp requires one token per row."""
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
-    pre = pre_tokenizer_name(backend)
+    pre = pre_tokenizer_name(backend)  # refuses what llama.cpp cannot split, whatever the hash says
+    digest = hashlib.sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
+    pre = KNOWN_HASHES.get(digest, pre)
     by_id = {i: token for token, i in tokenizer.get_vocab().items()}
     if max(by_id) >= vocab_size:
         raise ConfigError(f"the tokenizer has ids up to {max(by_id)} but the model only {vocab_size} embedding rows")

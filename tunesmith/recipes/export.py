@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import tempfile
 import time
@@ -36,6 +37,15 @@ from ..data.template import render_text
 from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
 from ..hparams.run_config import as_saved
 from ..models.gguf_export import ExportError, RoundTrip, compare_round_trip, source_logits, write_gguf
+from ..models.gguf_llama_cpp import (
+    K_QUANTS,
+    SETUP_HINT,
+    LlamaCppCheck,
+    check_in_llama_cpp,
+    greedy_references,
+    llama_cpp_available,
+    quantize,
+)
 from ..models.merging import load_merged
 from ..utils.io import atomic_write_text
 from .merge import merge_record
@@ -53,6 +63,8 @@ CHECK_CONVERSATIONS: list[list[Message]] = [
      {"role": ASSISTANT, "content": "def add(a, b):\n    return a + b  # 3.14 + 2.71\n"}],
 ]
 RUN_CONFIG_KEY = "tunesmith.run_config"
+GREEDY_NEW_TOKENS = 16  # per prompt, for the greedy comparison in llama.cpp
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +77,8 @@ class ExportResult:
     check_seconds: float
     round_trip: RoundTrip
     tolerance: float
+    llama_cpp: LlamaCppCheck | None = None  # the written f32/f16/bf16/q8_0 file, or the f16 one a k-quant came from
+    quantized: LlamaCppCheck | None = None  # the k-quant file llama.cpp's quantizer made
 
 
 def _refusal(check: RoundTrip, tolerance: float) -> str | None:
@@ -78,43 +92,85 @@ def _refusal(check: RoundTrip, tolerance: float) -> str | None:
     return None
 
 
+def _llama_cpp_refusal(check: LlamaCppCheck, greedy_must_match: bool) -> str | None:
+    if check.token_mismatch:
+        return f"llama.cpp {check.version} tokenizes {check.token_mismatch}"
+    if not check.template_equal:
+        return f"llama.cpp {check.version} reads a chat template other than the training one"
+    if greedy_must_match and check.decisive_disagreements:
+        return (f"llama.cpp's greedy continuation leaves transformers' at {check.decisive_disagreements} of "
+                f"{check.greedy_steps} steps ({check.first_disagreement})")
+    return None
+
+
+def _prompts(tokenizer) -> list[str]:
+    """Each check conversation up to its last user turn, rendered with the generation prompt."""
+    prompts = []
+    for conversation in CHECK_CONVERSATIONS:
+        last_user = max(i for i, m in enumerate(conversation) if m["role"] == USER)
+        prompts.append(render_text(tokenizer, conversation[: last_user + 1], add_generation_prompt=True))
+    return prompts
 
 
 def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
     dtype = model_args.dtype
+    written_dtype = "f16" if dtype in K_QUANTS else dtype  # llama.cpp's quantizer starts from f16
     # Load (and merge) in float32: the file's dtype is applied once, when each tensor is written.
     load_args = ModelArguments(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelArguments)})
     load_args.dtype = "float32"
     tolerance = args.max_relative_logit_diff
     if tolerance is None:
-        tolerance = EXPORT_RELATIVE_TOLERANCES[dtype]
+        tolerance = EXPORT_RELATIVE_TOLERANCES[written_dtype]
+    in_llama_cpp = llama_cpp_available()
+    if not in_llama_cpp:
+        logger.warning("not checked in llama.cpp: llama-cpp-python is not installed (%s); checked with "
+                       "transformers' GGUF loader only", SETUP_HINT)
 
     started = time.perf_counter()
     model, tokenizer = load_merged(load_args)
     texts = [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT) for c in CHECK_CONVERSATIONS]
     expected = source_logits(model, tokenizer, texts)
+    refs = greedy_references(model, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
     chat, untranslatable = ollama_chat(tokenizer)
     source = load_args.adapter_name_or_path or load_args.model_name_or_path  # the default model's folder when None
 
     target = Path(args.output_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
-    os.close(fd)
+    temporary = []
+
+    def scratch() -> str:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
+        os.close(fd)
+        temporary.append(tmp)
+        return tmp
+
+    result_check = quantized = None
     try:
+        tmp = scratch()
         record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
-        write_gguf(model, tokenizer, tmp, dtype, os.path.basename(os.path.normpath(source)), {RUN_CONFIG_KEY: record})
+        write_gguf(model, tokenizer, tmp, written_dtype, os.path.basename(os.path.normpath(source)),
+                   {RUN_CONFIG_KEY: record})
         del model  # the read-back holds a second copy
         written = time.perf_counter()
         check = compare_round_trip(tmp, tokenizer, texts, expected)
         problem = _refusal(check, tolerance)
+        if not problem and in_llama_cpp:
+            result_check = check_in_llama_cpp(tmp, tokenizer, texts, refs)
+            problem = _llama_cpp_refusal(result_check, greedy_must_match=written_dtype != "q8_0")
+        final = tmp
+        if not problem and dtype in K_QUANTS:
+            final = scratch()
+            quantize(tmp, final, dtype)
+            quantized = check_in_llama_cpp(final, tokenizer, texts, refs)
+            problem = _llama_cpp_refusal(quantized, greedy_must_match=False)
         if problem:
             raise ExportError(f"the GGUF written from {source} ({dtype}) does not match it: {problem}; "
                               f"nothing written to {args.output_file}")
-        os.replace(tmp, target)
+        os.replace(final, target)
         os.chmod(target, 0o644)  # mkstemp's 0600 would keep Ollama's server (its own user on Linux) out
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        for path in temporary:
+            Path(path).unlink(missing_ok=True)
     checked = time.perf_counter()
 
     modelfile = args.modelfile
@@ -125,9 +181,16 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
         Path(modelfile).unlink(missing_ok=True)  # an old one would describe another template
         modelfile = None
     result = ExportResult(str(target), modelfile, dtype, target.stat().st_size, written - started, checked - written,
-                          check, tolerance)
+                          check, tolerance, result_check, quantized)
     _report(result, source, untranslatable)
     return result
+
+
+def _llama_cpp_line(c: LlamaCppCheck, what: str) -> str:
+    ties = f", {c.greedy_ties} near-ties" if c.greedy_ties else ""
+    return (f"in llama.cpp {c.version} ({what}): tokens and chat template identical; greedy next token as transformers' "
+            f"at {c.greedy_agree}/{c.greedy_steps} steps{ties}; max |logit difference| {c.max_abs_diff:.3g} "
+            f"(largest |logit| {c.logit_scale:.3g})")
 
 
 def _report(r: ExportResult, source: str, untranslatable: str) -> None:
@@ -136,6 +199,10 @@ def _report(r: ExportResult, source: str, untranslatable: str) -> None:
           f"read back in {r.check_seconds:.1f} s: max |logit difference| vs the source = {c.max_abs_diff:.3g} "
           f"({c.relative_diff:.2e} of the largest |logit| {c.logit_scale:.3g}; bound {r.tolerance:g}), same next "
           f"token at {c.top1_agreement:.1%} of positions; tokenizer ids and chat template identical")
+    if r.llama_cpp:
+        print(_llama_cpp_line(r.llama_cpp, "the f16 file it was quantized from" if r.quantized else "this file"))
+    if r.quantized:
+        print(_llama_cpp_line(r.quantized, f"{r.dtype}, by llama.cpp's quantizer"))
     if r.modelfile:
         print(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME")
     else:
