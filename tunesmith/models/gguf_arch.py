@@ -36,6 +36,11 @@ class Architecture:
     norm_shift: float = 0.0  # added to every *norm.weight
     activation: str = "silu"  # the only hidden activation llama.cpp's graph for it computes
     metadata: Callable[[gguf.GGUFWriter, Any], None] | None = None
+    # transformers' GGUF loader rebuilds this architecture with every setting the file carries, so its
+    # read-back is a check; for Gemma 2/3 it drops query_pre_attn_scalar, the soft-caps, the sliding-layer
+    # pattern and the local rope base (0.024 and 0.62 max |logit difference| on f32 files of tiny random
+    # models that llama.cpp computes within 7e-4), so only llama.cpp checks those.
+    transformers_reads_back: bool = True
 
     @property
     def name(self) -> str:
@@ -77,7 +82,8 @@ def _gemma_metadata(writer: gguf.GGUFWriter, config: Any) -> None:
 
 
 _LLAMA = Architecture(gguf.MODEL_ARCH.LLAMA, llama_rope=True)
-_GEMMA = {"norm_shift": 1.0, "activation": "gelu_pytorch_tanh", "metadata": _gemma_metadata}
+_GEMMA = {"norm_shift": 1.0, "activation": "gelu_pytorch_tanh", "metadata": _gemma_metadata,
+          "transformers_reads_back": False}
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,

@@ -22,13 +22,15 @@ import numpy as np
 import torch
 
 from .gguf_arch import ExportError
+from .gguf_vocab import CHECK_TEXT
 
 SETUP_HINT = "bash scripts/setup.sh --with-llama-cpp"
 # llama.cpp's quantizer types (llama_ftype), applied to an f16 file.
 K_QUANTS = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
             "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K"}
-# Plain text the tokenizers must split alike, beside the rendered conversations.
-TOKEN_SAMPLES = ["Hello world! 你好，世界。こんにちは 🙂🚀 👩‍💻 naïve café 2024-11-25 3.14159 x+=1;\n\n\tdef f():",
+# Plain text the tokenizers must split alike, beside the rendered conversations: llama.cpp's own probe of
+# pre-tokenizers (whitespace runs, emoji, digit runs, Khmer, CJK, Cyrillic, contractions) and a few more.
+TOKEN_SAMPLES = [CHECK_TEXT, "Hello world! 你好，世界。こんにちは 🙂🚀 👩‍💻 naïve café 2024-11-25 3.14159 x+=1;\n\n\tdef f():",
                  "  leading spaces, trailing tabs\t\t\nand <|im_start|> written as text"]
 
 
@@ -88,12 +90,14 @@ class LlamaCppCheck:
 
 @contextlib.contextmanager
 def _quiet_stderr():
-    """llama.cpp logs model loading on fd 2 from C; keep it out of the export's output."""
+    """llama.cpp logs on fd 2 from C, and through llama-cpp-python's callback on sys.stderr; keep both out of
+    the export's output."""
     saved = os.dup(2)
     with open(os.devnull, "w") as null:
         os.dup2(null.fileno(), 2)
         try:
-            yield
+            with contextlib.redirect_stderr(null):
+                yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -103,8 +107,12 @@ def load(path: str, n_ctx: int = 512, logits_all: bool = True, lora_path: str | 
     import llama_cpp
 
     with _quiet_stderr():
-        return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, logits_all=logits_all, verbose=False, seed=0,
-                               n_threads=max(1, min(4, os.cpu_count() or 1)), lora_path=lora_path)
+        try:
+            return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, logits_all=logits_all, verbose=False, seed=0,
+                                   n_threads=max(1, min(4, os.cpu_count() or 1)), lora_path=lora_path)
+        except ValueError as error:  # its log, on the silenced stderr, says why
+            raise ExportError(f"llama.cpp {llama_cpp.__version__} cannot load {path} ({error}); see why with "
+                              f"llama_cpp.Llama(model_path=..., verbose=True)") from error
 
 
 def _first_token_difference(llm: Any, tokenizer: Any, texts: list[str]) -> str | None:

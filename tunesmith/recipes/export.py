@@ -36,6 +36,7 @@ from ..data.ollama import modelfile_text, ollama_chat
 from ..data.template import render_text
 from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
 from ..hparams.run_config import as_saved
+from ..models.gguf_arch import Architecture, architecture
 from ..models.gguf_export import ExportError, RoundTrip, compare_round_trip, source_logits, write_gguf
 from ..models.gguf_llama_cpp import (
     K_QUANTS,
@@ -75,7 +76,7 @@ class ExportResult:
     size_bytes: int
     write_seconds: float
     check_seconds: float
-    round_trip: RoundTrip
+    round_trip: RoundTrip | None  # None where transformers' loader cannot rebuild the architecture
     tolerance: float
     llama_cpp: LlamaCppCheck | None = None  # the written f32/f16/bf16/q8_0 file, or the f16 one a k-quant came from
     quantized: LlamaCppCheck | None = None  # the k-quant file llama.cpp's quantizer made
@@ -100,6 +101,24 @@ def _llama_cpp_refusal(check: LlamaCppCheck, greedy_must_match: bool) -> str | N
     if greedy_must_match and check.decisive_disagreements:
         return (f"llama.cpp's greedy continuation leaves transformers' at {check.decisive_disagreements} of "
                 f"{check.greedy_steps} steps ({check.first_disagreement})")
+    return None
+
+
+def _read_back(spec: Architecture, path: str, tokenizer, texts: list[str], expected, in_llama_cpp: bool,
+               ) -> RoundTrip | None:
+    """transformers' read-back check, where its GGUF loader rebuilds the architecture; None where it cannot
+    (the file is then checked in llama.cpp only, or, without llama.cpp, written with a warning)."""
+    why = None if spec.transformers_reads_back else f"it does not rebuild {spec.name} with every setting in the file"
+    if why is None:
+        try:
+            return compare_round_trip(path, tokenizer, texts, expected)
+        except (RuntimeError, ValueError, NotImplementedError, KeyError) as error:  # its loader's refusals
+            why = f"it cannot read this file back ({str(error).splitlines()[0][:200]})"
+    if in_llama_cpp:
+        logger.warning("not read back with transformers' GGUF loader: %s; checked in llama.cpp", why)
+    else:
+        logger.warning("NOT CHECKED: transformers' GGUF loader cannot check it (%s) and llama-cpp-python is not "
+                       "installed (%s)", why, SETUP_HINT)
     return None
 
 
@@ -148,12 +167,13 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
     try:
         tmp = scratch()
         record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
+        spec = architecture(model)
         write_gguf(model, tokenizer, tmp, written_dtype, os.path.basename(os.path.normpath(source)),
                    {RUN_CONFIG_KEY: record})
         del model  # the read-back holds a second copy
         written = time.perf_counter()
-        check = compare_round_trip(tmp, tokenizer, texts, expected)
-        problem = _refusal(check, tolerance)
+        check = _read_back(spec, tmp, tokenizer, texts, expected, in_llama_cpp)
+        problem = _refusal(check, tolerance) if check else None
         if not problem and in_llama_cpp:
             result_check = check_in_llama_cpp(tmp, tokenizer, texts, refs)
             problem = _llama_cpp_refusal(result_check, greedy_must_match=written_dtype != "q8_0")
@@ -196,9 +216,10 @@ def _llama_cpp_line(c: LlamaCppCheck, what: str) -> str:
 def _report(r: ExportResult, source: str, untranslatable: str) -> None:
     c = r.round_trip
     print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
-          f"read back in {r.check_seconds:.1f} s: max |logit difference| vs the source = {c.max_abs_diff:.3g} "
+          f"checked in {r.check_seconds:.1f} s" + ("" if c is None else
+          f": read back with transformers, max |logit difference| vs the source = {c.max_abs_diff:.3g} "
           f"({c.relative_diff:.2e} of the largest |logit| {c.logit_scale:.3g}; bound {r.tolerance:g}), same next "
-          f"token at {c.top1_agreement:.1%} of positions; tokenizer ids and chat template identical")
+          f"token at {c.top1_agreement:.1%} of positions; tokenizer ids and chat template identical"))
     if r.llama_cpp:
         print(_llama_cpp_line(r.llama_cpp, "the f16 file it was quantized from" if r.quantized else "this file"))
     if r.quantized:
