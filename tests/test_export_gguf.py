@@ -85,6 +85,25 @@ def test_adapter_is_merged_then_exported_as_q8_0_within_its_bound(tiny_model_dir
     assert (want - base.model.layers[0].self_attn.v_proj.weight).abs().max() > 10 * rounding
 
 
+def test_an_adapter_alone_is_llama_cpps_adapter_gguf(tiny_model_dir, tokenizer, tmp_path):
+    adapter = _make_adapter(tiny_model_dir, tokenizer, str(tmp_path / "adapter"))
+    out = tmp_path / "adapter.gguf"
+    export(["--model_name_or_path", adapter, "--output_file", str(out), "--dtype", "f16", "--adapter_only"])
+    reader = gguf.GGUFReader(out)
+    assert _field(reader, "general.type") == "adapter" and _field(reader, "adapter.type") == "lora"
+    assert _field(reader, "general.architecture") == "llama" and _field(reader, "adapter.lora.alpha") == 8.0
+    tensors = {t.name: t for t in reader.tensors}
+    assert len(tensors) == 2 * 7 * 2 and "tokenizer.ggml.tokens" not in reader.fields  # A and B of 7 linears x 2 layers
+    a, b = tensors["blk.0.attn_v.weight.lora_a"], tensors["blk.0.attn_v.weight.lora_b"]
+    assert a.tensor_type == b.tensor_type == gguf.GGMLQuantizationType.F16
+    assert list(a.shape) == [64, 4] and list(b.shape) == [4, 32]  # ggml order: (in, r) and (r, out)
+    # V is stored in HF's row order: B as PEFT saved it, within f16's rounding.
+    from safetensors.torch import load_file
+    want = load_file(os.path.join(adapter, "adapter_model.safetensors"))[
+        "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"]
+    assert torch.allclose(torch.from_numpy(b.data.astype("float32")).reshape(want.shape), want, atol=1e-3)
+
+
 def test_export_over_its_bound_is_refused_and_leaves_nothing(tiny_model_dir, tmp_path):
     out = tmp_path / "tiny.gguf"
     with pytest.raises(ExportError, match=r"does not match it: max \|logit difference\| .* above the bound 1e-09; "
@@ -155,12 +174,14 @@ def test_templates_without_a_translation_are_named(default_model_path):
     (["--output_file", "m.gguf", "--max_relative_logit_diff", "-1"], ConfigError,
      r"--max_relative_logit_diff must be >= 0 \(got -1.0\)"),
     (["--output_file", "m.gguf", "--dtype", "q4_0"], SystemExit, "^2$"),  # argparse lists the choices, exit 2
+    (["--output_file", "m.gguf", "--adapter_only"], ConfigError,
+     "--adapter_only writes a LoRA adapter, and no adapter was given"),
     pytest.param(["--output_file", "m.gguf", "--dtype", "q4_k_m"], ConfigError,
                  r"--dtype q4_k_m is made by llama.cpp's quantizer, and llama-cpp-python is not installed: run "
                  r"`bash scripts/setup.sh --with-llama-cpp`",
                  marks=pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is not None,
                                           reason="llama-cpp-python is installed here: k-quants are available")),
-], ids=["output_file", "quantized", "tolerance", "dtype", "k_quant"])
+], ids=["output_file", "quantized", "tolerance", "dtype", "adapter_only", "k_quant"])
 def test_export_settings_that_cannot_work_stop_before_loading(argv, error, message, tiny_model_dir, tmp_path,
                                                               monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 from conftest import build_tiny_model_dir
+from test_merge import _make_adapter
 
 from tunesmith.hparams.rules import GGUF_ARCHITECTURES
 from tunesmith.models.gguf_arch import ARCHITECTURES
@@ -124,3 +125,13 @@ def test_k_quants_come_from_llama_cpps_quantizer(dtype, k_quantizable_dir, tmp_p
     assert reader.fields["general.file_type"].contents() == int(gguf.LlamaFileType[want[0]])
     assert gguf.GGMLQuantizationType[want[1]] in {t.tensor_type for t in reader.tensors}
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"t-{dtype}.Modelfile", f"t-{dtype}.gguf"]  # no f16 left
+
+
+def test_an_adapter_alone_over_its_base_answers_as_the_merged_model(tiny_model_dir, tokenizer, tmp_path):
+    adapter = _make_adapter(tiny_model_dir, tokenizer, str(tmp_path / "adapter"))
+    out = tmp_path / "adapter.gguf"
+    result = export(["--model_name_or_path", adapter, "--output_file", str(out), "--dtype", "f32", "--adapter_only"])
+    check = result.llama_cpp
+    assert check.token_mismatch is None and check.template_equal
+    assert check.greedy_steps == 4 * 16 and check.decisive_disagreements == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "adapter.gguf"]  # the check's base is gone

@@ -359,6 +359,14 @@ RULES: list[Rule] = [
     Rule("export_architecture", ("export", "model"), lambda a: _not_exportable(a.model),
          "export_gguf supports " + ", ".join(GGUF_ARCHITECTURES) + "; this model is {arch} "
          "({model.model_name_or_path}/config.json)."),
+    Rule("export_adapter_only_needs_adapter", ("export", "model"),
+         lambda a: a.export.adapter_only and not a.model.adapter_name_or_path,
+         "--adapter_only writes a LoRA adapter, and no adapter was given: pass an adapter folder as "
+         "--model_name_or_path (or --adapter_name_or_path), or leave out --adapter_only."),
+    Rule("export_adapter_only_dtype", ("export", "model"),
+         lambda a: a.export.adapter_only and a.model.dtype not in ("f32", "f16"),
+         "--adapter_only writes the adapter's matrices in f32 or f16 (got --dtype {model.dtype}): llama.cpp applies "
+         "them over a base of any type."),
     Rule("export_k_quant", ("export", "model"),
          lambda a: a.model.dtype in GGUF_K_QUANTS and importlib.util.find_spec("llama_cpp") is None,
          "--dtype {model.dtype} is made by llama.cpp's quantizer, and llama-cpp-python is not installed: run "

@@ -73,6 +73,13 @@ class ExportArguments:
     overwrite_output_file: bool = field(
         default=False, metadata={"help": "Replace an existing output_file and its Modelfile."}
     )
+    adapter_only: bool = field(
+        default=False,
+        metadata={"help": "Write the LoRA adapter alone as llama.cpp's adapter GGUF (general.type adapter, its lora "
+                  "alpha), to load over a GGUF of its base (llama-cli -m base.gguf --lora adapter.gguf), instead of "
+                  "the merged model; --dtype f32 or f16. Checked in llama.cpp over a base file written for the "
+                  "check: greedy answers as the merged model's. No Modelfile is written."},
+    )
     max_relative_logit_diff: float | None = field(
         default=None,
         metadata={"help": "Largest allowed max |logit difference| between the written GGUF (read back with "

@@ -39,9 +39,9 @@ def tensor_type(array: np.ndarray, dtype: str) -> gguf.GGMLQuantizationType:
 
 
 def write_gguf(model: Any, tokenizer: Any, path: str, dtype: str, name: str,
-               extra_metadata: dict[str, str] | None = None) -> None:
-    """Write `model` (one of gguf_arch.ARCHITECTURES) and `tokenizer` (with its chat template) to `path` as
-    GGUF with weight matrices in `dtype` (f32, f16, bf16 or q8_0)."""
+               extra_metadata: dict[str, str] | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """Write `model` (one of gguf_arch.ARCHITECTURES; its weights, or `state_dict`) and `tokenizer` (with its
+    chat template) to `path` as GGUF with weight matrices in `dtype` (f32, f16, bf16 or q8_0)."""
     spec = architecture(model)
     vocab = gguf_vocab(tokenizer, model.config.vocab_size)
     writer = gguf.GGUFWriter(path, spec.name)
@@ -54,7 +54,7 @@ def write_gguf(model: Any, tokenizer: Any, path: str, dtype: str, name: str,
         add_vocab(writer, vocab)
         for key, value in (extra_metadata or {}).items():
             writer.add_string(key, value)
-        for tensor_name, array in gguf_tensors(model, spec):
+        for tensor_name, array in gguf_tensors(model, spec, state_dict):
             qtype = tensor_type(array, dtype)
             writer.add_tensor(tensor_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         writer.write_header_to_file()

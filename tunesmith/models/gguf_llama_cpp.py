@@ -127,11 +127,12 @@ def _first_token_difference(llm: Any, tokenizer: Any, texts: list[str]) -> str |
     return None
 
 
-def check_in_llama_cpp(path: str, tokenizer: Any, texts: list[str], refs: list[GreedyReference]) -> LlamaCppCheck:
-    """Load `path` in llama.cpp and compare tokens (on `texts` and TOKEN_SAMPLES), chat template and greedy
-    continuations (`refs`, from transformers) with the source."""
+def check_in_llama_cpp(path: str, tokenizer: Any, texts: list[str], refs: list[GreedyReference],
+                       lora_path: str | None = None) -> LlamaCppCheck:
+    """Load `path` (with the adapter GGUF `lora_path` over it) in llama.cpp and compare tokens (on `texts` and
+    TOKEN_SAMPLES), chat template and greedy continuations (`refs`, from transformers) with the source."""
     n_ctx = max([len(r.ids) for r in refs] + [len(tokenizer(t)["input_ids"]) for t in texts]) + 16
-    llm = load(path, n_ctx=n_ctx)
+    llm = load(path, n_ctx=n_ctx, lora_path=lora_path)
     try:
         mismatch = _first_token_difference(llm, tokenizer, texts + TOKEN_SAMPLES)
         template_equal = llm.metadata.get("tokenizer.chat_template") == tokenizer.chat_template

@@ -36,6 +36,7 @@ from ..data.ollama import modelfile_text, ollama_chat
 from ..data.template import render_text
 from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
 from ..hparams.run_config import as_saved
+from ..models.gguf_adapter import base_state_dict, write_adapter_gguf
 from ..models.gguf_arch import Architecture, architecture
 from ..models.gguf_export import ExportError, RoundTrip, compare_round_trip, source_logits, write_gguf
 from ..models.gguf_llama_cpp import (
@@ -47,7 +48,7 @@ from ..models.gguf_llama_cpp import (
     llama_cpp_available,
     quantize,
 )
-from ..models.merging import load_merged
+from ..models.merging import load_adapted, load_merged
 from ..utils.io import atomic_write_text
 from .merge import merge_record
 
@@ -132,6 +133,8 @@ def _prompts(tokenizer) -> list[str]:
 
 
 def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
+    if args.adapter_only:
+        return export_adapter(model_args, args)
     dtype = model_args.dtype
     written_dtype = "f16" if dtype in K_QUANTS else dtype  # llama.cpp's quantizer starts from f16
     # Load (and merge) in float32: the file's dtype is applied once, when each tensor is written.
@@ -203,6 +206,57 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
     result = ExportResult(str(target), modelfile, dtype, target.stat().st_size, written - started, checked - written,
                           check, tolerance, result_check, quantized)
     _report(result, source, untranslatable)
+    return result
+
+
+def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
+    """The adapter alone as llama.cpp's adapter GGUF, checked in llama.cpp over a base GGUF written (in the same
+    dtype) for the check and deleted after it: greedy continuations as the merged model's in transformers."""
+    load_args = ModelArguments(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelArguments)})
+    load_args.dtype = "float32"
+    started = time.perf_counter()
+    peft_model, tokenizer = load_adapted(load_args, "causal_lm")
+    source = load_args.adapter_name_or_path
+    target = Path(args.output_file).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
+    os.close(fd)
+    fd, base = tempfile.mkstemp(prefix=f".{target.stem}.base.", suffix=".gguf", dir=target.parent)
+    os.close(fd)
+    check = None
+    try:
+        write_adapter_gguf(peft_model, tmp, model_args.dtype, os.path.basename(os.path.normpath(source)))
+        written = time.perf_counter()
+        if llama_cpp_available():
+            texts = [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT)
+                     for c in CHECK_CONVERSATIONS]
+            write_gguf(peft_model.get_base_model(), tokenizer, base, model_args.dtype, "base",
+                       state_dict=base_state_dict(peft_model))
+            merged = peft_model.merge_and_unload(safe_merge=True)
+            refs = greedy_references(merged, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS)
+            del merged, peft_model
+            check = check_in_llama_cpp(base, tokenizer, texts, refs, lora_path=tmp)
+            problem = _llama_cpp_refusal(check, greedy_must_match=True)
+            if problem:
+                raise ExportError(f"the adapter GGUF written from {source} over its base does not match the merged "
+                                  f"model: {problem}; nothing written to {args.output_file}")
+        else:
+            logger.warning("NOT CHECKED: an adapter GGUF is checked in llama.cpp only, and llama-cpp-python is not "
+                           "installed (%s)", SETUP_HINT)
+        os.replace(tmp, target)
+        os.chmod(target, 0o644)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+        Path(base).unlink(missing_ok=True)
+    checked = time.perf_counter()
+    result = ExportResult(str(target), None, model_args.dtype, target.stat().st_size, written - started,
+                          checked - written, None, 0.0, check)
+    print(f"exported the adapter {source} alone -> {result.output_file} ({result.dtype}, "
+          f"{result.size_bytes / 2**20:.2f} MiB) in {result.write_seconds:.1f} s; checked in {result.check_seconds:.1f} s")
+    if check:
+        print(_llama_cpp_line(check, "over its base, against the merged model"))
+    print(f"llama.cpp: llama-cli -m BASE.gguf --lora {result.output_file} (BASE.gguf: tunesmith export of the base "
+          f"model); Ollama: FROM the base's GGUF, ADAPTER {result.output_file}")
     return result
 
 
