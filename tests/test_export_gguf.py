@@ -23,7 +23,7 @@ from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
 from tunesmith.errors import ConfigError, PathError
 from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments, parse_run
 from tunesmith.models.gguf_arch import architecture
-from tunesmith.models.gguf_export import ExportError, RoundTrip
+from tunesmith.models.gguf_export import ExportError, RoundTrip, write_gguf
 from tunesmith.models.gguf_vocab import pre_tokenizer_name
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _refusal
@@ -142,8 +142,28 @@ def test_tokenizers_llama_cpp_would_split_differently_are_refused_by_name():
     split = {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Isolated"}
     with pytest.raises(ConfigError, match=r"this tokenizer's is Sequence\[Split, ByteLevel\]"):
         pre_tokenizer_name({"model": bpe, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]}})
-    with pytest.raises(ConfigError, match="this one is BPE with byte fallback .*SentencePiece"):
+    with pytest.raises(ConfigError, match="and SentencePiece-style ones .*; this one is BPE with byte fallback, which"):
         pre_tokenizer_name({"model": {"type": "BPE", "byte_fallback": True}, "pre_tokenizer": None})
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    assert pre_tokenizer_name({"model": {"type": "BPE", "byte_fallback": True}, "normalizer": spaces}) == "spm"
+
+
+def test_a_sentencepiece_style_vocabulary_is_written_as_llama_cpps_llama_tokenizer(tmp_path):
+    from conftest import build_spm_tokenizer
+
+    tokenizer = build_spm_tokenizer(add_prefix=True)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    write_gguf(model, tokenizer, str(tmp_path / "spm.gguf"), "f32", "spm")
+    reader = gguf.GGUFReader(tmp_path / "spm.gguf")
+    assert _field(reader, "tokenizer.ggml.model") == "llama" and _field(reader, "tokenizer.ggml.add_space_prefix")
+    tokens, types = _field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.token_type")
+    scores = _field(reader, "tokenizer.ggml.scores")
+    assert types[tokens.index("<0x41>")] == gguf.TokenType.BYTE and types[0] == gguf.TokenType.UNKNOWN
+    assert types[tokens.index("<|im_end|>")] == gguf.TokenType.CONTROL
+    # the first merge's token scores highest: llama.cpp joins pairs in BPE's merge order
+    first = "".join(json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"][0])
+    assert scores[tokens.index(first)] == 0 == max(scores[i] for i, t in enumerate(types) if t == gguf.TokenType.NORMAL)
 
 
 def test_modelfile_template_renders_as_training_does(tokenizer):

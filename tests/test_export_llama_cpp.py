@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import build_tiny_model_dir
+from conftest import build_spm_tokenizer, build_tiny_model_dir
 from test_merge import _make_adapter
 
 from tunesmith.hparams.rules import GGUF_ARCHITECTURES
@@ -78,6 +78,25 @@ def test_each_architecture_gives_transformers_logits_in_llama_cpp(name, tokenize
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
 
 
+@pytest.mark.parametrize("name, add_prefix", [("gemma2", False), ("llama", True)], ids=["gemma-style", "llama2-style"])
+def test_sentencepiece_style_vocabularies_tokenize_in_llama_cpp_as_in_transformers(name, add_prefix, tmp_path):
+    from tunesmith.models.gguf_llama_cpp import check_in_llama_cpp, greedy_references
+
+    tokenizer = build_spm_tokenizer(add_prefix)
+    model = tiny_model(name, tokenizer)
+    path = str(tmp_path / "spm.gguf")
+    write_gguf(model, tokenizer, path, "f32", "spm")
+    reader = gguf.GGUFReader(path)
+    assert reader.fields["tokenizer.ggml.model"].contents() == "llama"
+    assert reader.fields["tokenizer.ggml.add_space_prefix"].contents() is add_prefix
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": "你好 world  two  spaces\n\nnew 🙂"},
+                                            {"role": "assistant", "content": "Hi!"}], tokenize=False),
+             " leading space", "x  y\n\nz"]
+    refs = greedy_references(model, tokenizer, [texts[0]], 8)
+    check = check_in_llama_cpp(path, tokenizer, texts, refs)  # CJK, emoji (byte fallback) and llama.cpp's probe
+    assert check.token_mismatch is None and check.template_equal and check.decisive_disagreements == 0
+
+
 def test_export_checks_tokens_template_and_greedy_in_llama_cpp(tiny_model_dir, tokenizer, tmp_path):
     result = export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "t.gguf"),
                      "--dtype", "f32"])
@@ -135,3 +154,15 @@ def test_an_adapter_alone_over_its_base_answers_as_the_merged_model(tiny_model_d
     assert check.token_mismatch is None and check.template_equal
     assert check.greedy_steps == 4 * 16 and check.decisive_disagreements == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "adapter.gguf"]  # the check's base is gone
+
+
+@pytest.mark.slow
+def test_the_default_model_runs_in_llama_cpp_as_in_transformers(tmp_path):
+    """The bug users hit: llama.cpp refused the default model's GGUF (`unknown pre-tokenizer type: 'gpt2'`)."""
+    out = tmp_path / "smollm2.gguf"
+    result = export(["--output_file", str(out), "--dtype", "f16"])
+    assert gguf.GGUFReader(out).fields["tokenizer.ggml.pre"].contents() == "smollm"
+    check = result.llama_cpp
+    assert check.token_mismatch is None and check.template_equal and check.decisive_disagreements == 0
+    assert check.greedy_agree >= check.greedy_steps - 2  # f16: at most a near-tie or two among 64 steps
+    assert "Paris" in check.continuations[0]  # "What is the capital of France? Answer in one word."

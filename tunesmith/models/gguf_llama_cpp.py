@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..utils.threads import usable_cores
 from .gguf_arch import ExportError
 from .gguf_vocab import CHECK_TEXT
 
@@ -61,12 +62,14 @@ def greedy_references(model: Any, tokenizer: Any, prompts: list[str], new_tokens
     with torch.no_grad():
         for prompt in prompts:
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            full = list(ids)
+            full, past, step, rows = list(ids), None, ids, []
             for _ in range(new_tokens):
-                logits = model(input_ids=torch.tensor([full], device=model.device)).logits[0, -1]
+                out = model(input_ids=torch.tensor([step], device=model.device), past_key_values=past, use_cache=True)
+                past, logits = out.past_key_values, out.logits[0, -1].float().cpu()
+                rows.append(logits)
                 full.append(int(logits.argmax()))
-            logits = model(input_ids=torch.tensor([full[:-1]], device=model.device)).logits[0, len(ids) - 1:]
-            refs.append(GreedyReference(full, len(ids), logits.float().cpu()))
+                step = full[-1:]
+            refs.append(GreedyReference(full, len(ids), torch.stack(rows)))
     return refs
 
 
@@ -106,10 +109,13 @@ def _quiet_stderr():
 def load(path: str, n_ctx: int = 512, logits_all: bool = True, lora_path: str | None = None) -> Any:
     import llama_cpp
 
+    # torch's thread count (OMP_NUM_THREADS) within the usable cores: ggml's threads spin at barriers, so
+    # more threads than free cores makes it many times slower on a shared machine.
+    threads = max(1, min(torch.get_num_threads(), usable_cores()))
     with _quiet_stderr():
         try:
             return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, logits_all=logits_all, verbose=False, seed=0,
-                                   n_threads=max(1, min(4, os.cpu_count() or 1)), lora_path=lora_path)
+                                   n_threads=threads, n_threads_batch=threads, lora_path=lora_path)
         except ValueError as error:  # its log, on the silenced stderr, says why
             raise ExportError(f"llama.cpp {llama_cpp.__version__} cannot load {path} ({error}); see why with "
                               f"llama_cpp.Llama(model_path=..., verbose=True)") from error
