@@ -102,6 +102,23 @@ def test_an_adapter_alone_is_llama_cpps_adapter_gguf(tiny_model_dir, tokenizer, 
     want = load_file(os.path.join(adapter, "adapter_model.safetensors"))[
         "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"]
     assert torch.allclose(torch.from_numpy(b.data.astype("float32")).reshape(want.shape), want, atol=1e-3)
+    with pytest.raises(ConfigError, match=r"--adapter_only writes the adapter's matrices in f32 or f16 \(got --dtype "
+                                          r"q8_0\)"):
+        parse_run("export", ["--model_name_or_path", adapter, "--output_file", str(tmp_path / "q.gguf"),
+                             "--dtype", "q8_0", "--adapter_only"])
+
+
+def test_adapters_llama_cpp_cannot_apply_alone_are_refused_by_name():
+    from types import SimpleNamespace
+
+    from tunesmith.models.gguf_adapter import _check_config
+
+    plain = {"lora_alpha": 8, "r": 4, "use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None}
+    assert _check_config(SimpleNamespace(**plain)) == 8.0
+    assert _check_config(SimpleNamespace(**plain, use_rslora=True)) == 16.0  # llama.cpp divides by r, rsLoRA by sqrt(r)
+    with pytest.raises(ConfigError, match="this one sets use_dora, which llama.cpp's adapter GGUF does not carry: "
+                                          r"export it merged \(leave out --adapter_only\)"):
+        _check_config(SimpleNamespace(**{**plain, "use_dora": True}))
 
 
 def test_export_over_its_bound_is_refused_and_leaves_nothing(tiny_model_dir, tmp_path):
@@ -130,6 +147,13 @@ def test_other_architectures_and_existing_files_are_refused_before_loading(tiny_
         export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "taken.gguf")])
     with pytest.raises(ConfigError, match=r"name it \*.gguf"):
         export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "model.bin")])
+
+
+def test_the_rules_table_lists_the_architectures_the_writer_knows():
+    from tunesmith.hparams.rules import GGUF_ARCHITECTURES
+    from tunesmith.models.gguf_arch import ARCHITECTURES
+
+    assert GGUF_ARCHITECTURES == tuple(ARCHITECTURES)
 
 
 def test_tokenizers_llama_cpp_would_split_differently_are_refused_by_name():
@@ -222,6 +246,13 @@ def test_reward_adapters_and_unsupported_llama_settings_are_refused_by_name(tiny
     with pytest.raises(ConfigError, match="export_gguf writes LlamaForCausalLM models with rope_type default; "
                                           "this one has linear"):
         architecture(LlamaForCausalLM(config))
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    gemma = Gemma2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=16)
+    with pytest.raises(ConfigError, match="export_gguf writes Gemma2ForCausalLM models with query_pre_attn_scalar 8; "
+                                          "this one has 16"):
+        architecture(Gemma2ForCausalLM(gemma))
 
 
 def test_a_different_tokenizer_or_template_in_the_file_is_a_refusal_whatever_the_logits():
