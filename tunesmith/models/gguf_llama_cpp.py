@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from ..utils.threads import usable_cores
 from .gguf_arch import ExportError
@@ -55,6 +57,11 @@ class GreedyReference:
     logits: torch.Tensor  # (len(ids) - prompt_length, vocab)
 
 
+def _cache_argument(model: Any) -> str:
+    """The forward's name for the KV cache: `cache` from transformers 5.24, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def greedy_references(model: Any, tokenizer: Any, prompts: list[str], new_tokens: int) -> list[GreedyReference]:
     """Greedy continuations by plain forward passes (argmax, through end-of-turn tokens too: both engines
     are compared on the same fixed number of steps)."""
@@ -62,10 +69,11 @@ def greedy_references(model: Any, tokenizer: Any, prompts: list[str], new_tokens
     with torch.no_grad():
         for prompt in prompts:
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            full, past, step, rows = list(ids), None, ids, []
+            full, step, rows = list(ids), ids, []
+            cache = {_cache_argument(model): DynamicCache(config=model.config)}  # filled in place
             for _ in range(new_tokens):
-                out = model(input_ids=torch.tensor([step], device=model.device), past_key_values=past, use_cache=True)
-                past, logits = out.past_key_values, out.logits[0, -1].float().cpu()
+                out = model(input_ids=torch.tensor([step], device=model.device), use_cache=True, **cache)
+                logits = out.logits[0, -1].float().cpu()
                 rows.append(logits)
                 full.append(int(logits.argmax()))
                 step = full[-1:]
