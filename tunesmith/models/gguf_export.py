@@ -1,21 +1,13 @@
-"""Write a Llama-architecture model as one GGUF file (llama.cpp's "llama" architecture) with the gguf
-package's writer, and read it back with transformers' GGUF loader to check what was written.
-
-What llama.cpp expects of a Hugging Face Llama, and why:
-- tensor names: gguf's own HF -> GGUF name map for the llama architecture (the map transformers'
-  loader reverses), so token_embd, blk.N.attn_q/k/v/output, ffn_gate/up/down, attn_norm, ffn_norm,
-  output_norm; `output` only when the LM head is not tied to the embedding.
-- Q and K rows reordered per head: HF's rotary embedding rotates the two halves of each head, ggml's
-  (the "normal" rope that llama.cpp uses for llama) rotates adjacent pairs. The loader undoes it.
-- norms and biases stay f32 in every --dtype (as llama.cpp's converter writes them); q8_0 applies to
-  matrices whose rows are whole blocks of 32, f16 to any other matrix.
+"""Write a model as one GGUF file with the gguf package's writer (architectures, tensor names and metadata
+keys from its constants: see gguf_arch), and read it back with transformers' GGUF loader to check what was
+written. Norms and biases stay f32 in every --dtype (as llama.cpp's converter writes them); q8_0 applies
+to matrices whose rows are whole blocks of 32, f16 to any other matrix. The k-quants are llama.cpp's own
+quantizer's work on an f16 file (gguf_llama_cpp).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,112 +15,46 @@ import gguf
 import numpy as np
 import torch
 
-from ..errors import ConfigError, UserError
+from .gguf_arch import ExportError, add_model_metadata, architecture, gguf_tensors
 from .gguf_vocab import add_vocab, gguf_vocab
 
-logger = logging.getLogger(__name__)
+__all__ = ["ExportError", "write_gguf", "read_back", "compare_round_trip", "source_logits", "RoundTrip"]
 
-ARCHITECTURE = "llama"
-TENSOR_TYPES = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-                "q8_0": gguf.GGMLQuantizationType.Q8_0}
+_T = gguf.GGMLQuantizationType
+# The types written in Python; the others (k-quants) come from llama.cpp's quantizer on an f16 file.
+TENSOR_TYPES = {"f32": _T.F32, "f16": _T.F16, "bf16": _T.BF16, "q8_0": _T.Q8_0}
 FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-              "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
-
-
-class ExportError(UserError, RuntimeError):
-    """A GGUF that cannot be written, or whose read-back does not match the source model."""
-
-    kind = "export error"
-
-
-def check_llama(model: Any) -> None:
-    """Refuse, by name, a model or a Llama setting that the llama architecture of GGUF does not carry."""
-    config, name = model.config, type(model).__name__
-    if name != "LlamaForCausalLM":
-        raise ConfigError(f"export_gguf supports llama-family models (LlamaForCausalLM); this model is {name}")
-    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    unsupported = {"rope_type": (rope_type, "default"), "hidden_act": (config.hidden_act, "silu")}
-    for key, (value, supported) in unsupported.items():
-        if value != supported:
-            raise ConfigError(f"export_gguf writes Llama models with {key} {supported}; this one has {value}")
-
-
-def _rope_theta(config: Any) -> float:
-    return float((getattr(config, "rope_parameters", None) or {}).get("rope_theta")
-                 or getattr(config, "rope_theta", 10000.0))
-
-
-def _head_dim(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def llama_rope_order(weight: np.ndarray, heads: int) -> np.ndarray:
-    """Q/K rows (or bias) from HF's rotate-half layout to ggml's adjacent-pair layout: in each head, rows
-    i and i + head_dim/2 become rows 2i and 2i + 1."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
-        weight.shape)
-
-
-def _tensors(model: Any) -> Iterator[tuple[str, np.ndarray]]:
-    """(GGUF name, float32 array in PyTorch's (out, in) layout) of every weight, in state-dict order."""
-    config = model.config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
-    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-    for hf_name, tensor in model.state_dict().items():
-        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
-            continue  # llama.cpp uses token_embd when there is no `output`
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if name is None:
-            raise ExportError(f"no GGUF tensor name for {hf_name} in the llama architecture")
-        array = tensor.detach().to(torch.float32).cpu().numpy()
-        projection = hf_name.rsplit(".", 2)[-2]
-        if projection in heads:
-            array = llama_rope_order(array, heads[projection])
-        yield name, array
+              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
 
 
 def tensor_type(array: np.ndarray, dtype: str) -> gguf.GGMLQuantizationType:
     if array.ndim == 1 or dtype == "f32":
-        return gguf.GGMLQuantizationType.F32
-    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
+        return _T.F32
+    if dtype == "bf16":
+        return _T.BF16
+    block = gguf.GGML_QUANT_SIZES[_T.Q8_0][0]
     if dtype == "q8_0" and array.shape[-1] % block == 0:
-        return gguf.GGMLQuantizationType.Q8_0
-    return gguf.GGMLQuantizationType.F16
-
-
-def _add_model_metadata(writer: gguf.GGUFWriter, config: Any, dtype: str, name: str) -> None:
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(name)
-    writer.add_file_type(FILE_TYPES[dtype])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(_rope_theta(config))
-    writer.add_rope_dimension_count(_head_dim(config))
-    if _head_dim(config) * config.num_attention_heads != config.hidden_size:
-        writer.add_key_length(_head_dim(config))
-        writer.add_value_length(_head_dim(config))
-    writer.add_vocab_size(config.vocab_size)
+        return _T.Q8_0
+    return _T.F16
 
 
 def write_gguf(model: Any, tokenizer: Any, path: str, dtype: str, name: str,
-               extra_metadata: dict[str, str] | None = None) -> None:
-    """Write `model` (a LlamaForCausalLM) and `tokenizer` (with its chat template) to `path` as GGUF with
-    weight matrices in `dtype` (f32, f16 or q8_0)."""
-    check_llama(model)
+               extra_metadata: dict[str, str] | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """Write `model` (one of gguf_arch.ARCHITECTURES; its weights, or `state_dict`) and `tokenizer` (with its
+    chat template) to `path` as GGUF with weight matrices in `dtype` (f32, f16, bf16 or q8_0)."""
+    spec = architecture(model)
     vocab = gguf_vocab(tokenizer, model.config.vocab_size)
-    writer = gguf.GGUFWriter(path, ARCHITECTURE)
+    writer = gguf.GGUFWriter(path, spec.name)
     try:
-        _add_model_metadata(writer, model.config, dtype, name)
+        writer.add_type(gguf.GGUFType.MODEL)
+        writer.add_name(name)
+        writer.add_file_type(FILE_TYPES[dtype])
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        add_model_metadata(writer, spec, model.config)
         add_vocab(writer, vocab)
         for key, value in (extra_metadata or {}).items():
             writer.add_string(key, value)
-        for tensor_name, array in _tensors(model):
+        for tensor_name, array in gguf_tensors(model, spec, state_dict):
             qtype = tensor_type(array, dtype)
             writer.add_tensor(tensor_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         writer.write_header_to_file()

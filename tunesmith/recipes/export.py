@@ -3,24 +3,34 @@ chat template it was trained with and an Ollama Modelfile, checked against the s
 
     python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file outputs/sft_demo.gguf
     python merge/export_gguf.py --model_name_or_path outputs/sft_demo_merged --output_file OUT.gguf --dtype q8_0
+    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file OUT.gguf --dtype q4_k_m
+    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file ADAPTER.gguf --adapter_only
 
 --model_name_or_path is a model folder (merged, or fully fine-tuned) or an adapter folder, which is
-merged into its base (the one adapter_config.json records) in memory first. Llama-architecture
-models with a byte-level BPE tokenizer (SmolLM2's family) are written; others are refused by name.
+merged into its base (the one adapter_config.json records) in memory first, or, with --adapter_only,
+written alone as llama.cpp's adapter GGUF. Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 (text)
+models with a byte-level BPE tokenizer are written; others are refused by name. f32, f16, bf16 and q8_0
+are written here; q4_k_m, q5_k_m and q6_k by llama.cpp's own quantizer from an f16 file.
 
-The GGUF is written under a temporary name beside --output_file and read back with transformers' GGUF
-loader: its tokenizer must encode a few conversations, rendered with the training chat template, to
-the same ids as the source's, its chat template must be the training one, and its logits on them must
-be within --max_relative_logit_diff of the source's. Only then is it renamed to --output_file and the
-Modelfile written beside it (model.gguf -> model.Modelfile). A refused export exits with status 2,
-prints the numbers and leaves no file: the rejected GGUF is deleted, since nothing should load a file
-that failed its check (rerun with a larger bound to keep one).
+The GGUF is written under a temporary name beside --output_file and checked before it gets its name:
+- read back with transformers' GGUF loader (where it rebuilds the architecture): its tokenizer must encode
+  a few conversations, rendered with the training chat template, to the same ids as the source's, its
+  chat template must be the training one, and its logits must be within --max_relative_logit_diff;
+- in llama.cpp, when llama-cpp-python is installed (bash scripts/setup.sh --with-llama-cpp; a warning
+  says so when it is not): the same ids for those conversations (special tokens parsed) and for text
+  with CJK, emoji and llama.cpp's own pre-tokenizer probe, the training chat template, and, for
+  f32/f16/bf16 (and the f16 file a k-quant is made from), transformers' greedy continuation of four
+  prompts chosen by llama.cpp at every step but near-ties.
+Only then is it renamed to --output_file and the Modelfile written beside it (model.gguf ->
+model.Modelfile). A refused export exits with status 2, prints the numbers and leaves no file: the
+rejected GGUF is deleted, since nothing should load a file that failed its check.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import tempfile
 import time
@@ -35,8 +45,19 @@ from ..data.ollama import modelfile_text, ollama_chat, ollama_parameters
 from ..data.template import render_text
 from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
 from ..hparams.run_config import as_saved
+from ..models.gguf_adapter import base_state_dict, write_adapter_gguf
+from ..models.gguf_arch import Architecture, architecture
 from ..models.gguf_export import ExportError, RoundTrip, compare_round_trip, source_logits, write_gguf
-from ..models.merging import load_merged
+from ..models.gguf_llama_cpp import (
+    K_QUANTS,
+    SETUP_HINT,
+    LlamaCppCheck,
+    check_in_llama_cpp,
+    greedy_references,
+    llama_cpp_available,
+    quantize,
+)
+from ..models.merging import load_adapted, load_merged
 from ..utils.io import atomic_write_text
 from .merge import merge_record
 
@@ -53,6 +74,8 @@ CHECK_CONVERSATIONS: list[list[Message]] = [
      {"role": ASSISTANT, "content": "def add(a, b):\n    return a + b  # 3.14 + 2.71\n"}],
 ]
 RUN_CONFIG_KEY = "tunesmith.run_config"
+GREEDY_NEW_TOKENS = 16  # per prompt, for the greedy comparison in llama.cpp
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,12 +86,14 @@ class ExportResult:
     size_bytes: int
     write_seconds: float
     check_seconds: float
-    round_trip: RoundTrip
+    round_trip: RoundTrip | None  # None where transformers' loader cannot rebuild the architecture
     tolerance: float
+    llama_cpp: LlamaCppCheck | None = None  # the written f32/f16/bf16/q8_0 file, or the f16 one a k-quant came from
+    quantized: LlamaCppCheck | None = None  # the k-quant file llama.cpp's quantizer made
 
 
-def _refusal(check: RoundTrip, tolerance: float) -> str | None:
-    if check.token_mismatch:
+def _refusal(check: RoundTrip, tolerance: float, tokens_checked_elsewhere: bool = False) -> str | None:
+    if check.token_mismatch and not tokens_checked_elsewhere:
         return f"its tokenizer encodes {check.token_mismatch}"
     if not check.template_equal:
         return "its chat template differs from the one the model was trained with"
@@ -78,43 +103,111 @@ def _refusal(check: RoundTrip, tolerance: float) -> str | None:
     return None
 
 
+def _llama_cpp_refusal(check: LlamaCppCheck, greedy_must_match: bool) -> str | None:
+    if check.token_mismatch:
+        return f"llama.cpp {check.version} tokenizes {check.token_mismatch}"
+    if not check.template_equal:
+        return f"llama.cpp {check.version} reads a chat template other than the training one"
+    if greedy_must_match and check.decisive_disagreements:
+        return (f"llama.cpp's greedy continuation leaves transformers' at {check.decisive_disagreements} of "
+                f"{check.greedy_steps} steps ({check.first_disagreement})")
+    return None
+
+
+def _read_back(spec: Architecture, path: str, tokenizer, texts: list[str], expected, in_llama_cpp: bool,
+               ) -> RoundTrip | None:
+    """transformers' read-back check, where its GGUF loader rebuilds the architecture; None where it cannot
+    (the file is then checked in llama.cpp only, or, without llama.cpp, written with a warning)."""
+    why = None if spec.transformers_reads_back else f"it does not rebuild {spec.name} with every setting in the file"
+    if why is None:
+        try:
+            return compare_round_trip(path, tokenizer, texts, expected)
+        except (RuntimeError, ValueError, NotImplementedError, KeyError) as error:  # its loader's refusals
+            why = f"it cannot read this file back ({str(error).splitlines()[0][:200]})"
+    if in_llama_cpp:
+        logger.warning("not read back with transformers' GGUF loader: %s; checked in llama.cpp", why)
+    else:
+        logger.warning("NOT CHECKED: transformers' GGUF loader cannot check it (%s) and llama-cpp-python is not "
+                       "installed (%s)", why, SETUP_HINT)
+    return None
+
+
+def _prompts(tokenizer) -> list[str]:
+    """Each check conversation up to its last user turn, rendered with the generation prompt."""
+    prompts = []
+    for conversation in CHECK_CONVERSATIONS:
+        last_user = max(i for i, m in enumerate(conversation) if m["role"] == USER)
+        prompts.append(render_text(tokenizer, conversation[: last_user + 1], add_generation_prompt=True))
+    return prompts
 
 
 def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
+    if args.adapter_only:
+        return export_adapter(model_args, args)
     dtype = model_args.dtype
+    written_dtype = "f16" if dtype in K_QUANTS else dtype  # llama.cpp's quantizer starts from f16
     # Load (and merge) in float32: the file's dtype is applied once, when each tensor is written.
     load_args = ModelArguments(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelArguments)})
     load_args.dtype = "float32"
     tolerance = args.max_relative_logit_diff
     if tolerance is None:
-        tolerance = EXPORT_RELATIVE_TOLERANCES[dtype]
+        tolerance = EXPORT_RELATIVE_TOLERANCES[written_dtype]
+    in_llama_cpp = llama_cpp_available()
+    if not in_llama_cpp:
+        logger.warning("not checked in llama.cpp: llama-cpp-python is not installed (%s); checked with "
+                       "transformers' GGUF loader only", SETUP_HINT)
 
     started = time.perf_counter()
     model, tokenizer = load_merged(load_args)
     texts = [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT) for c in CHECK_CONVERSATIONS]
     expected = source_logits(model, tokenizer, texts)
+    refs = greedy_references(model, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
     chat, untranslatable = ollama_chat(tokenizer)
     source = load_args.adapter_name_or_path or load_args.model_name_or_path  # the default model's folder when None
 
     target = Path(args.output_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
-    os.close(fd)
+    temporary = []
+
+    def scratch() -> str:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
+        os.close(fd)
+        temporary.append(tmp)
+        return tmp
+
+    result_check = quantized = None
     try:
+        tmp = scratch()
         record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
-        write_gguf(model, tokenizer, tmp, dtype, os.path.basename(os.path.normpath(source)), {RUN_CONFIG_KEY: record})
+        spec = architecture(model)
+        write_gguf(model, tokenizer, tmp, written_dtype, os.path.basename(os.path.normpath(source)),
+                   {RUN_CONFIG_KEY: record})
         del model  # the read-back holds a second copy
         written = time.perf_counter()
-        check = compare_round_trip(tmp, tokenizer, texts, expected)
-        problem = _refusal(check, tolerance)
+        check = _read_back(spec, tmp, tokenizer, texts, expected, in_llama_cpp)
+        if check and check.token_mismatch and in_llama_cpp:
+            # transformers rebuilds a tokenizer from the file in its own way (it drops the ▁ that a
+            # SentencePiece-style tokenizer puts after special tokens, for one): llama.cpp, which reads the
+            # file as it is meant to be read, decides on tokens below.
+            logger.warning("transformers' GGUF tokenizer encodes %s; checking tokens in llama.cpp", check.token_mismatch)
+        problem = _refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
+        if not problem and in_llama_cpp:
+            result_check = check_in_llama_cpp(tmp, tokenizer, texts, refs)
+            problem = _llama_cpp_refusal(result_check, greedy_must_match=written_dtype != "q8_0")
+        final = tmp
+        if not problem and dtype in K_QUANTS:
+            final = scratch()
+            quantize(tmp, final, dtype)
+            quantized = check_in_llama_cpp(final, tokenizer, texts, refs)
+            problem = _llama_cpp_refusal(quantized, greedy_must_match=False)
         if problem:
             raise ExportError(f"the GGUF written from {source} ({dtype}) does not match it: {problem}; "
                               f"nothing written to {args.output_file}")
-        os.replace(tmp, target)
+        os.replace(final, target)
         os.chmod(target, 0o644)  # mkstemp's 0600 would keep Ollama's server (its own user on Linux) out
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        for path in temporary:
+            Path(path).unlink(missing_ok=True)
     checked = time.perf_counter()
 
     modelfile = args.modelfile
@@ -126,17 +219,82 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
         Path(modelfile).unlink(missing_ok=True)  # an old one would describe another template
         modelfile = None
     result = ExportResult(str(target), modelfile, dtype, target.stat().st_size, written - started, checked - written,
-                          check, tolerance)
+                          check, tolerance, result_check, quantized)
     _report(result, source, untranslatable)
     return result
+
+
+def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
+    """The adapter alone as llama.cpp's adapter GGUF, checked in llama.cpp over a base GGUF written (in the same
+    dtype) for the check and deleted after it: greedy continuations as the merged model's in transformers."""
+    load_args = ModelArguments(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelArguments)})
+    load_args.dtype = "float32"
+    started = time.perf_counter()
+    peft_model, tokenizer = load_adapted(load_args, "causal_lm")
+    source = load_args.adapter_name_or_path
+    target = Path(args.output_file).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
+    os.close(fd)
+    fd, base = tempfile.mkstemp(prefix=f".{target.stem}.base.", suffix=".gguf", dir=target.parent)
+    os.close(fd)
+    check = None
+    try:
+        write_adapter_gguf(peft_model, tmp, model_args.dtype, os.path.basename(os.path.normpath(source)))
+        written = time.perf_counter()
+        if llama_cpp_available():
+            texts = [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT)
+                     for c in CHECK_CONVERSATIONS]
+            write_gguf(peft_model.get_base_model(), tokenizer, base, model_args.dtype, "base",
+                       state_dict=base_state_dict(peft_model))
+            merged = peft_model.merge_and_unload(safe_merge=True)
+            refs = greedy_references(merged, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS)
+            del merged, peft_model
+            check = check_in_llama_cpp(base, tokenizer, texts, refs, lora_path=tmp)
+            problem = _llama_cpp_refusal(check, greedy_must_match=True)
+            if problem:
+                raise ExportError(f"the adapter GGUF written from {source} over its base does not match the merged "
+                                  f"model: {problem}; nothing written to {args.output_file}")
+        else:
+            logger.warning("NOT CHECKED: an adapter GGUF is checked in llama.cpp only, and llama-cpp-python is not "
+                           "installed (%s)", SETUP_HINT)
+        os.replace(tmp, target)
+        os.chmod(target, 0o644)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+        Path(base).unlink(missing_ok=True)
+    checked = time.perf_counter()
+    result = ExportResult(str(target), None, model_args.dtype, target.stat().st_size, written - started,
+                          checked - written, None, 0.0, check)
+    print(f"exported the adapter {source} alone -> {result.output_file} ({result.dtype}, "
+          f"{result.size_bytes / 2**20:.2f} MiB) in {result.write_seconds:.1f} s; checked in {result.check_seconds:.1f} s")
+    if check:
+        print(_llama_cpp_line(check, "over its base, against the merged model"))
+    print(f"llama.cpp: llama-cli -m BASE.gguf --lora {result.output_file} (BASE.gguf: tunesmith export of the base "
+          f"model); Ollama: FROM the base's GGUF, ADAPTER {result.output_file}")
+    return result
+
+
+def _llama_cpp_line(c: LlamaCppCheck, what: str) -> str:
+    ties = f", {c.greedy_ties} near-ties" if c.greedy_ties else ""
+    return (f"in llama.cpp {c.version} ({what}): tokens and chat template identical; greedy next token as transformers' "
+            f"at {c.greedy_agree}/{c.greedy_steps} steps{ties}; max |logit difference| {c.max_abs_diff:.3g} "
+            f"(largest |logit| {c.logit_scale:.3g})")
 
 
 def _report(r: ExportResult, source: str, untranslatable: str) -> None:
     c = r.round_trip
     print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
-          f"read back in {r.check_seconds:.1f} s: max |logit difference| vs the source = {c.max_abs_diff:.3g} "
+          f"checked in {r.check_seconds:.1f} s" + ("" if c is None else
+          f": read back with transformers, max |logit difference| vs the source = {c.max_abs_diff:.3g} "
           f"({c.relative_diff:.2e} of the largest |logit| {c.logit_scale:.3g}; bound {r.tolerance:g}), same next "
-          f"token at {c.top1_agreement:.1%} of positions; tokenizer ids and chat template identical")
+          f"token at {c.top1_agreement:.1%} of positions; "
+          + ("chat template identical, tokenizer ids differ in transformers' own GGUF tokenizer (see llama.cpp's)"
+             if c.token_mismatch else "tokenizer ids and chat template identical")))
+    if r.llama_cpp:
+        print(_llama_cpp_line(r.llama_cpp, "the f16 file it was quantized from" if r.quantized else "this file"))
+    if r.quantized:
+        print(_llama_cpp_line(r.quantized, f"{r.dtype}, by llama.cpp's quantizer"))
     if r.modelfile:
         print(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME")
     else:
