@@ -1,7 +1,7 @@
 """Evaluate a model: lm-evaluation-harness tasks in process (the shipped offline ones or any other), base
 vs tuned with paired standard errors, or generated answers scored by reward models and functions.
 
-    tunesmith eval --adapter_name_or_path outputs/sft_demo --tasks tunesmith_identity,tunesmith_knowledge \
+    tunesmith eval --adapter_name_or_path outputs/sft_demo --tasks tunesmith_identity,tunesmith_knowledge \\
         --apply_chat_template --compare_to base --output_path outputs/eval
     tunesmith eval --model_name_or_path M --tasks arc_easy --num_fewshot 5 --limit 200   # a hub task
     tunesmith eval --tasks my_task --include_path my_tasks/                               # your own YAML
