@@ -3,7 +3,7 @@ or any model or adapter given as --baseline against the --model_name_or_path/--a
 Where a prompt row holds the tool call it should get (`expected_call`: {"name", "arguments"}), the calls
 each column makes are scored too.
 
-    tunesmith compare --adapter_name_or_path outputs/sft_demo --data_path data/demo/identity_heldout.jsonl \
+    tunesmith compare --adapter_name_or_path outputs/sft_demo --data_path data/demo/identity_heldout.jsonl \\
         --count_word Tunesmith
     tunesmith compare --baseline outputs/sft_demo --adapter_name_or_path outputs/dpo_demo --data_path F
 

@@ -6,7 +6,7 @@ in every step or once before training (--precompute_ref_logps); simpo and orpo h
 and at the end.
 
     python dpo/train.py configs/dpo_lora_demo.yaml
-    python dpo/train.py --adapter_name_or_path outputs/sft_demo --data_path data/demo/preference.jsonl \
+    python dpo/train.py --adapter_name_or_path outputs/sft_demo --data_path data/demo/preference.jsonl \\
         --eval_data_path data/demo/preference_eval.jsonl --output_dir outputs/dpo [--loss_type simpo --beta 2.0]
 """
 

@@ -7,7 +7,7 @@ greedy replies would not be one).
 
     python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/dpo_demo --reward_model outputs/rm_demo
     python scripts/eval_policy.py ... --data_path data/demo/prompts_eval.jsonl --do_sample true --seed 0
-    python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \
+    python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
         --reward_funcs exact_answer answer_format --max_new_tokens 32
 
 prints e.g.

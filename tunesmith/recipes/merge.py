@@ -1,7 +1,7 @@
 """Merge a LoRA adapter into its base model: load -> merge -> save (atomically) -> verify.
 
     python merge/merge_lora.py --adapter_name_or_path outputs/sft_demo --output_dir outputs/sft_demo_merged
-    python merge/merge_lora.py --adapter_name_or_path outputs/rm_demo --model_name_or_path BASE \
+    python merge/merge_lora.py --adapter_name_or_path outputs/rm_demo --model_name_or_path BASE \\
         --output_dir OUT --dtype bfloat16
 
 The base defaults to the one recorded in the adapter's adapter_config.json. Writes safetensors

@@ -3,11 +3,11 @@ a reward model and/or verifiable reward functions; the policy (LoRA on the SFT m
 the reference by a KL term.
 
     python ppo/train.py configs/ppo_lora_demo.yaml
-    python ppo/train.py --adapter_name_or_path outputs/sft_demo --reward_model outputs/rm_demo \
+    python ppo/train.py --adapter_name_or_path outputs/sft_demo --reward_model outputs/rm_demo \\
         --data_path data/demo/prompts.jsonl --output_dir outputs/ppo_demo --max_steps 30
     python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/ppo_demo --reward_model outputs/rm_demo
     python ppo/train.py configs/grpo_demo.yaml     # GRPO: answers with `Answer: N`, rewarded by exact_answer
-    python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \
+    python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
         --reward_funcs exact_answer answer_format --max_new_tokens 32
 """
 

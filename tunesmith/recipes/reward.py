@@ -3,7 +3,7 @@ chosen reply outscores the rejected one. With --eval_data_path or --val_size, he
 eval_margin at every checkpoint and at the end.
 
     python reward/train.py configs/reward_lora_demo.yaml
-    python reward/train.py --data_path data/demo/preference.jsonl --eval_data_path data/demo/preference_eval.jsonl \
+    python reward/train.py --data_path data/demo/preference.jsonl --eval_data_path data/demo/preference_eval.jsonl \\
         --output_dir outputs/rm [--finetuning_type full] [--center_rewards_coefficient 0.01]
 """
 
