@@ -137,3 +137,16 @@ def test_the_old_evaluation_commands_still_run_and_help_lists_only_eval():
     assert proc.returncode == 0 and "--reward_funcs" in proc.stdout
     front = tunesmith("eval", "--help").stdout
     assert "--tasks" in front and "--compare_to" in front and "tunesmith eval --policy" in front
+
+
+def test_help_examples_keep_their_line_breaks():
+    """A backslash at the end of a docstring line joins it to the next in the string (the `--help` text), so
+    a continued example must spell it `\\\\`: no flag may follow a run of spaces mid-line."""
+    import ast
+    import importlib.util
+    import re
+
+    for name, module in COMMANDS.items():
+        source = Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8")
+        doc = ast.get_docstring(ast.parse(source), clean=False) or ""
+        assert not re.search(r"\S {4,}--", doc), f"{name}: an example's lines were joined"
