@@ -3,9 +3,13 @@ training (SFT, reward, PPO) and for chat.
 
 The tokenizer's own template renders the text; the input ids are exactly the tokenized render.
 Which characters are a reply is found by rendering prefixes, as inference would: reply i begins
-where `render(messages[:i], add_generation_prompt=True)` and `render(messages[:i + 1])` part (a
-generation prompt may open a block, e.g. `<think>`, that the rendered reply lacks), and ends with the
-end-of-turn marker, before the template's trailing whitespace. A template with `{% generation %}`
+where the model's generation begins, right after `render(messages[:i], add_generation_prompt=True)`,
+and ends with the end-of-turn marker, before the template's trailing whitespace. Where that
+generation prompt is not a prefix of `render(messages[:i + 1])`, it pre-fills a block the reply
+renders differently (DeepSeek R1's `<think>\n`, the empty thought channel
+`<|channel>thought\n<channel|>` of Gemma 4's larger models): the reply then begins where the
+template's turn header ends (found by rendering a probe reply), so its own reasoning block trains
+whole, never from inside a tag where the two renders happen to part. A template with `{% generation %}`
 markers says it itself (transformers' assistant mask). A token is trained when it overlaps a reply's
 characters, so a token the tokenizer merged across the header/reply boundary trains too.
 
@@ -154,10 +158,36 @@ def _has_generation_markers(tokenizer: Any) -> bool:
 
 
 def _reply_markers(m: Message) -> list[str]:
-    """Texts that must lie inside the located reply: its content and the names of its tool calls."""
-    markers = [m["content"].strip()] if isinstance(m.get("content"), str) and m["content"].strip() else []
+    """Texts that must lie inside the located reply: its content, its answer after a `</think>` and its
+    reasoning (templates such as GLM's move or drop the thinking block), and its tool calls' names."""
+    content = m["content"] if isinstance(m.get("content"), str) else ""
+    reasoning = m.get("reasoning_content") if isinstance(m.get("reasoning_content"), str) else ""
+    texts = [content, content.split("</think>")[-1], reasoning]
+    markers = [t.strip() for t in texts if t.strip()]
     markers += [call["function"]["name"] for call in m.get("tool_calls") or []]
     return markers
+
+
+# Content of the probe reply that shows where a template's assistant header ends.
+PROBE_REPLY = "tunesmith probe reply"
+
+
+def _reply_start(tokenizer: Any, messages: list[Message], i: int, prompt: str, upto: str,
+                 tools: list[dict] | None) -> int:
+    """Where reply i begins in `upto`: after the generation prompt, or where that prompt pre-fills a
+    block the reply renders differently, after the template's turn header (never later than where the
+    two renders part, which may be inside a tag: `<|channel>` against `<think>`)."""
+    if upto.startswith(prompt):
+        return len(prompt)
+    parted = common_prefix_length(prompt, upto)
+    try:
+        probe = render_text(tokenizer, [*messages[:i], {"role": ASSISTANT, "content": PROBE_REPLY}], tools=tools)
+    except TemplateError:
+        return parted
+    header_end = probe.find(PROBE_REPLY)
+    if 0 <= header_end <= parted and probe[:header_end] == upto[:header_end]:
+        return header_end
+    return parted
 
 
 def _reply_spans(tokenizer: Any, messages: list[Message], indices: list[int], full: str,
@@ -172,7 +202,7 @@ def _reply_spans(tokenizer: Any, messages: list[Message], indices: list[int], fu
     for i in indices:
         prompt = render_text(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
         upto = full if i == len(messages) - 1 else render_text(tokenizer, messages[: i + 1], tools=tools)
-        start = token_start(common_prefix_length(prompt, upto))
+        start = token_start(_reply_start(tokenizer, messages, i, prompt, upto, tools))
         end = len(upto.rstrip())
         if upto is not full:
             end = min(end, token_start(common_prefix_length(upto, full)))
