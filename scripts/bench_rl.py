@@ -7,7 +7,7 @@ every rollout; GRPO (--advantage grpo, KL in the loss) has none.
     python scripts/bench_rl.py --steps 10 --order grpo gae grpo gae
 
 Each run is its own process (its peak RSS and CPU time come from os.wait4); rollouts/s counts the steps' own
-time from ppo_log.jsonl (generation, scoring, update), not the model loading before the first step. On a
+time from metrics.jsonl (generation, scoring, update), not the model loading before the first step. On a
 shared machine wall time follows the other processes' load; CPU seconds per rollout much less so.
 """
 
@@ -35,7 +35,7 @@ def run(kind: str, config: str, steps: int, out: Path) -> dict[str, float]:
     _, status, usage = os.wait4(proc.pid, 0)
     if status:
         raise SystemExit(f"{kind} failed:\n{proc.stderr.read()[-3000:]}")
-    log = [json.loads(line) for line in (out / "ppo_log.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     phases = {k: sum(r[k] for r in log) for k in ("time_generate", "time_score", "time_train")}
     batch = int(config_value(config, "per_device_train_batch_size"))
     seconds = sum(phases.values())

@@ -264,7 +264,7 @@ def ppo_flags(model_dir: str, data: dict[str, str], out: Path, batch: int, steps
 
 
 def ppo_log(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "ppo_log.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

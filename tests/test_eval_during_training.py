@@ -224,3 +224,23 @@ def test_preference_stages_log_accuracy_and_margin_during_training(stage, tiny_m
     assert records[0]["eval_margin"] != records[1]["eval_margin"]  # the model moved between the checkpoints
     assert records[2]["eval_margin"] == pytest.approx(records[1]["eval_margin"], abs=1e-6)  # and not after
     assert json.loads((out / "eval_results.json").read_text())["eval_margin"] == records[2]["eval_margin"]
+
+
+def test_every_trainer_stage_keeps_its_metrics_file_in_step_with_the_trainer_state(tiny_model_dir, sft_data, tmp_path):
+    """output_dir/metrics.jsonl: every logged record (training and evaluation) as it is logged; after a
+    resume, the records up to the checkpoint and then the new ones, never the killed run's repeated."""
+    from tunesmith.constants import METRICS_FILE
+
+    out = tmp_path / "sft"
+    flags = sft_flags(tiny_model_dir, sft_data, out, "--val_size", "0.25")
+    first = sft.run([*flags[:flags.index("--max_steps") + 1], "3", *flags[flags.index("--max_steps") + 2:]])
+    lines = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert lines == first.state.log_history
+    assert {r["step"] for r in lines if "eval_loss" in r} == {2, 3} and lines[-1]["step"] == 3
+
+    # The same command with more steps resumes from checkpoint-2: the run's records after step 2 (step 3 and
+    # its end evaluation) are not in that checkpoint's state, so they must not stay in the file either.
+    resumed = sft.run(flags)
+    again = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert again == resumed.state.log_history
+    assert [r["step"] for r in again if "loss" in r] == [1, 2, 3, 4]

@@ -218,7 +218,7 @@ def test_saved_policy_adapter_reproduces_the_trained_policy(trained, tokenizer):
     for name in ("adapter_config.json", "adapter_model.safetensors", "value/adapter_model.safetensors",
                  "value_head.safetensors", "tokenizer_config.json"):
         assert (out / name).is_file(), name
-    assert [json.loads(line)["step"] for line in (out / "ppo_log.jsonl").read_text().splitlines()] == list(range(1, 17))
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == list(range(1, 17))
     assert not list(out.glob(".*tmp"))
     loaded, _ = load_for_inference(inference_model_args(str(out)))
     rollout = trainer.rollout(trainer.batch_prompts(0))
@@ -291,17 +291,23 @@ def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_mo
     out = tmp_path / "ppo"
     flags = ["--model_name_or_path", policy_dir, "--reward_model", reward_model_dir, "--data_path", str(data),
              "--output_dir", str(out), "--per_device_train_batch_size", "4", "--max_new_tokens", "6",
-             "--ppo_epochs", "1", "--save_steps", "2", "--report_to", "none", "--lora_r", "4"]
+             "--ppo_epochs", "1", "--save_steps", "2", "--report_to", "tensorboard", "--lora_r", "4"]
     main([*flags, "--max_steps", "2"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # --report_to tensorboard, as the Trainer stages take it (TensorBoard keeps the run config in a folder of its own)
+    boards = [EventAccumulator(str(p.parent)).Reload() for p in out.rglob("events.out.tfevents.*")]
+    (board,) = [b for b in boards if "score" in b.Tags()["scalars"]]
+    assert [e.step for e in board.Scalars("score")] == [1, 2] and "kl" in board.Tags()["scalars"]
     assert re.search(r"^step 2/2 \| score -?\d+\.\d{3} ± \d+\.\d{3} \| kl ", capsys.readouterr().out, re.M)
-    first = (out / "ppo_log.jsonl").read_text().splitlines()
+    first = (out / "metrics.jsonl").read_text().splitlines()
     assert (out / "checkpoint-2" / "trainer_state.json").is_file() and (out / "tunesmith_config.json").is_file()
     assert {"score", "score_std", "kl", "entropy", "clipfrac", "value_loss", "approx_kl", "reply_length",
             "time_generate", "time_train"} <= set(json.loads(first[0]))
 
     # Running the same command with more steps continues from the last checkpoint.
     trainer = main([*flags, "--max_steps", "3"])
-    log = (out / "ppo_log.jsonl").read_text().splitlines()
+    log = (out / "metrics.jsonl").read_text().splitlines()
     assert trainer.step == 3 and log[:2] == first and json.loads(log[2])["step"] == 3
 
     common = ["--reward_model", reward_model_dir, "--data_path", str(data), "--max_new_tokens", "6"]

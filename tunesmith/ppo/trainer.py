@@ -21,7 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import get_scheduler
 
-from ..constants import REWARD_PLOT_FILE
+from ..constants import METRICS_FILE, REWARD_PLOT_FILE
 from ..data.prompts import Prompt, left_pad
 from ..generation import Engine
 from ..hparams import PPOArguments, check, save_run_config, zero_stage
@@ -64,7 +64,7 @@ from .rollout import (
 
 logger = logging.getLogger(__name__)
 
-LOG_FILE = "ppo_log.jsonl"
+LOG_FILE = METRICS_FILE  # one JSON line per step, as every stage writes
 
 
 class PPOTrainer:
@@ -106,6 +106,9 @@ class PPOTrainer:
             mixed_precision="bf16" if training_args.bf16 else "no",
             gradient_accumulation_steps=training_args.gradient_accumulation_steps,
             deepspeed_plugin=deepspeed_plugin,
+            # --report_to as the Trainer stages take it (tensorboard, wandb, ...), through accelerate's trackers
+            log_with=[r for r in training_args.report_to if r != "none"] or None,
+            project_dir=training_args.output_dir,
         )
         torch.manual_seed(training_args.seed)
 
@@ -180,8 +183,11 @@ class PPOTrainer:
         if self.accelerator.is_main_process:
             os.makedirs(self.args.output_dir, exist_ok=True)
             atomic_write_jsonl(os.path.join(self.args.output_dir, LOG_FILE), self.log_history)
+        self.accelerator.init_trackers("tunesmith", config=_scalars(vars(self.ppo)))
         while self.step < self.total_steps:
             self.train_step()
+        for tracker in self.accelerator.trackers:  # not end_training(): that also ends the process group
+            tracker.finish()
         self.save_model(self.args.output_dir)
         if self.accelerator.is_main_process:
             score_keys = tuple(k for k in (self.log_history[-1] if self.log_history else {}) if k.startswith("score"))
@@ -349,6 +355,7 @@ class PPOTrainer:
 
     def _log(self, row: dict[str, Any], r: Rollout) -> None:
         self.log_history.append(row)
+        self.accelerator.log(_scalars(row), step=row["step"])  # the --report_to trackers (main process only)
         if not self.accelerator.is_main_process:
             return
         with open(os.path.join(self.args.output_dir, LOG_FILE), "a", encoding="utf-8") as f:
@@ -476,3 +483,8 @@ def fill_deepspeed_config(training_args: Any, policy: torch.nn.Module, micro_bat
     config = hf_config.config
     config["train_micro_batch_size_per_gpu"] = micro_batch
     config["train_batch_size"] = micro_batch * training_args.gradient_accumulation_steps * num_processes
+
+
+def _scalars(values: dict[str, Any]) -> dict[str, int | float | str | bool]:
+    """The plain scalar entries of a dict: what trackers (TensorBoard's hparams, wandb's config) accept."""
+    return {k: v for k, v in values.items() if isinstance(v, int | float | str | bool)}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
 from transformers import TrainerCallback
 
-from ..constants import LOSS_PLOT_FILE
+from ..constants import LOSS_PLOT_FILE, METRICS_FILE
+from ..utils.io import atomic_write_jsonl
 
 
 def logged_series(log_history: list[dict], keys: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
@@ -49,3 +51,21 @@ class LossPlotCallback(TrainerCallback):
         if state.is_world_process_zero:
             os.makedirs(args.output_dir, exist_ok=True)
             plot_loss(state.log_history, os.path.join(args.output_dir, LOSS_PLOT_FILE))
+
+
+class MetricsFileCallback(TrainerCallback):
+    """output_dir/metrics.jsonl: each logged record (training, evaluation) as one JSON line with its step,
+    appended as it is logged, so a running job can be followed with `tail -f` and read without
+    transformers. At the start it is rewritten from the trainer state: empty for a new run, and for a
+    resumed one the records up to its checkpoint (a killed run's later lines would repeat)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            os.makedirs(args.output_dir, exist_ok=True)
+            atomic_write_jsonl(os.path.join(args.output_dir, METRICS_FILE), state.log_history)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            os.makedirs(args.output_dir, exist_ok=True)
+            with open(os.path.join(args.output_dir, METRICS_FILE), "a", encoding="utf-8") as f:
+                f.write(json.dumps({**logs, "step": state.global_step}, default=str) + "\n")

@@ -14,6 +14,7 @@ from ..constants import IGNORE_INDEX
 from ..data.packing import FORWARD_SPLITS, slice_packed_row
 from ..hparams import save_run_config
 from ..utils.hardware import trains_on_cpu
+from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
 from .losses import use_chunked_loss
 
@@ -28,6 +29,7 @@ class LoraTrainer(Trainer):
 
     def __init__(self, *args: Any, run_configs: tuple = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.add_callback(MetricsFileCallback())  # every Trainer stage keeps output_dir/metrics.jsonl
         if trains_on_cpu(self.args):
             use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)
         self.run_configs = run_configs
