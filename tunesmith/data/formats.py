@@ -523,7 +523,7 @@ def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: 
         raise BadRows(problems)
     if not items:
         raise DataError(f"{', '.join(map(str, paths))}: no rows found (one JSON object per line of a JSONL file, "
-                        "or a JSON array of objects)" + (f"; all {len(problems)} rows are bad" if problems else ""))
+                        "a JSON array of objects, or a Parquet or saved-dataset table)" + (f"; all {len(problems)} rows are bad" if problems else ""))
     return items, problems
 
 
