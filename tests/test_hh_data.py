@@ -173,3 +173,40 @@ def test_hh_rows_in_json_keep_their_text_exactly(tmp_path):
     (pair,) = load_pairs([str(path)])
     assert (pair.context, pair.chosen[0]["content"], pair.rejected[0]["content"]) == (
         [{"role": "user", "content": "a"}], "b", "c")
+
+
+def test_short_sft_run_on_hh_transcripts_from_parquet_trains_the_assistant_turns(tiny_model_dir, tmp_path):
+    from tunesmith.recipes.sft import run as sft
+
+    parquet, _ = _tables(tmp_path, [HH, DAHOAS] * 4)
+    trainer = sft(["--model_name_or_path", tiny_model_dir, "--data_path", parquet, "--output_dir",
+                   str(tmp_path / "sft"), "--max_seq_length", "128", "--report_to", "none", "--logging_steps", "1",
+                   "--max_steps", "2", "--per_device_train_batch_size", "4", "--learning_rate", "1e-2",
+                   "--save_strategy", "no", "--plot_loss", "false", "--seed", "0"])
+    logs = [r for r in trainer.state.log_history if "loss" in r]
+    assert len(logs) == 2 and all(math.isfinite(r["loss"]) for r in logs)
+    assert trainer.state.log_history[0]["trained_tokens"] > 0
+
+
+def test_prompts_from_a_saved_folder_are_cached_by_its_files(tokenizer, tmp_path, caplog, monkeypatch):
+    import logging
+
+    from datasets import Dataset
+
+    from tunesmith.data.prompts import build_prompts
+    from tunesmith.hparams import PromptDataArguments
+
+    monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
+
+    def build(rows) -> tuple[list, bool]:
+        Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tunesmith"):
+            prompts = build_prompts(tokenizer, PromptDataArguments(data_path=[str(tmp_path / "saved")]), "train")
+        return [p.messages for p in prompts], "train: tokenized data from cache" in caplog.text
+
+    assert build([HH]) == ([HH_CONTEXT], False)
+    assert build([HH]) == ([HH_CONTEXT], True)
+    changed = {"chosen": HH["chosen"].replace("2 + 2", "3 + 3"), "rejected": HH["rejected"]}
+    messages, cached = build([changed])
+    assert not cached and messages[0][0]["content"] == "What is 3 + 3?"

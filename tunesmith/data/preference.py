@@ -203,7 +203,7 @@ def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | N
 
 PREFERENCE_PAIRS = DataKind(
     name="preference",
-    version="3",  # 3: the reply spans
+    version="4",  # 3: the reply spans; 4: a `prompt` in HH form is read as its turns (hh.py)
     from_row=pair_from_row,
     settings=lambda data_args: {"max_length": data_args.max_seq_length},
     encode_one=encode_pair_record,

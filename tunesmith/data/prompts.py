@@ -91,7 +91,7 @@ def prompt_from_record(record: dict) -> Prompt:
 
 PROMPTS = DataKind(
     name="prompts",
-    version="3",  # 3: a malformed `answer` field is refused
+    version="4",  # 3: a malformed `answer` field is refused; 4: HH transcripts (hh.py)
     from_row=prompt_from_row,
     settings=lambda data_args: {"max_length": data_args.max_prompt_length},
     encode_one=encode_prompt_record,
