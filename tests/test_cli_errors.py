@@ -118,15 +118,15 @@ def test_data_file_not_utf8_names_file_line_and_byte(tiny_model_dir, tmp_path):
 
 
 def parquet_file(folder: Path) -> Path:
-    (folder / "t.parquet").write_bytes(b"PAR1\0\0PAR1")  # Parquet's magic bytes open and close the file
+    (folder / "t.parquet").write_bytes(b"PAR1\0\0PAR1")  # Parquet's magic bytes, but no footer to read
     return folder / "t.parquet"
 
 
 @pytest.mark.parametrize("make, problem", [
     (lambda d: d / "missing.jsonl", "no such file"),
-    (lambda d: d, "is a directory; give the JSON/JSONL files in it"),
-    (parquet_file, "is a Parquet file; tunesmith reads JSON and JSONL"),
-], ids=["missing", "directory", "parquet"])
+    (lambda d: d, "is a directory; give the JSON/JSONL/Parquet files in it, or a datasets.save_to_disk folder"),
+    (parquet_file, "is not a readable Parquet file"),
+], ids=["missing", "directory", "damaged parquet"])
 def test_unreadable_data_files_stop_before_anything_loads(tmp_path, make, problem):
     path = make(tmp_path)
     with pytest.raises(PathError, match=re.escape(f"data file {path}: {problem}")):

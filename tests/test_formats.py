@@ -114,8 +114,8 @@ def _file(folder, name, data: bytes):
     (lambda d: d / "nope.jsonl", "no such file"),
     (lambda d: _file(d, "empty.jsonl", b""), "is empty (0 bytes)"),
     (lambda d: d, "is a directory"),
-    (_parquet, "is a Parquet file"),
-], ids=["missing", "empty", "directory", "parquet"])
+    (_parquet, "is not a readable Parquet file"),
+], ids=["missing", "empty", "directory", "damaged parquet"])
 def test_files_that_are_not_data_are_named(tmp_path, make, problem):
     # read_rows is also called on its own (score, compare, evaluation), after no rules table.
     path = make(tmp_path)

@@ -135,7 +135,10 @@ def cache_key(kind: DataKind, paths: Sequence[str], tokenizer: Any, settings: di
     h = hashlib.sha256(f"{kind.name}/{kind.version}".encode())
     for p in paths:
         h.update(os.path.abspath(p).encode())
-        h.update(Path(p).read_bytes())
+        files = sorted(f for f in Path(p).rglob("*") if f.is_file()) if Path(p).is_dir() else [Path(p)]
+        for f in files:  # a datasets.save_to_disk folder: every file in it
+            h.update(str(f.relative_to(p) if f != Path(p) else "").encode())
+            h.update(f.read_bytes())
     h.update(tokenizer_fingerprint(tokenizer).encode())
     h.update(json.dumps([settings, max_samples], sort_keys=True).encode())
     return h.hexdigest()[:24]

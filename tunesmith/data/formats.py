@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
-from ..utils.paths import problem_with_data_file
+from ..utils.paths import is_table, problem_with_data_file
+from .hh import DAHOAS, HH, hh_conversation, hh_kind
 
 Message = dict[str, Any]
 T = TypeVar("T")
@@ -30,12 +31,13 @@ class Row:
     """One input row and where it came from."""
 
     path: str
-    line: int  # 1-based line in the file where the row starts
+    line: int  # 1-based line in the file where the row starts (the row number in a table)
     data: dict
     index: int | None = None  # 1-based position in a JSON array (rows may share a line there)
+    unit: str = "line"  # "row" for a Parquet file or a datasets folder, which have no lines
 
     def where(self, field: str | None = None) -> str:
-        loc = f"{self.path}:line {self.line}" + (f" (row {self.index})" if self.index else "")
+        loc = f"{self.path}:{self.unit} {self.line}" + (f" (row {self.index})" if self.index else "")
         return f"{loc}: field `{field}`" if field else loc
 
     def error(self, message: str, field: str | None = None) -> DataError:
@@ -51,15 +53,21 @@ class Conversation:
 
 def read_rows(path: str | Path, strict: bool = True) -> Iterator[Row | DataError]:
     """Rows of a data file, each with the line it starts on. JSON or JSONL is decided by the content,
-    not the name: a JSON array (or one object), or one object per line. A file that is missing, empty,
-    a directory, Parquet or not UTF-8 is refused by name. A row that is not a JSON object raises
-    (strict) or is yielded as its DataError, so a caller can list every bad row."""
+    not the name: a JSON array (or one object), or one object per line. A Parquet file or a
+    datasets.save_to_disk folder gives its rows, numbered from 1 ("file:row N"). A file that is missing,
+    empty, a folder of anything else, or not UTF-8 is refused by name. A row that is not a JSON object
+    raises (strict) or is yielded as its DataError, so a caller can list every bad row."""
     path = str(path)
-    for lineno, index, item in _json_items(path, read_data_text(path)):
+    problem = problem_with_data_file(path)
+    if problem:
+        raise DataError(f"data file {path}: {problem}")
+    table = is_table(path)
+    items = _table_items(path) if table else _json_items(path, read_data_text(path))
+    for lineno, index, item in items:
         try:
             if isinstance(item, DataError):
                 raise item
-            yield _as_row(path, lineno, item, index)
+            yield _as_row(path, lineno, item, index, "row" if table else "line")
         except DataError as error:
             if strict:
                 raise
@@ -118,14 +126,43 @@ def read_data_text(path: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-def _as_row(path: str, line: int, item: Any, index: int | None = None) -> Row:
-    row = Row(path, line, item if isinstance(item, dict) else {}, index)
+def _table_items(path: str) -> Iterator[tuple[int, None, Any]]:
+    """(row number, None, row) per row of a Parquet file or a datasets.save_to_disk folder. A table gives
+    every row every column, so a null there means the row lacks the field: nulls in objects are dropped."""
+    if Path(path).is_dir():
+        from datasets import load_from_disk
+
+        batches = (batch.to_pylist() for batch in load_from_disk(path).data.to_batches())
+    else:
+        import pyarrow.parquet as pq
+
+        batches = (batch.to_pylist() for batch in pq.ParquetFile(path).iter_batches(batch_size=1024))
+    number = 0
+    for batch in batches:
+        for item in batch:
+            number += 1
+            yield number, None, _without_nulls(item)
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _as_row(path: str, line: int, item: Any, index: int | None = None, unit: str = "line") -> Row:
+    row = Row(path, line, item if isinstance(item, dict) else {}, index, unit)
     if not isinstance(item, dict):
         raise row.error(f"expected a JSON object, got {type(item).__name__}")
     return row
 
 
 def detect_format(row: Row) -> str:
+    kind = hh_kind(row.data)
+    if kind:
+        return kind
     if "messages" in row.data:
         return "openai"
     if "conversations" in row.data:
@@ -134,7 +171,7 @@ def detect_format(row: Row) -> str:
         return "alpaca"
     raise row.error(
         f"unknown format (keys: {sorted(row.data)}); expected `messages` (OpenAI), `conversations` (ShareGPT) "
-        "or `instruction`/`output` (Alpaca)"
+        "or `instruction`/`output` (Alpaca), or `chosen` as an HH transcript (\"\\n\\nHuman: ...\\n\\nAssistant: ...\")"
     )
 
 
@@ -432,6 +469,8 @@ def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
         system = row.data.get("system")
         if system and not (messages and messages[0]["role"] == SYSTEM):
             messages.insert(0, {"role": SYSTEM, "content": _text(row, system, "system")})
+    elif fmt in (HH, DAHOAS):
+        messages, field = hh_conversation(row, fmt), "chosen"
     else:
         messages, field = alpaca_messages(row), "instruction"
     check_role_order(row, messages, field)
@@ -484,7 +523,7 @@ def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: 
         raise BadRows(problems)
     if not items:
         raise DataError(f"{', '.join(map(str, paths))}: no rows found (one JSON object per line of a JSONL file, "
-                        "or a JSON array of objects)" + (f"; all {len(problems)} rows are bad" if problems else ""))
+                        "a JSON array of objects, or a Parquet or saved-dataset table)" + (f"; all {len(problems)} rows are bad" if problems else ""))
     return items, problems
 
 

@@ -3,7 +3,8 @@
 Two row formats, detected per row (a file may mix them); each may carry a numeric `margin`:
 - ShareGPT: `conversations` (the shared context, ending with a user turn) plus `chosen` and
   `rejected` replies;
-- TRL: `prompt` (a string or a message list) or `messages`, plus `chosen` and `rejected`.
+- TRL: `prompt` (a string or a message list) or `messages`, plus `chosen` and `rejected`;
+- Anthropic HH transcripts and Dahoas rows (see hh.py).
 A reply is a string, one `{from, value}` / `{role, content}` message, or a list of messages.
 
 A pair becomes two token sequences, context + chosen and context + rejected, rendered by
@@ -25,6 +26,7 @@ from ..errors import TemplateError
 from ..hparams import TrainDataArguments
 from .dataset import DataKind, ItemEncoding, build_datasets
 from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
+from .hh import DAHOAS, hh_kind, hh_pair
 from .template import common_prefix_length, render_text
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
@@ -104,6 +106,11 @@ def _margin(row: Row) -> float | None:
 
 
 def pair_from_row(row: Row) -> PreferencePair:
+    kind = hh_kind(row.data)
+    if kind:
+        context, chosen, rejected = hh_pair(row, kind)
+        check_role_order(row, context, "prompt" if kind == DAHOAS else "chosen", ends_with=USER)
+        return PreferencePair(row, context, [chosen], [rejected], _margin(row))
     detect_preference_format(row)
     context, key = _context(row)
     check_role_order(row, context, key, ends_with=(USER, TOOL))  # a reply may follow a tool result
@@ -196,7 +203,7 @@ def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | N
 
 PREFERENCE_PAIRS = DataKind(
     name="preference",
-    version="3",  # 3: the reply spans
+    version="4",  # 3: the reply spans; 4: a `prompt` in HH form is read as its turns (hh.py)
     from_row=pair_from_row,
     settings=lambda data_args: {"max_length": data_args.max_seq_length},
     encode_one=encode_pair_record,

@@ -1,7 +1,8 @@
 """RLHF prompts: conversations that end with a user turn, for the policy to answer.
 
 A row is an OpenAI `messages` list or a ShareGPT `conversations` list ending with a user turn, or
-a `prompt` field: a plain string (one user turn) or a list of {role, content} messages. Its other fields
+a `prompt` field: a plain string (one user turn) or a list of {role, content} messages, or an HH
+transcript (hh.py: a Dahoas `prompt`, or the turns of `chosen` before its last reply). Its other fields
 are kept (Prompt.row.data) and reach reward functions as keyword arguments; `answer`, the reference
 answer of verifiable tasks (`{"messages": [...], "answer": "42"}`), must be a string or a number. Every
 error names the file, the line and the field, like the SFT formats do."""
@@ -19,6 +20,7 @@ from ..constants import TOOL, USER
 from ..hparams import PromptDataArguments
 from .dataset import DataKind, ItemEncoding, build_dataset, encode_items, report_encoding
 from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
+from .hh import DAHOAS, hh_kind, hh_prompt
 from .template import encode_prompt
 
 ANSWER_FIELD = "answer"  # the reference answer of a verifiable task, for reward functions such as exact_answer
@@ -35,7 +37,10 @@ class Prompt:
 
 def prompt_from_row(row: Row) -> Prompt:
     d = row.data
-    if "messages" in d:
+    kind = hh_kind(d)
+    if kind:
+        field, messages = ("prompt" if kind == DAHOAS else "chosen"), hh_prompt(row, kind)
+    elif "messages" in d:
         field, messages = "messages", openai_messages(row, d["messages"])
     elif "conversations" in d:
         field, messages = "conversations", sharegpt_messages(row, d["conversations"])
@@ -86,7 +91,7 @@ def prompt_from_record(record: dict) -> Prompt:
 
 PROMPTS = DataKind(
     name="prompts",
-    version="3",  # 3: a malformed `answer` field is refused
+    version="4",  # 3: a malformed `answer` field is refused; 4: HH transcripts (hh.py)
     from_row=prompt_from_row,
     settings=lambda data_args: {"max_length": data_args.max_prompt_length},
     encode_one=encode_prompt_record,

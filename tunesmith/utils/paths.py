@@ -91,24 +91,50 @@ def run_config_record(directory: str) -> dict:
     return record if isinstance(record, dict) else {}
 
 
+PARQUET_MAGIC = b"PAR1"
+DATASET_FOLDER_FILES = ("state.json", "dataset_info.json")  # what datasets' save_to_disk writes for one Dataset
+
+
+def is_dataset_folder(path: str) -> bool:
+    return all((Path(path) / name).is_file() for name in DATASET_FOLDER_FILES)
+
+
+def is_parquet(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == PARQUET_MAGIC
+
+
+def is_table(path: str) -> bool:
+    """A Parquet file or a datasets.save_to_disk folder (rows without lines)."""
+    return is_dataset_folder(path) if Path(path).is_dir() else is_parquet(path)
+
+
 def problem_with_data_file(path: str) -> str | None:
-    """Why `path` cannot be read as a data file, or None."""
+    """Why `path` cannot be read as a data file (JSON, JSONL, Parquet, or a datasets.save_to_disk
+    folder), or None."""
     p = Path(path)
     if not p.exists():
         return "no such file"
     if p.is_dir():
-        files = sorted(str(f) for f in p.iterdir() if f.suffix in (".json", ".jsonl"))[:3]
+        if is_dataset_folder(path):
+            return None
+        if (p / "dataset_dict.json").is_file():
+            splits = sorted(str(d) for d in p.iterdir() if is_dataset_folder(str(d)))
+            return f"is a datasets DatasetDict folder; give one of its splits ({' '.join(splits) or 'none saved'})"
+        files = sorted(str(f) for f in p.iterdir() if f.suffix in (".json", ".jsonl", ".parquet"))[:3]
         hint = f" (e.g. {' '.join(files)})" if files else ""
-        return f"is a directory; give the JSON/JSONL files in it{hint}"
+        return f"is a directory; give the JSON/JSONL/Parquet files in it{hint}, or a datasets.save_to_disk folder"
     if not os.access(p, os.R_OK):
         return "not readable (check its permissions)"
     if p.stat().st_size == 0:
         return "is empty (0 bytes): no rows to read"
-    with open(p, "rb") as f:
-        head = f.read(4)
-    if head == b"PAR1":
-        return "is a Parquet file; tunesmith reads JSON and JSONL (convert it, e.g. with pandas: " \
-               "pd.read_parquet(f).to_json(out, orient='records', lines=True, force_ascii=False))"
+    if is_parquet(path):
+        import pyarrow.parquet as pq
+
+        try:
+            pq.ParquetFile(path)
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            return f"is not a readable Parquet file ({e})"
     return None
 
 
