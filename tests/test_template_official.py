@@ -51,27 +51,16 @@ def test_glm45_reasoning_turns_train_whole_thinking_blocks(tokenizer, messages):
     assert render_text(tok, messages)[len(prompt):] == trained(tok, examples[1])
 
 
-def test_gemma4_reasoning_turns_train_from_the_generation_prompt(tokenizer):
-    tok = with_template(tokenizer, "gemma4.jinja")
+@pytest.mark.parametrize("template", ["gemma4.jinja", "gemma4_dense.jinja"])
+def test_gemma4_reasoning_turns_train_from_the_reply_header(tokenizer, template):
+    """E2B's generation prompt ends `<|turn>model\n`, a prefix of the reply. The dense checkpoints' ends
+    `<|turn>model\n<|channel>thought\n<channel|>`: not a prefix of a reply that renders its own thought
+    channel or a `<think>` block, so where the renders part (inside `<|channel>thought\n`, or after the `<`
+    of `<think>`) is no place to start; the reply trains from its header on in both."""
+    tok = with_template(tokenizer, template)
+    prompt = render_text(tok, REASONING_CONTENT[:3], add_generation_prompt=True)
+    assert prompt.endswith("<|turn>model\n<|channel>thought\n<channel|>" if "dense" in template else "<|turn>model\n")
     examples, expanded = encode_examples(tok, REASONING_CONTENT)
-    assert expanded
-    assert [trained(tok, ex) for ex in examples] == [
-        "<|channel>thought\nAdd two and two.\n<channel|>2+2 is 4.<turn|>",
-        "<|channel>thought\nMultiply 4 by 3.\n<channel|>That makes 12.<turn|>"]
-    (whole,), expanded = encode_examples(tok, THINK_IN_CONTENT)
-    assert not expanded
-    assert trained(tok, whole) == ("<think>Add two and two.</think>2+2 is 4.<turn|>"
-                                   "<think>Multiply 4 by 3.</think>That makes 12.<turn|>")
-
-
-def test_gemma4_empty_thought_channel_prompt_trains_the_reply_from_its_header(tokenizer):
-    """The generation prompt ends `<|turn>model\\n<|channel>thought\\n<channel|>`: not a prefix of a reply
-    that renders its own thought channel or a `<think>` block, so where the renders part (inside
-    `<|channel>thought\\n`, or after the `<` of `<think>`) is no place to start."""
-    tok = with_template(tokenizer, "gemma4_dense.jinja")
-    assert render_text(tok, REASONING_CONTENT[:3], add_generation_prompt=True).endswith(
-        "<|turn>model\n<|channel>thought\n<channel|>")
-    examples, _ = encode_examples(tok, REASONING_CONTENT)
     assert [trained(tok, ex) for ex in examples] == [
         "<|channel>thought\nAdd two and two.\n<channel|>2+2 is 4.<turn|>",
         "<|channel>thought\nMultiply 4 by 3.\n<channel|>That makes 12.<turn|>"]
