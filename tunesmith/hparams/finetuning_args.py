@@ -17,6 +17,13 @@ class FinetuningArguments:
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
+    # None is auto, resolved by train/run_setup.prepare_training_run for the stage.
+    disable_dropout: bool | None = field(
+        default=None,
+        metadata={"help": "Load the model with every dropout probability of its config at 0 (attention, hidden, "
+                  "embedding...), as DeepSpeed-Chat's --disable_dropout; --lora_dropout is separate. Default: on for "
+                  "PPO/GRPO/RLOO (a policy ratio of two forwards must not differ by dropout noise), off elsewhere."},
+    )
     lora_target: list[str] = field(
         default_factory=lambda: ["all"],
         metadata={"help": "Module names to adapt; `all` means every linear layer except the output head."},

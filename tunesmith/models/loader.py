@@ -129,6 +129,17 @@ def find_lora_targets(model: nn.Module) -> list[str]:
     return sorted(names)
 
 
+def dropout_off(path: str, trust_remote_code: bool = False) -> dict[str, float]:
+    """The config's dropout probabilities set to 0, as from_pretrained overrides (`attention_dropout`,
+    `hidden_dropout_prob`, GPT-2's `attn_pdrop`, ...): the modules read them when they are built."""
+    from transformers import AutoConfig
+
+    with _path_errors(path):
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).to_dict()
+    return {key: 0.0 for key, value in config.items()
+            if isinstance(value, float) and value > 0 and ("dropout" in key or key.endswith("_pdrop"))}
+
+
 def load_model(
     model_args: ModelArguments,
     finetuning_args: FinetuningArguments,
@@ -147,6 +158,8 @@ def load_model(
         "attn_implementation": resolve_attn_implementation(model_args),
         "trust_remote_code": model_args.trust_remote_code,
     }
+    if finetuning_args.disable_dropout:
+        kwargs |= dropout_off(path, model_args.trust_remote_code)
     quant = quantization_config(model_args, dtype)
     if quant is not None:
         kwargs["quantization_config"] = quant

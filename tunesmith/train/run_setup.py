@@ -17,6 +17,8 @@ from .checkpoints import guard_output_dir, resolve_resume
 def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str | None) -> tuple[ParsedRun, str | None]:
     """(the parsed run, the checkpoint to resume from or None)."""
     args = parse_run(kind, argv, description)
+    if args.finetuning.disable_dropout is None:  # auto: the RL stages compare forwards, so no dropout noise there
+        args.finetuning.disable_dropout = kind == "ppo"
     resolve_model_path(args.model)
     guard_output_dir(args)
     resume = resolve_resume(args.training)
