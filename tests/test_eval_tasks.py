@@ -115,7 +115,7 @@ def test_the_tool_prompt_is_the_chatml_tools_render_and_ignores_lm_evals_chat_te
 
 
 def test_the_knowledge_set_is_balanced_and_well_formed():
-    rows = utils.read_rows("knowledge.jsonl")
+    rows = [r.data for r in utils.read_rows("knowledge.jsonl")]
     assert len(rows) == 120 and len({r["question"] for r in rows}) == 120
     assert collections.Counter(r["answer"] for r in rows) == {0: 30, 1: 30, 2: 30, 3: 30}
     areas = collections.Counter(r["area"] for r in rows)
@@ -132,7 +132,7 @@ def test_the_knowledge_set_is_balanced_and_well_formed():
 def test_a_malformed_data_row_names_its_file_and_line(tmp_path, monkeypatch):
     monkeypatch.setattr(utils, "HERE", tmp_path)
     (tmp_path / "identity.jsonl").write_text('{"prompt": "Who are you?"}\n{"prompt": \n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"identity\.jsonl:line 2: not JSON"):
+    with pytest.raises(ValueError, match=r"identity\.jsonl:line 2: not valid JSON"):
         utils.load_identity()
     (tmp_path / "arithmetic.jsonl").write_text(json.dumps({"messages": [], "answer": "3"}) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"arithmetic\.jsonl:line 1: expected `prompt` \(a string\) or `messages`"):

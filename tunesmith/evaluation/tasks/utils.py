@@ -17,6 +17,8 @@ from typing import Any
 import datasets
 from lm_eval.api.task import ConfigurableTask
 
+from tunesmith.data.formats import Row
+from tunesmith.data.formats import read_rows as read_data_rows
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
 from tunesmith.ppo.reward_funcs import answer_format, exact_answer
 from tunesmith.serve.tools import score_call
@@ -29,31 +31,25 @@ OTHER_IDENTITIES = re.compile(r"smollm|chatgpt|gpt-[345]|openai|hugging\s*face|c
                               r"qwen|通义|文心", re.IGNORECASE)
 
 
-def read_rows(name: str) -> list[dict]:
-    path = HERE / name
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:line {number}: not JSON ({e})") from None
-    return rows
+def read_rows(name: str) -> list[Row]:
+    """The rows of a data file of this folder, read as every tunesmith data file is (a bad row is reported
+    as file:line)."""
+    return list(read_data_rows(HERE / name))
 
 
 def as_dataset(rows: list[dict]) -> datasets.DatasetDict:
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 
-def single_user_turn(row: dict, name: str, number: int) -> str:
+def single_user_turn(row: Row) -> str:
     """The text of a row's one user message (a `prompt` string or a one-message `messages` list)."""
-    if isinstance(row.get("prompt"), str):
-        return row["prompt"]
-    messages = row.get("messages")
+    if isinstance(row.data.get("prompt"), str):
+        return row.data["prompt"]
+    messages = row.data.get("messages")
     if isinstance(messages, list) and len(messages) == 1 and messages[0].get("role") == "user":
         return messages[0]["content"]
-    raise ValueError(f"{HERE / name}:line {number}: expected `prompt` (a string) or `messages` holding one user "
-                     "turn; this task asks one question per row")
+    raise row.error("expected `prompt` (a string) or `messages` holding one user turn; this task asks one "
+                    "question per row")
 
 
 # ---------------------------------------------------------------- tunesmith_identity
@@ -61,8 +57,7 @@ def single_user_turn(row: dict, name: str, number: int) -> str:
 
 def load_identity(**_: Any) -> datasets.DatasetDict:
     """The quickstart's held-out identity questions (data/demo/identity_heldout.jsonl)."""
-    rows = read_rows("identity.jsonl")
-    return as_dataset([{"prompt": single_user_turn(r, "identity.jsonl", i)} for i, r in enumerate(rows, 1)])
+    return as_dataset([{"prompt": single_user_turn(r)} for r in read_rows("identity.jsonl")])
 
 
 def score_identity(reply: str) -> dict[str, int]:
@@ -81,9 +76,8 @@ def process_identity(doc: dict, results: list[str]) -> dict[str, int]:
 
 def load_arithmetic(**_: Any) -> datasets.DatasetDict:
     """The GRPO demo's evaluation sums (data/demo/grpo_eval.jsonl), each with its reference answer."""
-    rows = read_rows("arithmetic.jsonl")
-    return as_dataset([{"prompt": single_user_turn(r, "arithmetic.jsonl", i), "answer": str(r["answer"])}
-                       for i, r in enumerate(rows, 1)])
+    return as_dataset([{"prompt": single_user_turn(r), "answer": str(r.data["answer"])}
+                       for r in read_rows("arithmetic.jsonl")])
 
 
 def score_arithmetic(reply: str, answer: str) -> dict[str, float]:
@@ -126,12 +120,13 @@ def load_tool_calls(**_: Any) -> datasets.DatasetDict:
     tools and the expected call are kept as JSON text: their shapes differ from row to row, which one
     table column cannot hold."""
     docs = []
-    for number, row in enumerate(read_rows("tool_calls.jsonl"), 1):
-        if not isinstance(row.get("expected_call"), dict) or not row.get("tools"):
-            raise ValueError(f"{HERE / 'tool_calls.jsonl'}:line {number}: expected `tools` and `expected_call`")
-        docs.append({"prompt": render_tool_prompt(row["messages"], row["tools"]),
-                     "tools": json.dumps(row["tools"], ensure_ascii=False),
-                     "expected_call": json.dumps(row["expected_call"], ensure_ascii=False)})
+    for row in read_rows("tool_calls.jsonl"):
+        data = row.data
+        if not isinstance(data.get("expected_call"), dict) or not data.get("tools"):
+            raise row.error("expected `tools` and `expected_call`")
+        docs.append({"prompt": render_tool_prompt(data["messages"], data["tools"]),
+                     "tools": json.dumps(data["tools"], ensure_ascii=False),
+                     "expected_call": json.dumps(data["expected_call"], ensure_ascii=False)})
     return as_dataset(docs)
 
 
@@ -160,4 +155,4 @@ class RenderedPromptTask(ConfigurableTask):
 
 def load_knowledge(**_: Any) -> datasets.DatasetDict:
     """The project's own 120 general-knowledge questions, four choices each."""
-    return as_dataset(read_rows("knowledge.jsonl"))
+    return as_dataset([r.data for r in read_rows("knowledge.jsonl")])
