@@ -186,10 +186,8 @@ def check_in_llama_cpp(path: str, tokenizer: Any, texts: list[str], refs: list[G
 
 
 def quantize(source: str, target: str, dtype: str) -> None:
-    """llama.cpp's quantizer (llama_model_quantize, the C API that llama-quantize calls) from an f16 GGUF."""
-    if not llama_cpp_available():
-        raise ExportError(f"--dtype {dtype} is made by llama.cpp's quantizer, and llama-cpp-python is not "
-                          f"installed: run `{SETUP_HINT}`, or choose f32, f16, bf16 or q8_0")
+    """llama.cpp's quantizer (llama_model_quantize, the C API that llama-quantize calls) from an f16 GGUF. Its
+    absence is refused with the flags (hparams/rules.py, export_k_quant), before anything loads."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()

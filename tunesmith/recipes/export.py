@@ -28,13 +28,14 @@ rejected GGUF is deleted, since nothing should load a file that failed its check
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +133,37 @@ def _read_back(spec: Architecture, path: str, tokenizer, texts: list[str], expec
     return None
 
 
+def _float32(model_args: ModelArguments) -> ModelArguments:
+    """The plain ModelArguments of the source, loading in float32 (the file's dtype is applied once, as each
+    tensor is written)."""
+    fields = {f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelArguments)}
+    return ModelArguments(**{**fields, "dtype": "float32"})
+
+
+def _texts(tokenizer) -> list[str]:
+    """The check conversations rendered with the training template (a generation prompt after a user turn)."""
+    return [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT) for c in CHECK_CONVERSATIONS]
+
+
+@contextlib.contextmanager
+def _scratch_files(target: Path) -> Iterator[Callable[[str], str]]:
+    """new(tag): an empty temporary .gguf beside `target` (hidden, so nothing picks up a file before its
+    check); every one left at the end of the block is deleted, whether the block succeeded or not."""
+    made: list[str] = []
+
+    def new(tag: str = "") -> str:
+        fd, path = tempfile.mkstemp(prefix=f".{target.stem}.{tag}", suffix=".gguf", dir=target.parent)
+        os.close(fd)
+        made.append(path)
+        return path
+
+    try:
+        yield new
+    finally:
+        for path in made:
+            Path(path).unlink(missing_ok=True)
+
+
 def _prompts(tokenizer) -> list[str]:
     """Each check conversation up to its last user turn, rendered with the generation prompt."""
     prompts = []
@@ -146,9 +178,7 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
         return export_adapter(model_args, args)
     dtype = model_args.dtype
     written_dtype = "f16" if dtype in K_QUANTS else dtype  # llama.cpp's quantizer starts from f16
-    # Load (and merge) in float32: the file's dtype is applied once, when each tensor is written.
-    load_args = ModelArguments(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelArguments)})
-    load_args.dtype = "float32"
+    load_args = _float32(model_args)  # loaded (and merged) in float32
     tolerance = args.max_relative_logit_diff
     if tolerance is None:
         tolerance = EXPORT_RELATIVE_TOLERANCES[written_dtype]
@@ -159,7 +189,7 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
 
     started = time.perf_counter()
     model, tokenizer = load_merged(load_args)
-    texts = [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT) for c in CHECK_CONVERSATIONS]
+    texts = _texts(tokenizer)
     expected = source_logits(model, tokenizer, texts)
     refs = greedy_references(model, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
     chat, untranslatable = ollama_chat(tokenizer)
@@ -167,16 +197,8 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
 
     target = Path(args.output_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = []
-
-    def scratch() -> str:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
-        os.close(fd)
-        temporary.append(tmp)
-        return tmp
-
     result_check = quantized = None
-    try:
+    with _scratch_files(target) as scratch:
         tmp = scratch()
         record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
         spec = architecture(model)
@@ -205,9 +227,6 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
                               f"nothing written to {args.output_file}")
         os.replace(final, target)
         os.chmod(target, 0o644)  # mkstemp's 0600 would keep Ollama's server (its own user on Linux) out
-    finally:
-        for path in temporary:
-            Path(path).unlink(missing_ok=True)
     checked = time.perf_counter()
 
     modelfile = args.modelfile
@@ -227,24 +246,19 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
 def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
     """The adapter alone as llama.cpp's adapter GGUF, checked in llama.cpp over a base GGUF written (in the same
     dtype) for the check and deleted after it: greedy continuations as the merged model's in transformers."""
-    load_args = ModelArguments(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelArguments)})
-    load_args.dtype = "float32"
+    load_args = _float32(model_args)
     started = time.perf_counter()
     peft_model, tokenizer = load_adapted(load_args, "causal_lm")
     source = load_args.adapter_name_or_path
     target = Path(args.output_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".gguf", dir=target.parent)
-    os.close(fd)
-    fd, base = tempfile.mkstemp(prefix=f".{target.stem}.base.", suffix=".gguf", dir=target.parent)
-    os.close(fd)
     check = None
-    try:
+    with _scratch_files(target) as scratch:
+        tmp, base = scratch(), scratch("base.")
         write_adapter_gguf(peft_model, tmp, model_args.dtype, os.path.basename(os.path.normpath(source)))
         written = time.perf_counter()
         if llama_cpp_available():
-            texts = [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT)
-                     for c in CHECK_CONVERSATIONS]
+            texts = _texts(tokenizer)
             write_gguf(peft_model.get_base_model(), tokenizer, base, model_args.dtype, "base",
                        state_dict=base_state_dict(peft_model))
             merged = peft_model.merge_and_unload(safe_merge=True)
@@ -260,9 +274,6 @@ def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportR
                            "installed (%s)", SETUP_HINT)
         os.replace(tmp, target)
         os.chmod(target, 0o644)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-        Path(base).unlink(missing_ok=True)
     checked = time.perf_counter()
     result = ExportResult(str(target), None, model_args.dtype, target.stat().st_size, written - started,
                           checked - written, None, 0.0, check)
