@@ -30,7 +30,11 @@ def quiet_lm_eval() -> None:
     """lm-eval's per-step INFO lines off (its progress bars and warnings stay; we print what ran and where
     it was written), and its advice about --metadata, given for every task that loads its own data (ours)."""
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    logging.getLogger("lm_eval.api.task").addFilter(lambda record: "Custom kwargs can be passed" not in record.getMessage())
+    logging.getLogger("lm_eval.api.task").addFilter(_not_metadata_advice)  # the same function: added once
+
+
+def _not_metadata_advice(record: logging.LogRecord) -> bool:
+    return "Custom kwargs can be passed" not in record.getMessage()
 
 
 def task_manager(include_path: str | None) -> Any:

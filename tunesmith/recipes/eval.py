@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..boundary import entry_point
@@ -102,9 +103,9 @@ def _named_flags(argv: list[str]) -> set[str]:
         import yaml
 
         try:
-            config = yaml.safe_load(open(argv[0], encoding="utf-8"))
-        except yaml.YAMLError:
-            config = None  # the parser reports it, with its line
+            config = yaml.safe_load(Path(argv[0]).read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError):
+            config = None  # the parser reports it in one line
         names |= set(config) if isinstance(config, dict) else set()
     return names
 
