@@ -244,3 +244,27 @@ def test_load_report_is_quiet_about_the_new_score_head_only(tiny_model_dir, tmp_
     save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
     _load_rm(str(broken))
     assert len(reports()) == 1 and "model.norm.weight" in reports()[0]
+
+
+def test_a_bfloat16_model_trains_its_float32_score_head_without_autocast(tiny_model_dir, preference_files, tmp_path):
+    """The class of failure first seen on a GPU: the body in bfloat16, the trained head upcast to float32,
+    no autocast around the forward (here `--dtype bfloat16` without `--bf16`). The head's linear layers
+    cast their own input, so the run trains, and the score keeps the head's float32."""
+    out = tmp_path / "rm-bf16"
+    trainer = reward.run([
+        "--model_name_or_path", tiny_model_dir, "--data_path", preference_files["train"], "--output_dir", str(out),
+        "--dtype", "bfloat16", "--lora_r", "8", "--max_seq_length", "64", "--per_device_train_batch_size", "4",
+        "--max_steps", "3", "--learning_rate", "5e-3", "--logging_steps", "1", "--save_strategy", "no",
+        "--report_to", "none", "--plot_loss", "false",
+    ])
+    head = score_head(trainer.model)
+    assert head.original_module.weight.dtype == torch.bfloat16
+    assert head.modules_to_save["default"].weight.dtype == torch.float32
+    assert not torch.equal(head.modules_to_save["default"].weight.to(torch.bfloat16), head.original_module.weight)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert sequence_scores(trainer.model, ids, torch.ones_like(ids)).dtype == torch.float32
+    # PPO's reward model: the saved adapter loads for inference on a bfloat16 body and scores.
+    reloaded, _ = load_for_inference(inference_model_args(str(out), dtype="bfloat16"), task="reward")
+    assert math.isfinite(sequence_scores(reloaded, ids, torch.ones_like(ids)).item())

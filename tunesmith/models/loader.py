@@ -20,6 +20,7 @@ from ..hparams.parser import resolve_adapter_base
 from ..utils.hardware import native_bf16, trains_on_cpu
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
+from .scoring import cast_head_inputs_to_its_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ def load_model(
         model = _attach_lora(model, model_args, finetuning_args, training_args, is_trainable, task)
         if is_trainable:
             _upcast_trainable(model, training_args)
+            if task == "reward":
+                cast_head_inputs_to_its_dtype(model)
             if trains_on_cpu(training_args):
                 use_fast_lora_dropout(model)
                 skip_input_casts_under_autocast(model)

@@ -22,6 +22,24 @@ def score_head(model: nn.Module) -> nn.Module:
                      "load_model(..., task='reward')")
 
 
+def cast_head_inputs_to_its_dtype(model: nn.Module) -> None:
+    """Casts what reaches the score head to the dtype of the head's own weights.
+
+    A reward model trained in half precision keeps its trained head in float32 (loader._upcast_trainable,
+    so AdamW's updates are not rounded away) while the body hands it bfloat16 hidden states; without autocast
+    around the forward (a GPU run with --bf16 on a bf16 model, or --dtype bfloat16) the product fails with
+    "expected mat1 and mat2 to have the same dtype". Each linear layer of the head (PEFT's trainable copy and
+    the frozen original it keeps beside it) casts its own input, so either may run."""
+    def cast(module: nn.Module, args: tuple) -> tuple:
+        dtype = module.weight.dtype
+        return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() and a.dtype != dtype else a
+                     for a in args)
+
+    for module in score_head(model).modules():
+        if isinstance(module, nn.Linear):
+            module.register_forward_pre_hook(cast)
+
+
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position of the last attended token of each row, whichever side the padding is on."""
     positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
