@@ -90,6 +90,8 @@ def test_cpu_default_and_training_defaults():
         (("--lora_r", "0"), r"--lora_r must be a positive rank"),
         (("--attn_implementation", "flash_attention_2"), r"needs a CUDA GPU and the flash-attn package"),
         (("--adapter_name_or_path", "a", "--finetuning_type", "full"), r"continues a LoRA run"),
+        (("--lora_learning_rate", "1e-4", "--finetuning_type", "full"), r"--finetuning_type full trains none"),
+        (("--lora_learning_rate", "0"), r"--lora_learning_rate must be > 0"),
     ],
 )
 def test_incompatible_combinations_stop_early(argv, message):

@@ -268,3 +268,20 @@ def test_a_bfloat16_model_trains_its_float32_score_head_without_autocast(tiny_mo
     # PPO's reward model: the saved adapter loads for inference on a bfloat16 body and scores.
     reloaded, _ = load_for_inference(inference_model_args(str(out), dtype="bfloat16"), task="reward")
     assert math.isfinite(sequence_scores(reloaded, ids, torch.ones_like(ids)).item())
+
+
+def test_lora_learning_rate_moves_lora_and_the_score_head_at_their_own_rates(tiny_model_dir, preference_files,
+                                                                             tmp_path):
+    """Adam's first step moves every weight with a gradient by about its group's learning rate: the LoRA B
+    matrices by --lora_learning_rate, the score head (the other trained weight) by --learning_rate."""
+    trainer = reward.run([
+        "--model_name_or_path", tiny_model_dir, "--data_path", preference_files["train"], "--output_dir",
+        str(tmp_path / "rm"), "--lora_r", "8", "--max_seq_length", "64", "--per_device_train_batch_size", "4",
+        "--max_steps", "1", "--learning_rate", "1e-3", "--lora_learning_rate", "2e-2", "--weight_decay", "0",
+        "--lr_scheduler_type", "constant", "--save_strategy", "no", "--report_to", "none", "--plot_loss", "false",
+    ])
+    head = score_head(trainer.model)  # PEFT's trained copy, and the original it was copied from
+    head_step = (head.modules_to_save["default"].weight - head.original_module.weight).abs().max().item()
+    lora_b_step = max(p.detach().abs().max().item() for n, p in trainer.model.named_parameters() if ".lora_B." in n)
+    assert head_step == pytest.approx(1e-3, rel=0.05)
+    assert lora_b_step == pytest.approx(2e-2, rel=0.05)

@@ -24,6 +24,11 @@ class FinetuningArguments:
                   "embedding...), as DeepSpeed-Chat's --disable_dropout; --lora_dropout is separate. Default: on for "
                   "PPO/GRPO/RLOO (a policy ratio of two forwards must not differ by dropout noise), off elsewhere."},
     )
+    lora_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the LoRA matrices when other weights train beside them (a reward model's "
+                  "score head, PPO's value head); those keep --learning_rate. Default: --learning_rate for all."},
+    )
     lora_target: list[str] = field(
         default_factory=lambda: ["all"],
         metadata={"help": "Module names to adapt; `all` means every linear layer except the output head."},

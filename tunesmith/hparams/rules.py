@@ -203,6 +203,13 @@ RULES: list[Rule] = [
          lambda a: a.model.adapter_name_or_path is not None and a.finetuning.finetuning_type == "full",
          "--adapter_name_or_path continues a LoRA run: use --finetuning_type lora, or merge the adapter first "
          "(merge/merge_lora.py) and fully fine-tune the merged model."),
+    Rule("lora_learning_rate_without_lora", ("finetuning",),
+         lambda a: a.finetuning.lora_learning_rate is not None and a.finetuning.finetuning_type != "lora",
+         "--lora_learning_rate sets the rate of LoRA's matrices, and --finetuning_type {finetuning.finetuning_type} "
+         "trains none: drop it, or use --finetuning_type lora."),
+    Rule("lora_learning_rate", ("finetuning",),
+         lambda a: a.finetuning.lora_learning_rate is not None and not a.finetuning.lora_learning_rate > 0,
+         "--lora_learning_rate must be > 0 (got {finetuning.lora_learning_rate})."),
     Rule("center_rewards", ("reward",),
          lambda a: a.reward.center_rewards_coefficient is not None and a.reward.center_rewards_coefficient < 0,
          "--center_rewards_coefficient must be >= 0 (got {reward.center_rewards_coefficient}); leave it unset to "

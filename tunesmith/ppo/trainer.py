@@ -35,6 +35,7 @@ from ..train.checkpoints import (
     rotate_checkpoints,
     staging_dir,
 )
+from ..train.param_groups import split_lora_groups
 from ..utils.io import atomic_write_json, atomic_write_jsonl
 from .core import (
     AdaptiveKLController,
@@ -80,7 +81,8 @@ class PPOTrainer:
     def __init__(self, model: ActorCritic, tokenizer: Any, prompts: list[Prompt], ppo_args: PPOArguments,
                  training_args: Any, reward_model: RewardModelScorer | None = None,
                  reward_fn: RewardFn | None = None, reward_funcs: Sequence[RewardFunction] | None = None,
-                 run_configs: tuple = (), resume_from: str | None = None) -> None:
+                 run_configs: tuple = (), resume_from: str | None = None,
+                 lora_learning_rate: float | None = None) -> None:
         if reward_funcs is None:  # those ppo_args names (the recipe loads them itself, to fail before any weight loads)
             reward_funcs = [load_reward_function(spec) for spec in ppo_args.reward_funcs]
         if (reward_fn is None) == (reward_model is None and not reward_funcs):
@@ -124,7 +126,8 @@ class PPOTrainer:
 
         self.trainable = model.trainable_parameters()
         optimizer = torch.optim.AdamW(
-            self.trainable, lr=training_args.learning_rate, weight_decay=training_args.weight_decay,
+            split_lora_groups([{"params": self.trainable}], model, training_args.learning_rate, lora_learning_rate),
+            lr=training_args.learning_rate, weight_decay=training_args.weight_decay,
             betas=(training_args.adam_beta1, training_args.adam_beta2), eps=training_args.adam_epsilon,
         )
         updates = self.total_steps * ppo_args.ppo_epochs * ppo_args.num_mini_batches

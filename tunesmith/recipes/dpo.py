@@ -54,6 +54,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
         data_collator=PreferencePackingCollator(),
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
+        lora_learning_rate=args.finetuning.lora_learning_rate,
         dpo_args=args.dpo,
         reference_model=reference_model,
     )

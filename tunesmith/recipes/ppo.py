@@ -47,6 +47,7 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
         reward_model=scorer, reward_funcs=reward_funcs,
         run_configs=args.configs,
         resume_from=resume,
+        lora_learning_rate=args.finetuning.lora_learning_rate,
     )
     trainer.train()
     return trainer

@@ -43,6 +43,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str
         data_collator=DataCollatorForPreference(tokenizer.pad_token_id),
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
+        lora_learning_rate=args.finetuning.lora_learning_rate,
         center_rewards_coefficient=args.reward.center_rewards_coefficient,
     )
     return trainer, resume

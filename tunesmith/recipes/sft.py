@@ -41,6 +41,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
         data_collator=sft_collator(model, tokenizer, args.data, args.training),
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
+        lora_learning_rate=args.finetuning.lora_learning_rate,
     )
     train_save_evaluate(trainer, resume)
     return trainer

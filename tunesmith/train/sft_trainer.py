@@ -17,6 +17,7 @@ from ..utils.hardware import trains_on_cpu
 from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
 from .losses import use_chunked_loss
+from .param_groups import split_lora_groups
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,10 @@ class LoraTrainer(Trainer):
     resume), eval_loss per predicted token and eval_perplexity (evaluation_loop), the resolved run config
     beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
 
-    def __init__(self, *args: Any, run_configs: tuple = (), **kwargs: Any) -> None:
+    def __init__(self, *args: Any, run_configs: tuple = (), lora_learning_rate: float | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.lora_learning_rate = lora_learning_rate
         self.add_callback(MetricsFileCallback())  # every Trainer stage keeps output_dir/metrics.jsonl
         if trains_on_cpu(self.args):
             use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)
@@ -53,6 +56,13 @@ class LoraTrainer(Trainer):
             self.control.should_training_stop = True
             return
         super()._run_epoch(*args, **kwargs)
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        if self.lora_learning_rate is not None:  # transformers' decay/no-decay groups, each split LoRA/other
+            optimizer.param_groups[:] = split_lora_groups(optimizer.param_groups, self.model if model is None else model,
+                                                          self.args.learning_rate, self.lora_learning_rate)
+        return optimizer
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """A packed row with `forward_splits` runs as several forward/backward passes of whole examples
