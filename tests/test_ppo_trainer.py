@@ -382,3 +382,60 @@ def test_help_documents_every_ppo_flag(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert all(f"--{f.name} " in out for f in dataclasses.fields(PPOArguments))
+
+
+# --------------------------------------------------------------------------- the critic from the reward model
+
+
+def build_reward_model(path: Path, base_dir: str, finetuning_type: str, tokenizer) -> str:
+    """A reward model of the policy's base with random (nonzero) LoRA B and score head: a LoRA adapter (SEQ_CLS,
+    the head in modules_to_save, as reward/train.py saves one) or a full sequence classifier."""
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(3)
+    model = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=1)
+    if finetuning_type == "lora":
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                 task_type=TaskType.SEQ_CLS))
+    for name, p in model.named_parameters():
+        if "lora_B" in name or "score" in name:
+            p.data.normal_(0, 0.5)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("finetuning_type", ["lora", "full"])
+def test_the_critic_starts_as_the_reward_model(tmp_path, policy_dir, tokenizer, prompts, finetuning_type, caplog):
+    """DeepSpeed-Chat's critic initialisation: before any update, V(prefix) is the reward model's score of that
+    prefix at every response position (its body as the value adapter or model, its head as the value head)."""
+    from tunesmith.models.scoring import score_head
+    from tunesmith.ppo import critic_start
+
+    rm_dir = build_reward_model(tmp_path / "rm", policy_dir, finetuning_type, tokenizer)
+    model_args = ModelArguments(model_name_or_path=policy_dir)
+    finetuning_args = FinetuningArguments(finetuning_type=finetuning_type, lora_r=8, lora_alpha=16)
+    critic = critic_start(PPOArguments(reward_model=rm_dir), model_args, finetuning_args)
+    assert critic == rm_dir
+    model = build_actor_critic(model_args, finetuning_args, None, critic=critic)
+
+    context = prompts[0].input_ids
+    ids = torch.tensor([list(context) + [11, 12, 13, 14]])
+    mask, positions = torch.ones_like(ids), torch.arange(ids.size(1)).unsqueeze(0)
+    values = model.values(ids, mask, positions, len(context))
+    rm, _ = load_for_inference(inference_model_args(rm_dir), task="reward")
+    hidden = rm(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+    expected = score_head(rm)(hidden)[0, len(context) - 1:-1, 0]
+    assert values.abs().min() > 1e-3 and torch.allclose(values[0], expected, atol=1e-4)
+
+    # `base` (and GRPO) keep the zero value head; a reward model that does not fit falls back, or is refused by name.
+    assert critic_start(PPOArguments(reward_model=rm_dir, critic_model_name_or_path="base"), model_args,
+                        finetuning_args) is None
+    other = "full" if finetuning_type == "lora" else "lora"
+    misfit = build_reward_model(tmp_path / "misfit", policy_dir, other, tokenizer)
+    with caplog.at_level("INFO", logger="tunesmith.ppo.models"):
+        assert critic_start(PPOArguments(reward_model=misfit), model_args, finetuning_args) is None
+    assert "critic: starts from the base with a zero value head" in caplog.text
+    with pytest.raises(UserError, match=rf"--critic_model_name_or_path {re.escape(misfit)} is "):
+        critic_start(PPOArguments(reward_model=rm_dir, critic_model_name_or_path=misfit), model_args, finetuning_args)

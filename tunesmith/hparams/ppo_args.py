@@ -53,6 +53,14 @@ class PPOArguments(RewardSourceArguments):
                   "(population std + 1e-4), 0 when all are equal, the same for every token of the reply. rloo: no "
                   "value model; each reply's reward minus the mean reward of the other replies to its prompt."},
     )
+    critic_model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Where PPO's critic (value model) starts, as in DeepSpeed-Chat: a reward model from "
+                  "reward/train.py (a LoRA adapter of the policy's base for LoRA, a full model for --finetuning_type "
+                  "full), whose body becomes the value adapter (or model) and whose score head the value head; "
+                  "`base`: the policy's base with a zero value head. Default: --reward_model when it fits the policy, "
+                  "else `base` (logged). gae only."},
+    )
     kl_in_loss: bool = field(
         default=False,
         metadata={"help": "Add kl_coef times the KL to the reference to the loss (GRPO's way) instead of subtracting "

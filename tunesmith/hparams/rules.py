@@ -249,6 +249,14 @@ RULES: list[Rule] = [
          "(the reward model's is --reward_model_weight)."),
     Rule("ppo_reward_model_path", ("ppo", "data"), lambda a: _missing_dir(a.ppo.reward_model),
          "--reward_model {path}: {problem} (train one with reward/train.py).", PathError),
+    Rule("critic_without_value_model", ("ppo", "data"),
+         lambda a: a.ppo.critic_model_name_or_path is not None and a.ppo.advantage != "gae",
+         "--critic_model_name_or_path starts PPO's value model, and --advantage {ppo.advantage} has none: drop it, "
+         "or use --advantage gae."),
+    Rule("critic_path", ("ppo", "data"),
+         lambda a: a.ppo.critic_model_name_or_path != "base" and _missing_dir(a.ppo.critic_model_name_or_path),
+         "--critic_model_name_or_path {path}: {problem} (a reward model from reward/train.py, or `base`).",
+         PathError),
     Rule("ppo_lora_checkpointing", ("ppo", "finetuning", "training"),
          lambda a: a.training.gradient_checkpointing and a.finetuning.finetuning_type == "lora",
          "--gradient_checkpointing cannot be used with LoRA PPO: the policy and value adapters share one model and "

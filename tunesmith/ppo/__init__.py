@@ -6,7 +6,7 @@ LoRA; no value model for GRPO and RLOO); rollout: generation, reward-model scori
 rewards: reward models and reward functions combined; reward_funcs: the shipped verifiable rewards;
 trainer: the loop, logging and checkpoints."""
 
-from .models import ActorCritic, build_actor_critic
+from .models import ActorCritic, build_actor_critic, critic_start
 from .rewards import RewardFunction, Rewards, load_reward_function
 from .rollout import RewardFn, RewardModelScorer, Rollout
 from .trainer import PPOTrainer
@@ -14,6 +14,7 @@ from .trainer import PPOTrainer
 __all__ = [
     "ActorCritic",
     "build_actor_critic",
+    "critic_start",
     "RewardFn",
     "RewardModelScorer",
     "RewardFunction",

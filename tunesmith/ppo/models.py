@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,8 +32,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..hparams import FinetuningArguments, ModelArguments
+from ..errors import ConfigError
+from ..hparams import FinetuningArguments, ModelArguments, PPOArguments
 from ..models.loader import load_model, resolve_model_path
+from ..utils.paths import adapter_config, is_adapter_dir, model_architecture
+
+logger = logging.getLogger(__name__)
 
 POLICY, VALUE, REFERENCE = "default", "value", "reference"
 VALUE_DIR = "value"  # where the value adapter (or full value model) is saved, inside an output folder
@@ -171,20 +177,96 @@ class ActorCritic(nn.Module):
                   os.path.join(directory, VALUE_HEAD_FILE))
 
 
+def critic_start(ppo_args: PPOArguments, model_args: ModelArguments, finetuning_args: FinetuningArguments,
+                 ) -> str | None:
+    """The reward model PPO's critic starts from (None: the base, with a zero value head). --critic_model_name_or_path
+    left out means --reward_model when it fits the policy, as DeepSpeed-Chat initialises its critic from the reward
+    model: its values then start as the reward model's score of each prefix rather than 0."""
+    if not ppo_args.uses_value_model or ppo_args.critic_model_name_or_path == "base":
+        return None
+    chosen = ppo_args.critic_model_name_or_path or ppo_args.reward_model
+    if chosen is None:
+        return None
+    why_not = critic_mismatch(chosen, resolve_model_path(model_args), finetuning_args.finetuning_type)
+    if why_not is None:
+        logger.info("critic: starts from the reward model %s", chosen)
+        return chosen
+    if ppo_args.critic_model_name_or_path:
+        raise ConfigError(f"--critic_model_name_or_path {chosen} {why_not}: give one that is, or `base`.")
+    logger.info("critic: starts from the base with a zero value head (the reward model %s %s)", chosen, why_not)
+    return None
+
+
+def critic_mismatch(path: str, base: str, finetuning_type: str) -> str | None:
+    """Why the reward model at `path` cannot become the critic of a policy on `base` (None: it can)."""
+    if finetuning_type == "lora":
+        if not is_adapter_dir(path):
+            return "is not a LoRA adapter of the policy's base (a LoRA policy's critic is a second adapter on it)"
+        recorded = adapter_config(path).get("base_model_name_or_path") or ""
+        if adapter_config(path).get("peft_type") != "LORA" or os.path.realpath(recorded) != os.path.realpath(base):
+            return f"is not a LoRA adapter of the policy's base {base} (it records {recorded or 'no base'})"
+        return None
+    if is_adapter_dir(path):
+        return "is a LoRA adapter, and a full policy's critic is a full model (merge the reward adapter first)"
+    if _hidden_size(path) != _hidden_size(base):
+        return f"has another hidden size than the policy's base {base}"
+    return None
+
+
+def _hidden_size(path: str) -> int | None:
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return config.get("hidden_size", config.get("text_config", {}).get("hidden_size"))
+
+
+def _add_value_adapter_from_reward_adapter(policy: nn.Module, reward_adapter: str) -> torch.Tensor:
+    """The reward adapter's LoRA weights as the trainable "value" adapter; returns its score head's weight."""
+    from peft import LoraConfig, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    config = LoraConfig.from_pretrained(reward_adapter)
+    config.task_type, config.modules_to_save, config.inference_mode = "CAUSAL_LM", None, False
+    policy.add_adapter(VALUE, config)
+    saved = load_file(os.path.join(reward_adapter, "adapter_model.safetensors"))
+    set_peft_model_state_dict(policy, {k: v for k, v in saved.items() if ".lora_" in k}, adapter_name=VALUE)
+    (score,) = [v for k, v in saved.items() if k.endswith("score.weight")]
+    return score
+
+
+def _score_weight(reward_model: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    for name in sorted(os.listdir(reward_model)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(reward_model, name), framework="pt") as f:
+                for key in f.keys():
+                    if key == "score.weight" or key.endswith(".score.weight"):
+                        return f.get_tensor(key)
+    raise ConfigError(f"{reward_model}: no score.weight in its safetensors files: not a reward model from "
+                      "reward/train.py")
+
+
 def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningArguments, training_args: Any,
                        temperature: float = 1.0, resume_from: str | None = None,
-                       value_model: bool = True) -> ActorCritic:
+                       value_model: bool = True, critic: str | None = None) -> ActorCritic:
     """Load the policy, value model (unless value_model=False: GRPO, RLOO) and reference for a run,
     starting from the SFT adapter (or the base), or from the trainable weights in the checkpoint
-    `resume_from`."""
+    `resume_from`. critic: a reward model the value model and head start from (critic_start)."""
     base = resolve_model_path(model_args)
     value = None
+    critic = None if resume_from else critic  # a checkpoint holds the critic as trained so far
+    score = None
     if finetuning_args.finetuning_type == "lora":
         sft_adapter = model_args.adapter_name_or_path
         start = dataclasses.replace(model_args, adapter_name_or_path=resume_from or sft_adapter)
         policy = load_model(start, finetuning_args, training_args)
         if value_model and resume_from:
             policy.load_adapter(os.path.join(resume_from, VALUE_DIR), adapter_name=VALUE, is_trainable=True)
+        elif value_model and critic:
+            score = _add_value_adapter_from_reward_adapter(policy, critic)
         elif value_model:
             # Same shape as the policy adapter; zero-initialised B, so it starts as the base.
             value_config = copy.deepcopy(policy.peft_config[POLICY])
@@ -200,12 +282,16 @@ def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningAr
         hidden_size = policy.get_base_model().config.get_text_config().hidden_size
     else:
         def full(path: str, trainable: bool) -> nn.Module:
+            # A value model started from a reward model keeps its class (a sequence classifier) when saved.
+            task = "reward" if (model_architecture(path) or "").endswith("ForSequenceClassification") else "causal_lm"
             return load_model(dataclasses.replace(model_args, model_name_or_path=path), finetuning_args,
-                              training_args, is_trainable=trainable)
+                              training_args, is_trainable=trainable, task=task)
 
         policy = full(resume_from or base, True)
         if value_model:
-            value = full(os.path.join(resume_from, VALUE_DIR) if resume_from else base, True)
+            value = full(os.path.join(resume_from, VALUE_DIR) if resume_from else critic or base, True)
+            if critic:
+                score = _score_weight(critic)
         reference = full(base, False)
         if training_args is not None and training_args.gradient_checkpointing:
             for model in (policy, value):
@@ -214,6 +300,9 @@ def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningAr
         hidden_size = policy.config.get_text_config().hidden_size
 
     value_head = new_value_head(hidden_size, resume_from) if value_model else None
+    if score is not None:  # the reward model's head (no bias): the values start as its score of each prefix
+        with torch.no_grad():
+            value_head.weight.copy_(score.reshape(value_head.weight.shape))
     model = ActorCritic(policy, value_head, temperature, value_model=value, reference=reference)
     # PPO's ratio compares the rollout's log-probs with the update's: dropout would make them differ
     # before any weight has changed. eval() switches it off; gradients still flow.

@@ -22,7 +22,7 @@ from ..models.loader import (
     load_for_inference,
     load_trained_tokenizer,
 )
-from ..ppo import PPOTrainer, RewardModelScorer, build_actor_critic
+from ..ppo import PPOTrainer, RewardModelScorer, build_actor_critic, critic_start
 from ..ppo.rewards import load_reward_function
 from ..train.run_setup import prepare_training_run
 
@@ -35,7 +35,8 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
     with args.training.main_process_first(desc="tokenize"):  # one process fills the cache, the others read it
         prompts = build_prompts(tokenizer, args.data, "train")
     model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume,
-                               value_model=args.ppo.uses_value_model)
+                               value_model=args.ppo.uses_value_model,
+                               critic=critic_start(args.ppo, args.model, args.finetuning))
     scorer = None
     if args.ppo.reward_model:
         reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.ppo.reward_model), task="reward")
