@@ -439,3 +439,47 @@ def test_the_critic_starts_as_the_reward_model(tmp_path, policy_dir, tokenizer, 
     assert "critic: starts from the base with a zero value head" in caplog.text
     with pytest.raises(UserError, match=rf"--critic_model_name_or_path {re.escape(misfit)} is "):
         critic_start(PPOArguments(reward_model=rm_dir, critic_model_name_or_path=misfit), model_args, finetuning_args)
+
+
+# --------------------------------------------------------------------------- PPO-ptx
+
+
+def test_ptx_adds_the_supervised_loss_and_resumes_with_the_same_batches(tmp_path, policy_dir, reward_model_dir):
+    """--ptx_data_path: the SFT loss of its conversations joins every update (logged as ptx_loss) and falls as the
+    policy learns them; a run stopped and resumed draws the same ptx batches as one that never stopped."""
+    from tunesmith.recipes.ppo import run as main
+
+    prompts_file, ptx_file = tmp_path / "prompts.jsonl", tmp_path / "ptx.jsonl"
+    prompts_file.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in WORDS), encoding="utf-8")
+    conversations = [[{"role": "user", "content": f"Spell {w}."}, {"role": "assistant", "content": " ".join(w)}]
+                     for w in ("cat", "dog", "sun")]
+    ptx_file.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations), encoding="utf-8")
+
+    def flags(out: Path, steps: int) -> list[str]:
+        return ["--model_name_or_path", policy_dir, "--reward_model", reward_model_dir, "--data_path",
+                str(prompts_file), "--ptx_data_path", str(ptx_file), "--ptx_coef", "20", "--output_dir", str(out),
+                "--per_device_train_batch_size", "4", "--num_mini_batches", "2", "--max_new_tokens", "4",
+                "--ppo_epochs", "1", "--learning_rate", "3e-2", "--lr_scheduler_type", "constant", "--lora_r", "4",
+                "--save_steps", "2",
+                "--report_to", "none", "--max_steps", str(steps)]
+
+    whole = main(flags(tmp_path / "whole", 4)).log_history
+    ptx = [row["ptx_loss"] for row in whole]
+    assert ptx[-1] < ptx[0] - 0.5, ptx
+
+    main(flags(tmp_path / "resumed", 2))
+    resumed = main(flags(tmp_path / "resumed", 4)).log_history
+    assert [row["ptx_loss"] for row in resumed] == pytest.approx(ptx, abs=1e-5)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["--ptx_coef", "2"], r"--ptx_coef weighs the supervised loss of --ptx_data_path, which is not given"),
+    (["--ptx_data_path", "no/such.jsonl"], r"--ptx_data_path no/such.jsonl: "),
+    (["--ptx_data_path", str(ROOT / "data/demo/sft.jsonl"), "--ptx_coef", "0"], r"--ptx_coef must be > 0"),
+    (["--advantage", "grpo", "--samples_per_prompt", "2", "--critic_model_name_or_path", "base"],
+     r"--critic_model_name_or_path starts PPO's value model, and --advantage grpo has none"),
+])
+def test_ptx_and_critic_misuse_is_one_line(overrides, match):
+    with pytest.raises(UserError, match=match):
+        parse_run("ppo", ["--reward_model", str(ROOT), "--data_path", str(ROOT / "data/demo/prompts.jsonl"),
+                          *overrides])

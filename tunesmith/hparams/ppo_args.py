@@ -61,6 +61,18 @@ class PPOArguments(RewardSourceArguments):
                   "`base`: the policy's base with a zero value head. Default: --reward_model when it fits the policy, "
                   "else `base` (logged). gae only."},
     )
+    ptx_data_path: list[str] = field(
+        default_factory=list,
+        metadata={"help": "PPO-ptx (InstructGPT, DeepSpeed-Chat's unsupervised data): conversations in any SFT format "
+                  "whose supervised loss (the replies' tokens, as sft/train.py trains them, at most --max_prompt_length "
+                  "+ --max_new_tokens tokens) is added to the policy loss at every update, times --ptx_coef, so the "
+                  "policy keeps what SFT taught. Logged as ptx_loss."},
+    )
+    # None: 1.0 when --ptx_data_path is given (checked in hparams/rules.py: refused without it).
+    ptx_coef: float | None = field(
+        default=None,
+        metadata={"help": "Weight of the --ptx_data_path loss (default 1.0; InstructGPT used 27.8 on its own scale)."},
+    )
     kl_in_loss: bool = field(
         default=False,
         metadata={"help": "Add kl_coef times the KL to the reference to the loss (GRPO's way) instead of subtracting "
@@ -134,6 +146,13 @@ class PPOArguments(RewardSourceArguments):
     rollout_log_samples: int = field(
         default=1, metadata={"help": "Print this many (prompt, reply, score) samples at every log step."}
     )
+
+    @property
+    def ptx_weight(self) -> float:
+        """The weight of the supervised loss (0 without --ptx_data_path)."""
+        if not self.ptx_data_path:
+            return 0.0
+        return 1.0 if self.ptx_coef is None else self.ptx_coef
 
     def __post_init__(self) -> None:
         if self.kl_estimator is None:

@@ -249,6 +249,13 @@ RULES: list[Rule] = [
          "(the reward model's is --reward_model_weight)."),
     Rule("ppo_reward_model_path", ("ppo", "data"), lambda a: _missing_dir(a.ppo.reward_model),
          "--reward_model {path}: {problem} (train one with reward/train.py).", PathError),
+    Rule("ptx_files", ("ppo", "data"), lambda a: _first(a.ppo.ptx_data_path, problem_with_data_file),
+         "--ptx_data_path {path}: {problem}.", PathError),
+    Rule("ptx_coef_without_data", ("ppo", "data"), lambda a: a.ppo.ptx_coef is not None and not a.ppo.ptx_data_path,
+         "--ptx_coef weighs the supervised loss of --ptx_data_path, which is not given: add --ptx_data_path FILE "
+         "(SFT conversations) or drop --ptx_coef."),
+    Rule("ptx_coef", ("ppo", "data"), lambda a: a.ppo.ptx_coef is not None and not a.ppo.ptx_coef > 0,
+         "--ptx_coef must be > 0 (got {ppo.ptx_coef}); leave out --ptx_data_path to train without it."),
     Rule("critic_without_value_model", ("ppo", "data"),
          lambda a: a.ppo.critic_model_name_or_path is not None and a.ppo.advantage != "gae",
          "--critic_model_name_or_path starts PPO's value model, and --advantage {ppo.advantage} has none: drop it, "

@@ -32,10 +32,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..constants import IGNORE_INDEX
 from ..errors import ConfigError
 from ..hparams import FinetuningArguments, ModelArguments, PPOArguments
 from ..models.loader import load_model, resolve_model_path
 from ..utils.paths import adapter_config, is_adapter_dir, model_architecture
+from .core import logprobs_from_logits
 
 logger = logging.getLogger(__name__)
 
@@ -140,11 +142,24 @@ class ActorCritic(nn.Module):
         hidden = hidden[:, context_length - 1:-1]
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
+    def supervised_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        labels: torch.Tensor) -> torch.Tensor:
+        """PPO-ptx's term: the policy's cross-entropy per trained token, ``-mean_t log p(y_t)`` over the tokens whose
+        label is not IGNORE_INDEX (right-padded rows, temperature 1: the SFT loss itself)."""
+        logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+        targets = labels[:, 1:]
+        trained = targets != IGNORE_INDEX
+        logprobs = logprobs_from_logits(logits, targets.clamp(min=0))
+        return -(logprobs * trained).sum() / trained.sum().clamp(min=1)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                context_length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(policy logits, values); values None without a value model."""
+                context_length: int, ptx: tuple[torch.Tensor, ...] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(policy logits, values, PPO-ptx loss): values None without a value model, the loss None without ptx, a
+        batch (input_ids, attention_mask, labels). One forward of this module, so DeepSpeed sees one call."""
         args = (input_ids, attention_mask, position_ids, context_length)
-        return self.policy_logits(*args), self.values(*args) if self.has_value_model else None
+        return (self.policy_logits(*args), self.values(*args) if self.has_value_model else None,
+                self.supervised_loss(*ptx) if ptx is not None else None)
 
     # ------------------------------------------------------------------ saving
 

@@ -22,6 +22,7 @@ from accelerate.utils import DistributedType
 from transformers import get_scheduler
 
 from ..constants import METRICS_FILE, REWARD_PLOT_FILE
+from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
 from ..generation import Engine
 from ..hparams import PPOArguments, check, save_run_config, zero_stage
@@ -82,7 +83,7 @@ class PPOTrainer:
                  training_args: Any, reward_model: RewardModelScorer | None = None,
                  reward_fn: RewardFn | None = None, reward_funcs: Sequence[RewardFunction] | None = None,
                  run_configs: tuple = (), resume_from: str | None = None,
-                 lora_learning_rate: float | None = None) -> None:
+                 lora_learning_rate: float | None = None, ptx_dataset: Any = None) -> None:
         if reward_funcs is None:  # those ppo_args names (the recipe loads them itself, to fail before any weight loads)
             reward_funcs = [load_reward_function(spec) for spec in ppo_args.reward_funcs]
         if (reward_fn is None) == (reward_model is None and not reward_funcs):
@@ -96,6 +97,8 @@ class PPOTrainer:
         self.args, self.ppo = training_args, ppo_args
         self.tokenizer, self.prompts = tokenizer, prompts
         self.reward_model, self.reward_fn = reward_model, reward_fn
+        self.ptx_dataset = ptx_dataset  # PPO-ptx: encoded SFT records (input_ids, labels)
+        self._ptx_place = 0  # the micro-step (of the whole run) whose PPO-ptx batch comes next
         self.rewards = None if reward_fn else Rewards(tokenizer, reward_funcs, ppo_args.reward_weights, reward_model,
                                                       ppo_args.reward_model_weight)
         self.run_configs = run_configs
@@ -154,7 +157,7 @@ class PPOTrainer:
         self.engine = Engine(self.unwrapped.policy, tokenizer, synced=self.zero_stage == 3)
         self.step = 0
         self.log_history: list[dict[str, Any]] = []
-        self._perms: dict[int, torch.Tensor] = {}
+        self._perms: dict[Any, torch.Tensor] = {}  # seeded shuffles: prompts by pass, ("ptx", pass) for PPO-ptx
         if resume_from:
             self._load_state(resume_from)
 
@@ -237,6 +240,24 @@ class PPOTrainer:
         rank = self.accelerator.process_index
         return picked[rank * self.batch_size:(rank + 1) * self.batch_size]
 
+    def ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next PPO-ptx batch of micro_batch rows: consecutive places in seeded shuffles of the data (a new
+        shuffle for every pass), each process at its own places, a function of the step and micro-step alone,
+        so a resumed run draws what the uninterrupted one would have."""
+        micro_step, self._ptx_place = self._ptx_place, self._ptx_place + 1
+        first = (micro_step * self.accelerator.num_processes + self.accelerator.process_index) * self.micro_batch
+        rows = []
+        for place in range(first, first + self.micro_batch):
+            epoch, position = divmod(place, len(self.ptx_dataset))
+            key = ("ptx", epoch)
+            if key not in self._perms:
+                self._perms[key] = torch.randperm(len(self.ptx_dataset),
+                                                  generator=torch.Generator().manual_seed(self.args.seed + epoch))
+            rows.append(self.ptx_dataset[int(self._perms[key][position])])
+        batch = PaddingCollator(self.tokenizer.pad_token_id)(rows)
+        device = self.accelerator.device
+        return batch["input_ids"].to(device), batch["attention_mask"].to(device), batch["labels"].to(device)
+
     # ------------------------------------------------------------------ rollout
 
     @torch.no_grad()
@@ -296,6 +317,7 @@ class PPOTrainer:
         """ppo_epochs passes over the rollout in shuffled mini-batches, one optimizer step each."""
         sums: dict[str, float] = {}
         count = 0
+        self._ptx_place = self.step * self.ppo.ppo_epochs * math.ceil(r.query_ids.size(0) / self.micro_batch)
         for _ in range(self.ppo.ppo_epochs):
             order = torch.randperm(r.query_ids.size(0)).to(r.query_ids.device)
             for micro_rows in order.split(self.micro_batch):
@@ -307,7 +329,8 @@ class PPOTrainer:
         return {k: v / count for k, v in sums.items()}
 
     def _micro_step(self, r: Rollout, rows: torch.Tensor) -> dict[str, float]:
-        logits, values = self.model(*r.inputs(rows), r.context_length)
+        ptx = self.ptx_batch() if self.ptx_dataset is not None else None
+        logits, values, ptx_loss = self.model(*r.inputs(rows), r.context_length, ptx=ptx)
         logprobs = logprobs_from_logits(logits, r.response_ids[rows])
         mask = r.response_mask[rows]
         how = self.ppo.loss_aggregation
@@ -319,6 +342,9 @@ class PPOTrainer:
             loss = loss + self.ppo.vf_coef * vf_loss
             stats["value_loss"] = vf_loss.item()
             pg_stats |= vf_stats
+        if ptx_loss is not None:
+            loss = loss + self.ppo.ptx_weight * ptx_loss
+            stats["ptx_loss"] = ptx_loss.item()
         if self.ppo.kl_in_loss:
             kl_term = kl_loss(logprobs, r.ref_logprobs[rows], mask, self.ppo.kl_estimator, how)
             loss = loss + self.kl_ctl.value * kl_term

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from transformers import set_seed
+
 from ..boundary import entry_point
+from ..data.dataset import build_ptx_dataset
 from ..data.prompts import build_prompts
 from ..models.loader import (
     inference_model_args,
@@ -34,6 +37,8 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
     tokenizer = load_trained_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):  # one process fills the cache, the others read it
         prompts = build_prompts(tokenizer, args.data, "train")
+        ptx = build_ptx_dataset(tokenizer, args.ppo, args.data) if args.ppo.ptx_data_path else None
+    set_seed(args.training.seed)  # a new policy (and value) adapter is drawn at random: make it the same every run
     model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume,
                                value_model=args.ppo.uses_value_model,
                                critic=critic_start(args.ppo, args.model, args.finetuning))
@@ -49,6 +54,7 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
         run_configs=args.configs,
         resume_from=resume,
         lora_learning_rate=args.finetuning.lora_learning_rate,
+        ptx_dataset=ptx,
     )
     trainer.train()
     return trainer
