@@ -229,7 +229,7 @@ def test_saved_policy_adapter_reproduces_the_trained_policy(trained, tokenizer):
 
 
 def test_resume_continues_the_same_run(tmp_path, policy_dir, tokenizer, prompts):
-    settings = {"ppo": {"adaptive_kl": True, "kl_target": 0.1, "kl_horizon": 10},
+    settings = {"ppo": {"adaptive_kl": True, "kl_target": 0.1, "kl_horizon": 10, "ema_decay": 0.9},
                 "training": {"max_steps": 4, "save_strategy": "steps", "save_steps": 2}}
     straight = make_trainer(tmp_path / "a", policy_dir, tokenizer, prompts, **settings)
     straight_log = straight.train()
@@ -246,6 +246,8 @@ def test_resume_continues_the_same_run(tmp_path, policy_dir, tokenizer, prompts)
     for a, b in zip(straight_log, resumed_log):
         assert {k: v for k, v in a.items() if k not in TIME_KEYS} == pytest.approx(
             {k: v for k, v in b.items() if k not in TIME_KEYS}, rel=1e-4, abs=1e-5)
+    for name, average in straight.ema.average.items():  # the policy's moving average continues too
+        torch.testing.assert_close(resumed.ema.average[name], average, atol=1e-6, rtol=1e-5)
 
 
 def test_full_finetuning_keeps_a_separate_frozen_reference(tmp_path, policy_dir, tokenizer, prompts):
@@ -476,10 +478,45 @@ def test_ptx_adds_the_supervised_loss_and_resumes_with_the_same_batches(tmp_path
     (["--ptx_coef", "2"], r"--ptx_coef weighs the supervised loss of --ptx_data_path, which is not given"),
     (["--ptx_data_path", "no/such.jsonl"], r"--ptx_data_path no/such.jsonl: "),
     (["--ptx_data_path", str(ROOT / "data/demo/sft.jsonl"), "--ptx_coef", "0"], r"--ptx_coef must be > 0"),
+    (["--ema_decay", "1"], r"--ema_decay must be between 0 and 1, both excluded \(got 1.0\)"),
+    (["--ema_decay", "0.99", "--deepspeed", str(ROOT / "configs/ds_zero3.json")],
+     r"--ema_decay keeps a whole copy of the policy's weights, which ZeRO-3 holds only in shards"),
     (["--advantage", "grpo", "--samples_per_prompt", "2", "--critic_model_name_or_path", "base"],
      r"--critic_model_name_or_path starts PPO's value model, and --advantage grpo has none"),
 ])
-def test_ptx_and_critic_misuse_is_one_line(overrides, match):
+def test_ptx_ema_and_critic_misuse_is_one_line(overrides, match):
     with pytest.raises(UserError, match=match):
         parse_run("ppo", ["--reward_model", str(ROOT), "--data_path", str(ROOT / "data/demo/prompts.jsonl"),
                           *overrides])
+
+
+# --------------------------------------------------------------------------- EMA of the policy
+
+
+def test_ema_averages_the_policy_after_every_update_and_saves_a_loadable_adapter(tmp_path, policy_dir, tokenizer,
+                                                                                  prompts):
+    """--ema_decay d: after each optimizer step ema = d * ema + (1 - d) * policy, from the policy at step 0;
+    output_dir/ema is an adapter of the base that loads for chat/serve/eval with exactly those weights."""
+    trainer = make_trainer(tmp_path, policy_dir, tokenizer, prompts, ppo={"ema_decay": 0.5},
+                           training={"max_steps": 2})
+    weights = trainer.unwrapped.policy_weights()
+    assert weights and all(".lora_" in name and ".default." in name for name in weights)
+    expected = {name: p.detach().clone() for name, p in weights.items()}
+    update = trainer.ema.update
+
+    def update_and_follow() -> None:
+        update()
+        for name, p in weights.items():
+            expected[name] = 0.5 * expected[name] + 0.5 * p.detach()
+
+    trainer.ema.update = update_and_follow
+    trainer.train()
+    updates = 2 * trainer.ppo.ppo_epochs * trainer.ppo.num_mini_batches
+    assert trainer.optimizer.optimizer.state[next(iter(weights.values()))]["step"] == updates
+
+    loaded, _ = load_for_inference(inference_model_args(str(tmp_path / "ema")))
+    saved = dict(loaded.named_parameters())
+    for name, value in expected.items():
+        torch.testing.assert_close(saved[name], value, atol=1e-6, rtol=1e-5)
+        assert not torch.equal(value, weights[name].detach())  # the average lags the policy
+    assert (tmp_path / "ema" / "tokenizer_config.json").is_file()

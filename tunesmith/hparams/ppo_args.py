@@ -73,6 +73,12 @@ class PPOArguments(RewardSourceArguments):
         default=None,
         metadata={"help": "Weight of the --ptx_data_path loss (default 1.0; InstructGPT used 27.8 on its own scale)."},
     )
+    ema_decay: float | None = field(
+        default=None,
+        metadata={"help": "Keep an exponential moving average of the policy (DeepSpeed-Chat's --enable_ema, which uses "
+                  "0.992): after every update ema = decay * ema + (1 - decay) * policy. Saved as its own adapter (or "
+                  "model) in output_dir/ema, which chat, serve and eval load like the policy. Not with ZeRO-3."},
+    )
     kl_in_loss: bool = field(
         default=False,
         metadata={"help": "Add kl_coef times the KL to the reference to the loss (GRPO's way) instead of subtracting "

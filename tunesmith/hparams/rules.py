@@ -256,6 +256,11 @@ RULES: list[Rule] = [
          "(SFT conversations) or drop --ptx_coef."),
     Rule("ptx_coef", ("ppo", "data"), lambda a: a.ppo.ptx_coef is not None and not a.ppo.ptx_coef > 0,
          "--ptx_coef must be > 0 (got {ppo.ptx_coef}); leave out --ptx_data_path to train without it."),
+    Rule("ema_decay", ("ppo", "data"), lambda a: a.ppo.ema_decay is not None and not 0 < a.ppo.ema_decay < 1,
+         "--ema_decay must be between 0 and 1, both excluded (got {ppo.ema_decay}); 0.992 is DeepSpeed-Chat's."),
+    Rule("ema_zero3", ("ppo", "training"), lambda a: a.ppo.ema_decay is not None and zero_stage(a.training) == 3,
+         "--ema_decay keeps a whole copy of the policy's weights, which ZeRO-3 holds only in shards: use "
+         "configs/ds_zero2.json, or drop --ema_decay."),
     Rule("critic_without_value_model", ("ppo", "data"),
          lambda a: a.ppo.critic_model_name_or_path is not None and a.ppo.advantage != "gae",
          "--critic_model_name_or_path starts PPO's value model, and --advantage {ppo.advantage} has none: drop it, "

@@ -84,6 +84,11 @@ class ActorCritic(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if id(p) in self._trainable]
 
+    def policy_weights(self) -> dict[str, nn.Parameter]:
+        """The policy's trained weights by their name in self.policy (its LoRA adapter, or every weight)."""
+        return {name: p for name, p in self.policy.named_parameters() if id(p) in self._trainable
+                and (not self.is_lora or f".{POLICY}." in name)}
+
     def frozen_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         return ((n, p) for n, p in self.named_parameters() if id(p) not in self._trainable)
 

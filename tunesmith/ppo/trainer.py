@@ -36,6 +36,7 @@ from ..train.checkpoints import (
     rotate_checkpoints,
     staging_dir,
 )
+from ..train.ema import WeightAverage
 from ..train.param_groups import split_lora_groups
 from ..utils.io import atomic_write_json, atomic_write_jsonl
 from .core import (
@@ -52,7 +53,7 @@ from .core import (
     policy_loss,
     value_loss,
 )
-from .models import VALUE_DIR, ActorCritic
+from .models import POLICY, VALUE_DIR, ActorCritic
 from .rewards import RewardFunction, Rewards, load_reward_function
 from .rollout import (
     RewardFn,
@@ -67,6 +68,7 @@ from .rollout import (
 logger = logging.getLogger(__name__)
 
 LOG_FILE = METRICS_FILE  # one JSON line per step, as every stage writes
+EMA_DIR = "ema"  # the averaged policy (--ema_decay), inside an output folder
 
 
 class PPOTrainer:
@@ -142,6 +144,7 @@ class PPOTrainer:
         if getattr(training_args, "hf_deepspeed_config", None) is not None:
             fill_deepspeed_config(training_args, model.policy, self.micro_batch, updates, self.accelerator.num_processes)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.ema = WeightAverage(self.unwrapped.policy_weights(), ppo_args.ema_decay) if ppo_args.ema_decay else None
         self.zero_stage = zero_stage(training_args) if self.accelerator.distributed_type == DistributedType.DEEPSPEED else 0
         if reward_model is not None:
             reward_model.model = self._prepare_reward_model(reward_model.model)
@@ -357,6 +360,8 @@ class PPOTrainer:
         self.optimizer.step()
         if self.accelerator.sync_gradients and not self.accelerator.optimizer_step_was_skipped:
             self.scheduler.step()
+            if self.ema is not None:
+                self.ema.update()
         self.optimizer.zero_grad()
         stats |= {k: float(v) for k, v in pg_stats.items()}
         return stats
@@ -442,9 +447,16 @@ class PPOTrainer:
         if empty:
             raise RuntimeError(f"{directory}: saved {len(empty)} empty tensors ({empty[:3]}...): ZeRO-3 shards were "
                                "not gathered")
-        self.tokenizer.save_pretrained(str(directory))
-        if self.run_configs:
-            save_run_config(str(directory), *self.run_configs)
+        folders = [directory]
+        if self.ema is not None:  # the averaged policy, loadable like the policy itself
+            policy = self.unwrapped.policy
+            self.ema.save_model(policy, str(directory / EMA_DIR),
+                                **({"selected_adapters": [POLICY]} if self.unwrapped.is_lora else {}))
+            folders.append(directory / EMA_DIR)
+        for folder in folders:
+            self.tokenizer.save_pretrained(str(folder))
+            if self.run_configs:
+                save_run_config(str(folder), *self.run_configs)
 
     def save_checkpoint(self) -> str:
         """output_dir/checkpoint-<step>: weights, optimizer (one file per process: under DeepSpeed
@@ -468,6 +480,8 @@ class PPOTrainer:
         if acc.is_main_process:
             self._write_weights(tmp, weights)
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            if self.ema is not None:
+                self.ema.save_state(str(tmp))
             atomic_write_json(tmp / STATE_FILE, {"step": self.step, "total_steps": self.total_steps,
                                                  "kl_coef": self.kl_ctl.value, "log_history": self.log_history})
             publish_checkpoint(tmp, final)
@@ -495,6 +509,8 @@ class PPOTrainer:
         rank = self.accelerator.process_index
         self._load_optimizer_state(ckpt / f"optimizer-rank{rank}.pt")
         self.scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
+        if self.ema is not None:
+            self.ema.load_state(str(ckpt))
         rng = torch.load(ckpt / f"rng-rank{rank}.pt")
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
