@@ -285,3 +285,27 @@ def test_lora_learning_rate_moves_lora_and_the_score_head_at_their_own_rates(tin
     lora_b_step = max(p.detach().abs().max().item() for n, p in trainer.model.named_parameters() if ".lora_B." in n)
     assert head_step == pytest.approx(1e-3, rel=0.05)
     assert lora_b_step == pytest.approx(2e-2, rel=0.05)
+
+
+def test_score_renders_a_row_with_its_tools_as_training_does(default_model_path):
+    """reward/score.py scores the very tokens the reward model trained on: a row's `tools` are rendered (the
+    chatml_tools template lists them in the system turn), for pairs and conversations alike."""
+    from tunesmith.data.formats import Row
+    from tunesmith.data.preference import encode_pair_record, pair_from_row
+    from tunesmith.models.loader import load_tokenizer
+    from tunesmith.recipes.score import _sequences
+
+    tokenizer = load_tokenizer(ModelArguments(model_name_or_path=default_model_path, chat_template="chatml_tools"))
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}}}}]
+    pair = Row("p.jsonl", 1, {"prompt": [{"role": "user", "content": "Weather in Paris?"}],
+                              "chosen": [{"role": "assistant", "content": "Let me check."}],
+                              "rejected": [{"role": "assistant", "content": "No."}], "tools": tools})
+    trained = encode_pair_record(tokenizer, pair_from_row(pair), 512).records[0]
+    assert _sequences(tokenizer, pair, 512) == [trained["chosen_ids"], trained["rejected_ids"]]
+    assert "get_weather" in tokenizer.decode(trained["chosen_ids"])
+
+    conversation = Row("c.jsonl", 1, {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                                                   {"role": "assistant", "content": "Let me check."}], "tools": tools})
+    assert _sequences(tokenizer, conversation, 512) == [trained["chosen_ids"]]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..boundary import entry_point
-from ..data.formats import Row, conversation_from_row, load_items
+from ..data.formats import Row, conversation_from_row, load_items, row_tools
 from ..data.preference import encode_pair, is_pair_row, pair_from_row
 from ..hparams import DataArguments, ScoreArguments, parse_run
 from ..models.loader import load_for_inference
@@ -27,13 +27,15 @@ logger = logging.getLogger(__name__)
 
 
 def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[int]] | None:
-    """The token sequences a row asks to score, or None when they do not fit."""
+    """The token sequences a row asks to score, or None when they do not fit: rendered as training renders them,
+    the row's tools included."""
     if is_pair_row(row):
         pair = pair_from_row(row)
-        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length)
+        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, row_tools(row))
         return None if enc is None else [enc.chosen_ids, enc.rejected_ids]
-    messages = conversation_from_row(row).messages
-    enc = encode_pair(tokenizer, messages[:-1], messages[-1:], messages[-1:], max_length)
+    conversation = conversation_from_row(row)
+    messages = conversation.messages
+    enc = encode_pair(tokenizer, messages[:-1], messages[-1:], messages[-1:], max_length, conversation.tools)
     return None if enc is None else [enc.chosen_ids]
 
 
