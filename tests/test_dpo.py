@@ -294,3 +294,21 @@ def test_shipped_config_and_command():
     assert run.model.adapter_name_or_path == "outputs/sft_demo" and run.dpo.loss_type == "sigmoid"
     assert run.data.eval_data_path == ["data/demo/preference_eval.jsonl"]
     assert "dpo " in usage()
+
+
+def test_simpo_margin_is_simpo_gamma_and_the_old_gamma_stops_with_its_new_name(tmp_path):
+    """--gamma meant SimPO's margin in DPO and the GAE discount in PPO; now one meaning per flag."""
+    from tunesmith.hparams import parse_run
+
+    root = Path(__file__).resolve().parents[1]
+    data = str(root / "data/demo/preference.jsonl")
+    args = parse_run("dpo", ["--data_path", data, "--loss_type", "simpo", "--simpo_gamma", "0.8"])
+    assert args.dpo.simpo_gamma == 0.8
+    with pytest.raises(ConfigError, match=r"^--gamma is renamed: use --simpo_gamma \(SimPO's target margin"):
+        parse_run("dpo", ["--data_path", data, "--gamma", "0.8"])
+    config = tmp_path / "dpo.yaml"
+    config.write_text(f"data_path: {data}\ngamma: 0.8\n")
+    with pytest.raises(ConfigError, match=r"dpo.yaml:2: gamma is renamed: use simpo_gamma"):
+        parse_run("dpo", [str(config)])
+    assert parse_run("ppo", ["--data_path", str(root / "data/demo/prompts.jsonl"), "--reward_model", str(root),
+                             "--gamma", "0.9"]).ppo.gamma == 0.9

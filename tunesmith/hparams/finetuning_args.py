@@ -61,7 +61,7 @@ class DPOArguments:
         default="sigmoid",
         metadata={"help": "sigmoid: DPO against a reference (the model the run starts from: the adapter it continues, the base without its adapter, or with --finetuning_type full a frozen copy). ipo: IPO's squared loss "
                   "on length-averaged log-probs, against the reference. simpo: SimPO, reference-free, "
-                  "length-normalised, with margin --gamma. orpo: ORPO, the chosen reply's NLL plus --beta times "
+                  "length-normalised, with margin --simpo_gamma. orpo: ORPO, the chosen reply's NLL plus --beta times "
                   "an odds-ratio term, reference-free."},
     )
     beta: float = field(
@@ -69,7 +69,8 @@ class DPOArguments:
         metadata={"help": "sigmoid/ipo: how far from the reference the policy may move (smaller: further). simpo: "
                   "the reward scale. orpo: the weight (lambda) of the odds-ratio term beside the NLL."},
     )
-    gamma: float = field(default=0.5, metadata={"help": "SimPO's target margin between chosen and rejected rewards."})
+    simpo_gamma: float = field(default=0.5,
+                               metadata={"help": "SimPO's target margin between chosen and rejected rewards."})
     label_smoothing: float = field(
         default=0.0,
         metadata={"help": "sigmoid only: the assumed fraction of pairs whose labels are flipped (conservative DPO); "

@@ -46,6 +46,12 @@ DEPRECATED_FLAGS = {
 }
 DEPRECATED_UNTIL = "0.3"
 
+# Old spelling -> the flag that now carries its meaning, where the old name kept another meaning elsewhere: not
+# mapped silently (a DPO config with `gamma` would otherwise mean something else in PPO); refused in one line.
+MEANING_MOVED = {
+    "gamma": ("simpo_gamma", "SimPO's target margin is --simpo_gamma; --gamma is only PPO's GAE discount"),
+}
+
 RUN_CONFIG_HELP = (
     "Run config: the first argument may be a YAML or JSON file of `flag: value` lines (see configs/); flags\n"
     "given after it override it. Errors print one line and exit with status 2; --debug (or\n"
@@ -209,7 +215,15 @@ def _unknown_message(unknown: list[str], flags: set[str]) -> str:
     if not first.startswith("-"):
         return f"unexpected value {first!r}: every value follows its --flag (see --help)"
     name = first.lstrip("-").partition("=")[0]
-    return f"unknown flag --{name}{_suggestion(name, flags)}"
+    return _moved(name, flags, "--") or f"unknown flag --{name}{_suggestion(name, flags)}"
+
+
+def _moved(name: str, flags: set[str], prefix: str) -> str | None:
+    """The line for a flag whose meaning moved to another name in this stage, else None."""
+    new, why = MEANING_MOVED.get(name, (None, ""))
+    if new not in flags:
+        return None
+    return f"{prefix}{name} is renamed: use {prefix}{new} ({why})"
 
 
 def config_file_to_argv(path: str, flags: set[str]) -> list[str]:
@@ -235,7 +249,9 @@ def config_file_to_argv(path: str, flags: set[str]) -> list[str]:
         where = f"run config {path}:{_line_of(text, key)}"
         if key not in flags:
             if DEPRECATED_FLAGS.get(key) not in flags:
-                raise ConfigError(f"{where}: unknown key `{key}`{_suggestion(key, flags, prefix='')}")
+                moved = _moved(key, flags, "")
+                raise ConfigError(f"{where}: {moved}" if moved
+                                  else f"{where}: unknown key `{key}`{_suggestion(key, flags, prefix='')}")
         if isinstance(value, dict):
             raise ConfigError(f"{where}: `{key}` is a mapping; give a file path instead (e.g. a DeepSpeed json).")
         argv.extend(_renamed([f"--{key}"], flags, where))

@@ -181,7 +181,7 @@ class DPOTrainer(PairTrainer):
         ref_c, ref_r = reference.chunk(2) if reference is not None else (None, None)
         args = self.dpo_args
         result = preference_loss(args.loss_type, policy_c, policy_r, length_c, length_r, ref_c, ref_r,
-                                 beta=args.beta, gamma=args.gamma, label_smoothing=args.label_smoothing)
+                                 beta=args.beta, gamma=args.simpo_gamma, label_smoothing=args.label_smoothing)
         return result, pair_statistics(result, policy_c, policy_r)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
