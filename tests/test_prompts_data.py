@@ -69,17 +69,27 @@ def test_empty_prompt_file_is_an_error(tmp_path):
         load_prompts([str(tmp_path / "empty.jsonl")])
 
 
-def test_encode_uses_the_chat_template_and_drops_prompts_that_are_too_long(tmp_path, tokenizer, caplog):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "short"}, {"prompt": "long " * 200}])
+def test_encode_uses_the_chat_template_and_fits_long_prompts_as_chat_does(tmp_path, tokenizer, caplog):
+    """--max_prompt_length means one thing in every stage: the oldest whole turns leave a prompt that is too long
+    (the system prompt and the last turn stay, as in chat); a prompt too long even then is dropped and counted."""
+    system = {"role": "system", "content": "Be brief."}
+    history = [{"role": "user", "content": "long " * 100}, {"role": "assistant", "content": "ok"}]
+    rows = [{"prompt": "short"}, {"prompt": "long " * 200},
+            {"messages": [system, *history, {"role": "user", "content": "And now?"}]}]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
     prompts = load_prompts([path])
-    limit = len(encode_prompt(tokenizer, prompts[0].messages))
+    last_turn = [system, {"role": "user", "content": "And now?"}]
+    limit = max(len(encode_prompt(tokenizer, prompts[0].messages)), len(encode_prompt(tokenizer, last_turn)))
     with caplog.at_level(logging.WARNING, logger="tunesmith"):
         kept = encode_prompts(tokenizer, prompts, max_length=limit)
-    assert [p.row.line for p in kept] == [1]
+    assert [p.row.line for p in kept] == [1, 3]
     assert list(kept[0].input_ids) == encode_prompt(tokenizer, prompts[0].messages)
     assert tokenizer.decode(kept[0].input_ids).endswith("<|im_start|>assistant\n")
-    assert "prompts: 2 prompts -> 1 kept (1 dropped: longer than max_prompt_length)" in caplog.text
-    with pytest.raises(DataError, match=r"p.jsonl\): every prompt is longer than --max_prompt_length 3 tokens"):
+    assert kept[1].messages == last_turn and list(kept[1].input_ids) == encode_prompt(tokenizer, last_turn)
+    assert ("prompts: 3 prompts -> 2 kept (1 without their oldest turns, 1 dropped: the system prompt and last turn "
+            "alone are longer than max_prompt_length)") in caplog.text
+    with pytest.raises(DataError, match=r"p.jsonl\): every prompt's system prompt and last turn alone are longer "
+                                        r"than --max_prompt_length 3 tokens"):
         encode_prompts(tokenizer, prompts, max_length=3)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, USER
 from ..data.formats import Message
-from ..data.template import encode_prompt
+from ..data.template import PromptTooLong, encode_prompt, fit_prompt
 from ..generation import Engine, SamplingParams
 from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
@@ -26,10 +26,6 @@ COMMANDS = ("/clear (forget the history; the system prompt stays), /system TEXT 
 # Words that leave when typed alone, in a terminal only: there a person typing just `quit` means it,
 # while a piped line is data (a script ends with /quit or the end of its input).
 BARE_QUIT_WORDS = ("quit", "exit")
-
-
-class PromptTooLong(ValueError):
-    """The system prompt and the new message alone exceed the token budget."""
 
 
 @dataclass
@@ -72,21 +68,13 @@ class ChatSession:
 
     def context(self, user_text: str) -> list[Message]:
         """The messages to render for the next reply: system prompt, the newest whole turns that fit
-        the token budget together with the new message, and the new message."""
+        the token budget together with the new message (data/template.fit_prompt), and the new message."""
         head = [{"role": SYSTEM, "content": self.system}] if self.system else []
-        new = [{"role": USER, "content": user_text}]
-        first = self._first_turn
-        while True:
-            window = head + self.messages[2 * first:] + new
-            size = len(encode_prompt(self.tokenizer, window))
-            if size <= self.max_prompt_length:
-                break
-            if 2 * first >= len(self.messages):
-                raise PromptTooLong(
-                    f"the message and system prompt alone take {size} tokens, more than --max_prompt_length "
-                    f"{self.max_prompt_length}: shorten them or raise --max_prompt_length"
-                )
-            first += 1
+        try:
+            _, window, first = fit_prompt(self.tokenizer, head + self.messages + [{"role": USER, "content": user_text}],
+                                          self.max_prompt_length, first_turn=self._first_turn)
+        except PromptTooLong as e:
+            raise PromptTooLong(f"{e}: shorten them or raise --max_prompt_length") from None
         if first > self._first_turn:
             dropped = first - self._first_turn
             self.notify(f"note: the oldest {'turn' if dropped == 1 else f'{dropped} turns'} left the model's context "

@@ -21,7 +21,7 @@ from ..hparams import PromptDataArguments
 from .dataset import DataKind, ItemEncoding, build_dataset, encode_items, report_encoding
 from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
 from .hh import DAHOAS, hh_kind, hh_prompt
-from .template import encode_prompt
+from .template import PromptTooLong, fit_prompt
 
 ANSWER_FIELD = "answer"  # the reference answer of a verifiable task, for reward functions such as exact_answer
 
@@ -74,14 +74,17 @@ def load_prompts(paths: Sequence[str], max_samples: int | None = None) -> list[P
 
 
 def encode_prompt_record(tokenizer: Any, prompt: Prompt, max_length: int) -> ItemEncoding | None:
-    """The prompt rendered by the chat template (asking for the assistant's reply); None when longer
-    than max_length tokens: cutting a prompt would drop the question the reply must answer."""
-    ids = encode_prompt(tokenizer, prompt.messages, tools=row_tools(prompt.row))
-    if len(ids) > max_length:
+    """The prompt rendered by the chat template (asking for the assistant's reply), without its oldest whole
+    turns while longer than max_length tokens, as chat fits its history (template.fit_prompt); None when the
+    system prompt and the last turn alone are too long: cutting into them would drop the question the reply
+    must answer."""
+    try:
+        ids, messages, first = fit_prompt(tokenizer, prompt.messages, max_length, tools=row_tools(prompt.row))
+    except PromptTooLong:
         return None
     # Messages and the row as JSON: their keys vary from row to row, which a table column cannot hold.
-    return ItemEncoding([{"input_ids": ids, "messages": json.dumps(prompt.messages, ensure_ascii=False),
-                          "row": json.dumps(prompt.row.data, ensure_ascii=False)}])
+    return ItemEncoding([{"input_ids": ids, "messages": json.dumps(messages, ensure_ascii=False),
+                          "row": json.dumps(prompt.row.data, ensure_ascii=False)}], truncated=first > 0)
 
 
 def prompt_from_record(record: dict) -> Prompt:
@@ -91,13 +94,16 @@ def prompt_from_record(record: dict) -> Prompt:
 
 PROMPTS = DataKind(
     name="prompts",
-    version="4",  # 3: a malformed `answer` field is refused; 4: HH transcripts (hh.py)
+    # 3: a malformed `answer` field is refused; 4: HH transcripts (hh.py); 5: long prompts lose their oldest turns
+    version="5",
     from_row=prompt_from_row,
     settings=lambda data_args: {"max_length": data_args.max_prompt_length},
     encode_one=encode_prompt_record,
-    dropped_because="longer than max_prompt_length",
-    report_line="{name}: {rows} prompts -> {kept} kept ({dropped} dropped: {dropped_because})",
-    nothing_kept="every prompt is longer than --max_prompt_length {max_length} tokens: raise it",
+    dropped_because="the system prompt and last turn alone are longer than max_prompt_length",
+    report_line="{name}: {rows} prompts -> {kept} kept ({truncated} without their oldest turns, {dropped} dropped: "
+                "{dropped_because})",
+    nothing_kept="every prompt's system prompt and last turn alone are longer than --max_prompt_length {max_length} "
+                 "tokens: raise it",
 )
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG
+from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG, SYSTEM, USER
 from ..errors import TemplateError
 from .formats import Message
 
@@ -127,6 +127,32 @@ def encode_prompt(tokenizer: Any, messages: list[Message], tools: list[dict] | N
     """Token ids that ask the model for the next assistant reply (what chat and PPO generate from)."""
     text = render_text(tokenizer, messages, add_generation_prompt=True, tools=tools)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+class PromptTooLong(ValueError):
+    """The system prompt and the last turn alone exceed --max_prompt_length."""
+
+
+def fit_prompt(tokenizer: Any, messages: list[Message], max_length: int, tools: list[dict] | None = None,
+               first_turn: int = 0) -> tuple[list[int], list[Message], int]:
+    """What --max_prompt_length does everywhere (chat, PPO/GRPO prompts, evaluation prompts): a prompt longer than
+    max_length tokens loses its oldest whole turns (a turn: a user message and what follows it up to the next
+    one), the system prompt and the last turn always kept, since the reply must answer them. first_turn: turns
+    before it are out already. Returns (token ids, the messages kept, the index of the first turn kept); raises
+    PromptTooLong when the system prompt and the last turn alone do not fit."""
+    head = [m for m in messages[:1] if m["role"] == SYSTEM]
+    body = messages[len(head):]
+    starts = [i for i, m in enumerate(body) if m["role"] == USER] or [0]
+    first = min(first_turn, len(starts) - 1)
+    while True:
+        kept = head + body[starts[first]:]
+        ids = encode_prompt(tokenizer, kept, tools)
+        if len(ids) <= max_length:
+            return ids, kept, first
+        if first == len(starts) - 1:
+            raise PromptTooLong(f"the system prompt and the last message alone take {len(ids)} tokens, more than "
+                                f"--max_prompt_length {max_length}")
+        first += 1
 
 
 @dataclass

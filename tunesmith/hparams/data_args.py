@@ -104,5 +104,7 @@ class SFTDataArguments(TrainDataArguments):
 class PromptDataArguments(DataFileArguments):
     max_prompt_length: int = field(
         default=512,
-        metadata={"help": "Prompts longer than this many tokens (after the chat template) are dropped, and counted."},
+        metadata={"help": "Prompts longer than this many tokens (after the chat template) lose their oldest whole turns, "
+                  "as chat's history does; one whose system prompt and last turn alone are longer is dropped, and "
+                  "counted."},
     )

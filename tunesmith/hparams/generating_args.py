@@ -37,7 +37,7 @@ class ChatArguments:
     max_prompt_length: int = field(
         default=2048,
         metadata={"help": "Longest prompt in tokens (system prompt + history + new message); the oldest whole "
-                  "turns are dropped to fit."},
+                  "turns are dropped to fit, as for PPO/GRPO prompts; a message too long even alone is refused."},
     )
     output: Literal["text", "jsonl"] = field(
         default="text",
