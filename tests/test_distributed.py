@@ -175,7 +175,7 @@ def test_two_rank_reward_adapter_saves_its_trained_score_head(tiny_model_dir, pr
     # The evaluation at the end of the run (each rank scored half of the pairs) saw the scores the saved
     # adapter gives in one process.
     results = score.run(["--model_name_or_path", str(out), "--data_path", preference_data["eval"],
-                          "--output_jsonl", str(tmp_path / "scores.jsonl")])
+                          "--output_file", str(tmp_path / "scores.jsonl")])
     chosen, rejected = (torch.tensor([r[side] for r in results]) for side in ("chosen", "rejected"))
     metrics = json.loads((out / "eval_results.json").read_text())
     assert metrics["eval_chosen_score"] == pytest.approx(chosen.mean().item(), abs=1e-4)

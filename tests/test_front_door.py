@@ -71,6 +71,13 @@ def test_old_flag_spellings_still_work_with_a_deprecation_line(tmp_path, tiny_mo
         assert parse_run("chat", [str(config)]).chat.max_prompt_length == 64
     assert f"run config {config}:1: --max_input_tokens is deprecated, use --max_prompt_length" in caplog.text
 
+    # score and inspect wrote --output_jsonl; every command's output file is --output_file now
+    with caplog.at_level(logging.WARNING, logger="tunesmith"):
+        run = parse_run("score", ["--model_name_or_path", tiny_model_dir, "--data_path", str(config),
+                                  "--output_jsonl", "s.jsonl"])
+    assert run.score.output_file == "s.jsonl"
+    assert "--output_jsonl is deprecated, use --output_file" in caplog.text
+
 
 def test_an_adapter_given_as_the_model_becomes_the_adapter_on_its_recorded_base(tmp_path, tiny_model_dir):
     adapter = _adapter_dir(tmp_path, tiny_model_dir)

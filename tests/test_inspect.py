@@ -16,11 +16,11 @@ ROWS = [
 ]
 
 
-def test_output_jsonl_matches_masking_in_input_order(tmp_path, default_model_path, tokenizer, capsys):
+def test_output_file_matches_masking_in_input_order(tmp_path, default_model_path, tokenizer, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     out = tmp_path / "encoded.jsonl"
-    inspect_main(["--model_name_or_path", default_model_path, "--data_path", str(data), "--output_jsonl", str(out),
+    inspect_main(["--model_name_or_path", default_model_path, "--data_path", str(data), "--output_file", str(out),
                   "--color", "never"])
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["line"] for r in lines] == [1, 2, 3]
@@ -36,7 +36,7 @@ def test_rows_with_nothing_trainable_are_marked_dropped(tmp_path, default_model_
     data.write_text(json.dumps(ROWS[0]) + "\n")
     out = tmp_path / "encoded.jsonl"
     # The default system prompt alone is longer than 10 tokens: no reply fits.
-    inspect_main(["--model_name_or_path", default_model_path, "--data_path", str(data), "--output_jsonl", str(out),
+    inspect_main(["--model_name_or_path", default_model_path, "--data_path", str(data), "--output_file", str(out),
                   "--max_seq_length", "10", "--show", "0"])
     (row,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert row["dropped"] is True and len(row["input_ids"]) > 10  # shown whole, so the reader sees why

@@ -181,7 +181,7 @@ def test_training_lowers_the_loss_and_scores_survive_save_and_load(
 
     # ...equals the saved model scored by reward/score.py (mixed rows, one output line per row, in order).
     results = score.run(["--model_name_or_path", str(out), "--data_path", preference_files["mixed"],
-                          "--output_jsonl", str(tmp_path / "scores.jsonl"), "--batch_size", "2"])
+                          "--output_file", str(tmp_path / "scores.jsonl"), "--batch_size", "2"])
     written = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
     assert written == results and [sorted(r) for r in results] == [
         ["chosen", "rejected"], ["score"], ["score"], ["chosen", "rejected"]]

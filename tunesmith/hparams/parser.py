@@ -43,6 +43,7 @@ DEPRECATED_FLAGS = {
     "sft": "baseline",
     "ppo": "policy",
     "eval_split_ratio": "val_size",
+    "output_jsonl": "output_file",  # score and inspect, now named as every other command's output file
 }
 DEPRECATED_UNTIL = "0.3"
 

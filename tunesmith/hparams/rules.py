@@ -403,8 +403,8 @@ RULES: list[Rule] = [
          "--max_relative_logit_diff must be >= 0 (got {export.max_relative_logit_diff}); leave it out for the "
          "default of the --dtype."),
     # -- score and evaluation
-    Rule("score_output_given", ("score",), lambda a: not a.score.output_jsonl,
-         "--output_jsonl is required: where to write one line of scores per input row."),
+    Rule("score_output_given", ("score",), lambda a: not a.score.output_file,
+         "--output_file is required: where to write one line of scores per input row."),
     Rule("eval_models_given", ("evaluation",),
          lambda a: not (a.evaluation.policy and (a.evaluation.baseline or is_adapter_dir(a.evaluation.policy))
                         and (a.evaluation.reward_model or a.evaluation.reward_funcs)),

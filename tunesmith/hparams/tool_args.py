@@ -102,7 +102,7 @@ class ScoreArguments:
     role: ClassVar[str] = "score"
     _argument_group_name: ClassVar[str] = "scoring"
 
-    output_jsonl: str | None = field(
+    output_file: str | None = field(
         default=None, metadata={"help": "Where to write one JSON line of scores per input row."}
     )
     batch_size: int = field(default=8, metadata={"help": "Sequences per forward pass."})
@@ -113,7 +113,7 @@ class InspectArguments:
     role: ClassVar[str] = "inspect"
     _argument_group_name: ClassVar[str] = "inspect"
 
-    output_jsonl: str | None = field(default=None, metadata={"help": "Write input_ids/labels per input row here."})
+    output_file: str | None = field(default=None, metadata={"help": "Write input_ids/labels per input row here."})
     show: int = field(default=5, metadata={"help": "How many examples to print (0: none, -1: all)."})
     color: str = field(default="auto", metadata={"help": "auto (when stdout is a terminal), always, never."})
 

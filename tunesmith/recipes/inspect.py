@@ -2,9 +2,9 @@
 highlighted (green in a terminal, wrapped in ⟦…⟧ otherwise), and the counts.
 
     tunesmith inspect --data_path data/demo/sft.jsonl --max_samples 3
-    tunesmith inspect --data_path F --max_seq_length 256 --output_jsonl encoded.jsonl
+    tunesmith inspect --data_path F --max_seq_length 256 --output_file encoded.jsonl
 
---output_jsonl writes one JSON line per input row, in input order: its source, input_ids and labels
+--output_file writes one JSON line per input row, in input order: its source, input_ids and labels
 (IGNORE_INDEX = -100 where nothing is trained), or `"dropped": true` when nothing trainable fits.
 """
 
@@ -33,8 +33,8 @@ def run(argv: Sequence[str] | None = None) -> list[dict]:
         if "error" not in r:
             print(highlight_trained(tokenizer, r["input_ids"], r["labels"], color))
     print(summary(records))
-    if args.inspect.output_jsonl:
-        atomic_write_jsonl(args.inspect.output_jsonl, records)
+    if args.inspect.output_file:
+        atomic_write_jsonl(args.inspect.output_file, records)
     return records
 
 

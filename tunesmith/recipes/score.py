@@ -2,7 +2,7 @@
 load the reward model -> read rows -> render as in training -> score -> write.
 
     python reward/score.py --model_name_or_path outputs/rm_demo --data_path data/demo/preference_eval.jsonl \\
-        --output_jsonl outputs/rm_demo/eval_scores.jsonl
+        --output_file outputs/rm_demo/eval_scores.jsonl
 
 Each input row gives one output line, in order: a preference pair {"chosen": s, "rejected": s}, a
 conversation ending with an assistant turn {"score": s}; null where --max_seq_length drops it. Pairs
@@ -66,10 +66,10 @@ def run(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_run("score", argv, __doc__)
     model, tokenizer = load_for_inference(args.model, task="reward")
     results = score_file(model, tokenizer, args.data, args.score)
-    atomic_write_jsonl(args.score.output_jsonl, results)
+    atomic_write_jsonl(args.score.output_file, results)
     skipped = sum(None in r.values() for r in results)
     print(f"{' '.join(args.data.data_path)}: scored {len(results) - skipped} of {len(results)} rows -> "
-          f"{args.score.output_jsonl}"
+          f"{args.score.output_file}"
           + (f" ({skipped} did not fit in --max_seq_length {args.data.max_seq_length}: null)" if skipped else ""))
     summary = pair_summary(results)
     if summary:
