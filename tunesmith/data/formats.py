@@ -325,7 +325,8 @@ def _message(row: Row, role: str, source: dict, where: str, content_key: str) ->
 
 
 def _loss_flags(row: Row, source: dict, message: Message, where: str) -> None:
-    """`"loss": false` (tunesmith) or `"weight": 0` (OpenAI fine-tuning) keep a reply as context only."""
+    """`"loss": false` (tunesmith), `"weight": 0` (OpenAI fine-tuning) or `"loss_weight": 0` (LLaMA-Factory) keep
+    a reply as context only; 1 (or true) trains it. Any other weight is refused, never rounded or ignored."""
     if LOSS_FLAG in source:
         if not isinstance(source[LOSS_FLAG], bool):
             raise row.error("expected true or false", f"{where}.{LOSS_FLAG}")
@@ -334,7 +335,9 @@ def _loss_flags(row: Row, source: dict, message: Message, where: str) -> None:
         if key not in source:
             continue
         if source[key] not in (0, 1) or isinstance(source[key], bool):
-            raise row.error(f"expected 0 or 1 (a per-message training weight), got {source[key]!r}", f"{where}.{key}")
+            # The loss is a mean over trained tokens, so a reply trains whole or not at all (OpenAI allows 0 and 1 too).
+            raise row.error(f"expected 0 or 1 (0: context only, 1: trained), got {source[key]!r}: a reply trains whole "
+                            'or not at all; give 0 or 1, or "loss": false', f"{where}.{key}")
         if message["role"] != ASSISTANT:
             if source[key]:
                 raise row.error("only assistant messages can train (what trains is the replies)", f"{where}.{key}")
@@ -415,8 +418,10 @@ def alpaca_messages(row: Row) -> list[Message]:
 
 def check_role_order(row: Row, messages: list[Message], field: str,
                      ends_with: str | tuple[str, ...] | None = ASSISTANT) -> None:
-    """System only first; then user and assistant alternate, starting with user; tool results follow
-    an assistant turn that made tool calls (or another tool result) and precede the next assistant turn."""
+    """System only first; then user and assistant alternate, starting with user, or with assistant
+    right after the system prompt (OpenAI's fine-tuning format allows a reply to open the conversation
+    there, and it trains); tool results follow an assistant turn that made tool calls (or another tool
+    result) and precede the next assistant turn."""
     if not messages:
         raise row.error("empty conversation", field)
     previous = None
@@ -427,7 +432,7 @@ def check_role_order(row: Row, messages: list[Message], field: str,
         elif role == USER:
             ok = previous in (None, SYSTEM, ASSISTANT)
         elif role == ASSISTANT:
-            ok = previous in (USER, TOOL)
+            ok = previous in (USER, TOOL, SYSTEM)
         else:
             ok = previous == TOOL or (previous == ASSISTANT and bool(messages[i - 1].get("tool_calls")))
         if not ok:

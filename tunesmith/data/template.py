@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG
+from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG, SYSTEM
 from ..errors import TemplateError
 from .formats import Message
 
@@ -120,7 +120,17 @@ def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, t
                                              add_generation_prompt=add_generation_prompt)
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
         # Templates refuse what their model cannot take with raise_exception (a TemplateError).
-        raise TemplateError(f"the chat template refused this conversation: {e}") from None
+        hint = ""
+        if [m["role"] for m in messages[:2]] == [SYSTEM, ASSISTANT]:
+            hint = ("; it cannot render an assistant turn straight after the system prompt (which OpenAI's format "
+                    "allows): use a --chat_template that can (e.g. chatml), or open the conversation with a user turn")
+        raise TemplateError(f"{template_name(tokenizer)} refused this conversation: {e}{hint}") from None
+
+
+def template_name(tokenizer: Any) -> str:
+    """`the chat template of MODEL`, for messages about what a template cannot render."""
+    name = Path(str(getattr(tokenizer, "name_or_path", "") or "")).name
+    return f"the chat template of {name}" if name else "the chat template"
 
 
 def encode_prompt(tokenizer: Any, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
