@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +18,7 @@ from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
 from ..utils.paths import is_table, problem_with_data_file
 from .hh import DAHOAS, HH, hh_conversation, hh_kind
+from .mix import RowSelection
 
 Message = dict[str, Any]
 T = TypeVar("T")
@@ -504,14 +505,22 @@ def link_tool_results(messages: list[Message]) -> None:
 
 
 def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: int | None = None,
-               skip_bad_rows: bool = False) -> tuple[list[T], list[str]]:
+               skip_bad_rows: bool = False, selection: RowSelection | None = None) -> tuple[list[T], list[str]]:
     """(from_row of every good row of the given files, in order, stopping after max_samples good ones;
     the problems of the bad rows). Every row is checked before anything stops: bad rows raise one
-    BadRows error listing them all, or with skip_bad_rows are left out and returned."""
-    items: list[T] = []
+    BadRows error listing them all, or with skip_bad_rows are left out and returned. A selection
+    (--data_split, --data_weights; mix.py) first keeps each file's part of the split, then draws the
+    rows by weight, max_samples of them in all when given."""
+    per_file: list[list[T]] = []
     problems: list[str] = []
+    cap = None if selection and selection.weights else max_samples  # weights draw from every good row
     for path in paths:
-        for row in read_rows(path, strict=False):
+        rows: Iterable[Row | DataError] = read_rows(path, strict=False)
+        if selection:
+            rows = selection.part_of(path, list(rows))
+        items: list[T] = []
+        per_file.append(items)
+        for row in rows:
             try:
                 if isinstance(row, DataError):
                     raise row
@@ -519,16 +528,17 @@ def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: 
             except DataError as e:
                 problems.append(str(e))
                 continue
-            if max_samples is not None and len(items) >= max_samples:
+            if cap is not None and sum(map(len, per_file)) >= cap:
                 break  # rows past the cap are never parsed
         else:
             continue
         break
-    if problems and (not skip_bad_rows or not items):
+    if problems and (not skip_bad_rows or not any(per_file)):
         raise BadRows(problems)
-    if not items:
+    if not any(per_file):
         raise DataError(f"{', '.join(map(str, paths))}: no rows found (one JSON object per line of a JSONL file, "
                         "a JSON array of objects, or a Parquet or saved-dataset table)" + (f"; all {len(problems)} rows are bad" if problems else ""))
+    items = selection.mix(paths, per_file, max_samples) if selection else [item for items in per_file for item in items]
     return items, problems
 
 

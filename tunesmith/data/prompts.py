@@ -21,6 +21,7 @@ from ..hparams import PromptDataArguments
 from .dataset import DataKind, ItemEncoding, build_dataset, encode_items, report_encoding
 from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
 from .hh import DAHOAS, hh_kind, hh_prompt
+from .mix import RowSelection
 from .template import encode_prompt
 
 ANSWER_FIELD = "answer"  # the reference answer of a verifiable task, for reward functions such as exact_answer
@@ -109,10 +110,12 @@ def encode_prompts(tokenizer: Any, prompts: list[Prompt], max_length: int, name:
     return [prompt_from_record(r) for r in records]
 
 
-def build_prompts(tokenizer: Any, data_args: PromptDataArguments, name: str = "prompts") -> list[Prompt]:
-    """The prompts of --data_path (the first --max_samples rows, or all), encoded, from the cache when
-    the same files, tokenizer, chat template and --max_prompt_length were encoded before."""
-    dataset = build_dataset(PROMPTS, tokenizer, data_args.data_path, data_args, name, data_args.max_samples)
+def build_prompts(tokenizer: Any, data_args: PromptDataArguments, name: str = "prompts", seed: int = 42) -> list[Prompt]:
+    """The prompts of --data_path (the first --max_samples rows, or all; with --data_split the PPO part,
+    with --data_weights drawn by weight, both seeded by `seed`), encoded, from the cache when the same
+    files, tokenizer, chat template, --max_prompt_length and selection were encoded before."""
+    dataset = build_dataset(PROMPTS, tokenizer, data_args.data_path, data_args, name, data_args.max_samples,
+                            selection=RowSelection.of(data_args, seed))
     return [prompt_from_record(r) for r in dataset]
 
 

@@ -33,7 +33,7 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
 
     tokenizer = load_trained_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):  # one process fills the cache, the others read it
-        prompts = build_prompts(tokenizer, args.data, "train")
+        prompts = build_prompts(tokenizer, args.data, "train", args.training.seed)
     model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume,
                                value_model=args.ppo.uses_value_model)
     scorer = None
