@@ -218,3 +218,15 @@ def test_inspect_shows_the_rows_sft_trains_on(tmp_path, default_model_path):
                   "--seed", "9", "--output_jsonl", str(out), "--show", "0"])
     lines = [json.loads(x)["line"] for x in out.read_text().splitlines()]
     assert lines == part_lines(path, 1, seed=9)
+
+
+def test_repeated_rows_stay_on_one_side_of_val_size(tokenizer, tmp_path, monkeypatch):
+    """A row drawn several times by --data_weights is trained or held out, never both."""
+    monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
+    a = write(tmp_path / "a.jsonl", chat_rows("a", 4))
+    b = write(tmp_path / "b.jsonl", chat_rows("b", 20))
+    args = SFTDataArguments(data_path=[a, b], data_weights=["1,1"], val_size=0.25)
+    train, held_out = build_sft_datasets(tokenizer, args, seed=0)
+    assert len(train) + len(held_out) == 24 and len(held_out) >= 6
+    trained = set(zip(train["source"], train["line"]))
+    assert trained.isdisjoint(zip(held_out["source"], held_out["line"]))

@@ -204,17 +204,27 @@ def build_datasets(kind: DataKind, tokenizer: Any, data_args: TrainDataArguments
 
 
 def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Dataset]:
-    """(rest, held out): a seeded random `ratio` of the examples held out, at least one. Only an index
-    in memory (datasets' own train_test_split would write index files into the shared cache folder)."""
-    held_out = math.ceil(ratio * len(dataset))
-    if held_out >= len(dataset):
+    """(rest, held out): a seeded random `ratio` of the examples held out, at least one. The examples of
+    one row (its copies drawn by --data_weights, the expansions of one conversation) stay on one side, so
+    a held-out example never repeats a trained one. Only an index in memory (datasets' own
+    train_test_split would write index files into the shared cache folder)."""
+    wanted = math.ceil(ratio * len(dataset))
+    rows: dict[Any, list[int]] = {}  # the examples of each row, by (file, line)
+    keys = (zip(dataset["source"], dataset["line"]) if {"source", "line"} <= set(dataset.column_names)
+            else range(len(dataset)))
+    for k, key in enumerate(keys):
+        rows.setdefault(key, []).append(k)
+    groups = list(rows.values())
+    held: list[int] = []
+    rest: list[int] = []
+    for g in np.random.default_rng(seed).permutation(len(groups)):
+        (held if len(held) < wanted else rest).extend(groups[g])
+    if not rest:
         raise DataError(f"--val_size {ratio} of {len(dataset)} training examples leaves none to train on: "
                         "give more data, a smaller ratio, or --eval_data_path")
-    order = np.random.default_rng(seed).permutation(len(dataset))
-    logger.info("eval: %d of the %d training examples held out (--val_size %s, seed %d)", held_out, len(dataset),
+    logger.info("eval: %d of the %d training examples held out (--val_size %s, seed %d)", len(held), len(dataset),
                 ratio, seed)
-    return (dataset.select(order[held_out:], keep_in_memory=True),
-            dataset.select(order[:held_out], keep_in_memory=True))
+    return dataset.select(rest, keep_in_memory=True), dataset.select(held, keep_in_memory=True)
 
 
 # --------------------------------------------------------------------------- SFT conversations
