@@ -230,3 +230,17 @@ def test_repeated_rows_stay_on_one_side_of_val_size(tokenizer, tmp_path, monkeyp
     assert len(train) + len(held_out) == 24 and len(held_out) >= 6
     trained = set(zip(train["source"], train["line"]))
     assert trained.isdisjoint(zip(held_out["source"], held_out["line"]))
+
+
+def test_sft_and_dpo_runs_train_on_their_own_parts_of_one_hh_file(tiny_model_dir, tmp_path, monkeypatch):
+    from tunesmith.recipes import dpo, sft
+
+    monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
+    path = write(tmp_path / "hh.jsonl", hh_rows(20))
+    common = ["--model_name_or_path", tiny_model_dir, "--data_path", path, "--data_split", "2,4,4", "--seed", "3",
+              "--max_seq_length", "96", "--per_device_train_batch_size", "2", "--max_steps", "1",
+              "--save_strategy", "no", "--report_to", "none", "--plot_loss", "false"]
+    sft_trainer = sft.run([*common, "--output_dir", str(tmp_path / "sft")])
+    dpo_trainer = dpo.run([*common, "--output_dir", str(tmp_path / "dpo")])
+    assert sorted(list(sft_trainer.train_dataset["line"])) == part_lines(path, 1, seed=3)
+    assert sorted(list(dpo_trainer.train_dataset["line"])) == part_lines(path, 2, seed=3)
