@@ -100,9 +100,17 @@ def test_split_matches_deepspeed_chat_boundaries_and_shuffle():
     assert split_part(1000, [2, 4, 4], 2, 1234) == sorted(order[200:600].tolist())
 
 
-def test_parts_are_disjoint_cover_the_file_and_are_the_same_in_every_stage(tmp_path):
-    """An HH row works in all three stages; each stage, reading with its own parser, gets its own part."""
-    path = write(tmp_path / "hh.jsonl", hh_rows(50))
+def openai_preference_rows(n: int) -> list[dict]:
+    return [{"input": {"messages": [{"role": "user", "content": f"question {i}?"}]},
+             "preferred_output": [{"role": "assistant", "content": f"good answer {i}."}],
+             "non_preferred_output": [{"role": "assistant", "content": f"bad answer {i}."}]} for i in range(n)]
+
+
+@pytest.mark.parametrize("make_rows", [hh_rows, openai_preference_rows], ids=["hh", "openai-preference"])
+def test_parts_are_disjoint_cover_the_file_and_are_the_same_in_every_stage(tmp_path, make_rows):
+    """An HH row (or an OpenAI preference row) works in all three stages; each stage, reading with its own
+    parser, gets its own part."""
+    path = write(tmp_path / "rows.jsonl", make_rows(50))
     parts = {part: part_lines(path, part, seed=7) for part in (1, 2, 3)}
     assert [len(parts[p]) for p in (1, 2, 3)] == [10, 20, 20]
     assert sorted(parts[1] + parts[2] + parts[3]) == list(range(1, 51))

@@ -166,6 +166,8 @@ def detect_format(row: Row) -> str:
         return kind
     if "messages" in row.data:
         return "openai"
+    if is_openai_preference(row.data):
+        return "openai_preference"
     if "conversations" in row.data:
         return "sharegpt"
     if "instruction" in row.data:
@@ -362,32 +364,51 @@ def _sharegpt_tool_call(row: Row, source: dict, where: str) -> Message:
     return message
 
 
-def row_tools(row: Row) -> list[dict] | None:
+def openai_input(row: Row) -> tuple[list[Message], list[dict] | None]:
+    """(messages, tools) of the `input` of an OpenAI preference fine-tuning row: {messages, tools}."""
+    value = row.data.get("input")
+    if not isinstance(value, dict) or "messages" not in value:
+        raise row.error(f"expected an object with `messages` (and `tools`), got {type(value).__name__}", "input")
+    tools = row_tools(Row(row.path, row.line, value, row.index, row.unit), "input.")
+    return openai_messages(row, value["messages"], "input.messages"), tools
+
+
+def is_openai_preference(data: dict) -> bool:
+    """A row of OpenAI's preference fine-tuning: `input` ({messages, tools}) and the two outputs."""
+    return isinstance(data.get("input"), dict) and ("preferred_output" in data or "non_preferred_output" in data)
+
+
+def offered_tools(row: Row) -> list[dict] | None:
+    """The function specs a row offers: its `tools`, or those of an OpenAI preference row's `input`."""
+    return openai_input(row)[1] if is_openai_preference(row.data) else row_tools(row)
+
+
+def row_tools(row: Row, prefix: str = "") -> list[dict] | None:
     """The function specs a row offers the model (`tools`: a list, or JSON text of one as
     LLaMA-Factory's files hold it; OpenAI's legacy `functions` too), each as {"type": "function",
-    "function": spec}."""
+    "function": spec}. `prefix` is where the row keeps them (errors name `input.tools`)."""
     key = "tools" if "tools" in row.data else "functions" if "functions" in row.data else None
     if key is None or row.data[key] in (None, "", []):
         return None
-    value = row.data[key]
+    value, field = row.data[key], prefix + key
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise row.error(f"expected a list of function specs as JSON ({e.msg} at column {e.colno})", key) from None
+            raise row.error(f"expected a list of function specs as JSON ({e.msg} at column {e.colno})", field) from None
     if not isinstance(value, list):
-        raise row.error(f"expected a list of function specs, got {type(value).__name__}", key)
+        raise row.error(f"expected a list of function specs, got {type(value).__name__}", field)
     tools = []
     for k, spec in enumerate(value):
         if not isinstance(spec, dict):
-            raise row.error("expected a function spec object", f"{key}[{k}]")
+            raise row.error("expected a function spec object", f"{field}[{k}]")
         if spec.get("type") == "function" and isinstance(spec.get("function"), dict):
             tools.append(spec)
         elif isinstance(spec.get("name"), str):
             tools.append({"type": "function", "function": spec})
         else:
             raise row.error("a function spec needs a `name` (or {type: function, function: {name, ...}})",
-                            f"{key}[{k}]")
+                            f"{field}[{k}]")
     return tools
 
 
@@ -470,6 +491,14 @@ def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
     fmt = fmt or detect_format(row)
     if fmt == "openai":
         messages, field = openai_messages(row, row.data["messages"]), "messages"
+    elif fmt == "openai_preference":  # SFT trains the preferred reply, as it trains HH's `chosen`
+        context, tools = openai_input(row)
+        messages = context + openai_messages(row, row.data["preferred_output"], "preferred_output")
+        field = "preferred_output"
+        check_role_order(row, messages, field)
+        check_meaningful_fields(row, messages)
+        link_tool_results(messages)
+        return Conversation(row, messages, tools)
     elif fmt == "sharegpt":
         messages, field = sharegpt_messages(row, row.data["conversations"]), "conversations"
         system = row.data.get("system")

@@ -19,7 +19,17 @@ import torch
 from ..constants import TOOL, USER
 from ..hparams import PromptDataArguments
 from .dataset import DataKind, ItemEncoding, build_dataset, encode_items, report_encoding
-from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
+from .formats import (
+    Message,
+    Row,
+    check_role_order,
+    is_openai_preference,
+    load_items,
+    offered_tools,
+    openai_input,
+    openai_messages,
+    sharegpt_messages,
+)
 from .hh import DAHOAS, hh_kind, hh_prompt
 from .mix import RowSelection
 from .template import encode_prompt
@@ -45,6 +55,8 @@ def prompt_from_row(row: Row) -> Prompt:
         field, messages = "messages", openai_messages(row, d["messages"])
     elif "conversations" in d:
         field, messages = "conversations", sharegpt_messages(row, d["conversations"])
+    elif is_openai_preference(d):  # OpenAI's preference fine-tuning row: the prompt is its `input`
+        field, messages = "input.messages", openai_input(row)[0]
     elif "prompt" in d:
         field, value = "prompt", d["prompt"]
         if isinstance(value, str):
@@ -77,7 +89,7 @@ def load_prompts(paths: Sequence[str], max_samples: int | None = None) -> list[P
 def encode_prompt_record(tokenizer: Any, prompt: Prompt, max_length: int) -> ItemEncoding | None:
     """The prompt rendered by the chat template (asking for the assistant's reply); None when longer
     than max_length tokens: cutting a prompt would drop the question the reply must answer."""
-    ids = encode_prompt(tokenizer, prompt.messages, tools=row_tools(prompt.row))
+    ids = encode_prompt(tokenizer, prompt.messages, tools=offered_tools(prompt.row))
     if len(ids) > max_length:
         return None
     # Messages and the row as JSON: their keys vary from row to row, which a table column cannot hold.
@@ -92,7 +104,8 @@ def prompt_from_record(record: dict) -> Prompt:
 
 PROMPTS = DataKind(
     name="prompts",
-    version="4",  # 3: a malformed `answer` field is refused; 4: HH transcripts (hh.py)
+    version="5",  # 3: a malformed `answer` field is refused; 4: HH transcripts (hh.py); 5: OpenAI preference
+    # rows, and a reply right after the system prompt
     from_row=prompt_from_row,
     settings=lambda data_args: {"max_length": data_args.max_prompt_length},
     encode_one=encode_prompt_record,
