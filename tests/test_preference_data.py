@@ -323,3 +323,9 @@ def test_openai_preference_rows_work_in_every_stage(tokenizer, tmp_path):
 def test_malformed_openai_preference_rows_are_named(data, message):
     with pytest.raises(DataError, match=message):
         PREFERENCE_PAIRS.encode_one(None, pair_from_row(row(data)), max_length=None)
+
+
+def test_a_preference_reply_with_weight_zero_is_refused():
+    data = {"prompt": "Hi", "chosen": [{"role": "assistant", "content": "Hello!", "loss_weight": 0}], "rejected": "No."}
+    with pytest.raises(DataError, match=r"field `chosen\[0\]`: a preference reply is what the pair compares"):
+        pair_from_row(row(data))

@@ -167,3 +167,14 @@ def test_template_that_cannot_render_a_reply_after_the_system_prompt_is_named(to
                        r"Conversation roles must alternate.*; it cannot render an assistant turn straight after the "
                        r"system prompt"):
         encode_conversation(strict, messages)
+
+
+def test_train_on_all_leaves_out_replies_kept_as_context(tokenizer):
+    """--train_on all trains every token but those of a reply with "loss": false (weight 0)."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Skip this.", "loss": False},
+                {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Train this."}]
+    enc = encode_conversation(tokenizer, messages, train_on="all")
+    untrained = tokenizer.decode([t for t, lab in zip(enc.input_ids, enc.labels) if lab == IGNORE_INDEX])
+    assert untrained == "Skip this.<|im_end|>"
+    everything = encode_conversation(tokenizer, [{**m, "loss": True} for m in messages], train_on="all")
+    assert everything.labels == everything.input_ids

@@ -23,7 +23,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from ..constants import ASSISTANT, SYSTEM, TOOL, USER
+from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, TOOL, USER
 from ..errors import TemplateError
 from ..hparams import TrainDataArguments
 from .dataset import DataKind, ItemEncoding, build_datasets
@@ -112,6 +112,10 @@ def _reply(row: Row, key: str) -> list[Message]:
                             f"{key}[{i}]")
     if messages[0]["role"] != ASSISTANT or messages[-1]["role"] != ASSISTANT:
         raise row.error("a reply must begin and end with an assistant message", key)
+    for i, m in enumerate(messages):
+        if m.get(LOSS_FLAG) is False:  # never dropped silently: the pair's replies are what it compares
+            raise row.error('a preference reply is what the pair compares and cannot be kept as context: drop its '
+                            '`weight`/`loss_weight` 0 (or "loss": false)', f"{key}[{i}]")
     return messages
 
 
