@@ -252,3 +252,13 @@ def test_sft_and_dpo_runs_train_on_their_own_parts_of_one_hh_file(tiny_model_dir
     dpo_trainer = dpo.run([*common, "--output_dir", str(tmp_path / "dpo")])
     assert sorted(list(sft_trainer.train_dataset["line"])) == part_lines(path, 1, seed=3)
     assert sorted(list(dpo_trainer.train_dataset["line"])) == part_lines(path, 2, seed=3)
+
+
+def test_val_size_holds_out_rows_of_a_json_array_on_one_line(tokenizer, tmp_path, monkeypatch):
+    """Rows of a one-line JSON array share a line; each is still a row of its own for --val_size."""
+    monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "one_line.json"
+    path.write_text(json.dumps(chat_rows("q", 8)))
+    train, held_out = build_sft_datasets(tokenizer, SFTDataArguments(data_path=[str(path)], val_size=0.25), seed=0)
+    assert (len(train), len(held_out)) == (6, 2)
+    assert sorted(list(train["array_index"]) + list(held_out["array_index"])) == list(range(1, 9))

@@ -100,7 +100,8 @@ def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], skip_bad_
         stats.truncated += encoded.truncated
         stats.expanded += encoded.expanded
         stats.replies_without_end_marker += encoded.replies_without_end_marker
-        records += [{**record, "source": item.row.path, "line": item.row.line} for record in encoded.records]
+        records += [{**record, "source": item.row.path, "line": item.row.line, "array_index": item.row.index or 0}
+                    for record in encoded.records]
     if problems and not skip_bad_rows:
         raise BadRows(problems)
     stats.kept = len(records)
@@ -209,8 +210,9 @@ def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Datas
     a held-out example never repeats a trained one. Only an index in memory (datasets' own
     train_test_split would write index files into the shared cache folder)."""
     wanted = math.ceil(ratio * len(dataset))
-    rows: dict[Any, list[int]] = {}  # the examples of each row, by (file, line)
-    keys = (zip(dataset["source"], dataset["line"]) if {"source", "line"} <= set(dataset.column_names)
+    rows: dict[Any, list[int]] = {}  # the examples of each row, by (file, line, place in a JSON array)
+    columns = ("source", "line", "array_index")
+    keys = (zip(*(dataset[c] for c in columns)) if set(columns) <= set(dataset.column_names)
             else range(len(dataset)))
     for k, key in enumerate(keys):
         rows.setdefault(key, []).append(k)

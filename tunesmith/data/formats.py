@@ -492,13 +492,9 @@ def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
     if fmt == "openai":
         messages, field = openai_messages(row, row.data["messages"]), "messages"
     elif fmt == "openai_preference":  # SFT trains the preferred reply, as it trains HH's `chosen`
-        context, tools = openai_input(row)
-        messages = context + openai_messages(row, row.data["preferred_output"], "preferred_output")
+        context, _ = openai_input(row)
+        messages = context + openai_messages(row, row.data.get("preferred_output"), "preferred_output")
         field = "preferred_output"
-        check_role_order(row, messages, field)
-        check_meaningful_fields(row, messages)
-        link_tool_results(messages)
-        return Conversation(row, messages, tools)
     elif fmt == "sharegpt":
         messages, field = sharegpt_messages(row, row.data["conversations"]), "conversations"
         system = row.data.get("system")
@@ -511,7 +507,7 @@ def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
     check_role_order(row, messages, field)
     check_meaningful_fields(row, messages)
     link_tool_results(messages)
-    return Conversation(row, messages, row_tools(row))
+    return Conversation(row, messages, offered_tools(row))
 
 
 def link_tool_results(messages: list[Message]) -> None:
