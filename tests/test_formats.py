@@ -56,6 +56,13 @@ def test_loss_flag_is_kept(tmp_path):
     assert conv.messages[1]["loss"] is False and "loss" not in conv.messages[3]
 
 
+def test_openai_reply_straight_after_the_system_prompt_is_read(tmp_path):
+    msgs = [{"role": "system", "content": "Greet first."}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Welcome."}]
+    (conv,) = load_conversations([write_jsonl(tmp_path / "o.jsonl", [{"messages": msgs}])])
+    assert conv.messages == msgs
+
+
 GOOD = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
 
 

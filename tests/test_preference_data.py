@@ -278,3 +278,54 @@ def test_a_split_that_leaves_no_training_pair_says_what_to_change(tokenizer, tmp
     args = TrainDataArguments(data_path=[write_pairs(tmp_path / "p.jsonl", 1)], val_size=0.5)
     with pytest.raises(DataError, match=r"--val_size 0.5 of 1 training examples leaves none to train on"):
         build_preference_datasets(tokenizer, args)
+
+
+OPENAI_PREFERENCE = {
+    "input": {"messages": [{"role": "system", "content": "Be brief."}, USER_HI],
+              "tools": [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}],
+              "parallel_tool_calls": True},
+    "preferred_output": GOOD, "non_preferred_output": BAD,
+}
+
+
+def test_openai_preference_rows_work_in_every_stage(tokenizer, tmp_path):
+    """OpenAI's preference fine-tuning rows: reward/DPO take the two outputs, SFT trains the preferred one,
+    PPO the input as its prompt; the tools in `input` reach the template in all three."""
+    import copy
+
+    from tunesmith.data.formats import conversation_from_row
+    from tunesmith.data.prompts import encode_prompt_record, prompt_from_row
+    from tunesmith.data.template import apply_chat_template_override
+
+    tokenizer = copy.deepcopy(tokenizer)
+    apply_chat_template_override(tokenizer, "chatml_tools")  # SmolLM2's own template shows no tools
+    r = row(OPENAI_PREFERENCE)
+    assert detect_preference_format(r) == "openai"
+    pair = pair_from_row(r)
+    assert (pair.context, pair.chosen, pair.rejected) == ([{"role": "system", "content": "Be brief."}, USER_HI], GOOD, BAD)
+    (record,) = PREFERENCE_PAIRS.encode_one(tokenizer, pair, max_length=None).records
+    assert "get_time" in tokenizer.decode(record["chosen_ids"])
+    conversation = conversation_from_row(r)
+    assert conversation.messages == pair.context + GOOD and conversation.tools[0]["function"]["name"] == "get_time"
+    prompt = prompt_from_row(r)
+    assert prompt.messages == pair.context
+    assert "get_time" in tokenizer.decode(encode_prompt_record(tokenizer, prompt, 4096).records[0]["input_ids"])
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"input": {"messages": [USER_HI]}, "preferred_output": GOOD},
+     r"prefs.jsonl:line 7: field `non_preferred_output`: missing \(an OpenAI preference row needs `input`"),
+    ({"input": {"messages": [USER_HI]}, "preferred_output": GOOD, "non_preferred_output": [USER_HI]},
+     r"field `non_preferred_output\[0\]`: a reply holds assistant \(and tool\) messages only"),
+    ({"input": {"messages": [USER_HI], "tools": "{oops"}, "preferred_output": GOOD, "non_preferred_output": BAD},
+     r"field `input.tools`: expected a list of function specs as JSON"),
+])
+def test_malformed_openai_preference_rows_are_named(data, message):
+    with pytest.raises(DataError, match=message):
+        PREFERENCE_PAIRS.encode_one(None, pair_from_row(row(data)), max_length=None)
+
+
+def test_a_preference_reply_with_weight_zero_is_refused():
+    data = {"prompt": "Hi", "chosen": [{"role": "assistant", "content": "Hello!", "loss_weight": 0}], "rejected": "No."}
+    with pytest.raises(DataError, match=r"field `chosen\[0\]`: a preference reply is what the pair compares"):
+        pair_from_row(row(data))

@@ -139,3 +139,42 @@ def test_template_that_rewrites_history_is_refused(tokenizer):
     odd.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"
     with pytest.raises(TemplateError, match="check `reply located` failed: the template renders reply 1 differently"):
         encode_conversation(odd, MULTI_TURN)
+
+
+ALTERNATING_ONLY = (
+    "{% for m in messages %}{% if m.role == 'assistant' and (loop.index0 == 0 or messages[loop.index0 - 1].role != "
+    "'user') %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_reply_straight_after_the_system_prompt_trains(tokenizer):
+    """OpenAI's fine-tuning format allows an assistant turn right after the system prompt: it trains."""
+    messages = [{"role": "system", "content": "You greet first."}, {"role": "assistant", "content": "Hello there!"},
+                {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Glad to help."}]
+    enc = encode_conversation(tokenizer, messages)
+    assert trained_text(tokenizer, enc) == assistant_text(tokenizer, messages)
+
+
+def test_template_that_cannot_render_a_reply_after_the_system_prompt_is_named(tokenizer):
+    import copy
+
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = ALTERNATING_ONLY
+    messages = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "Hello"}]
+    with pytest.raises(TemplateError, match=r"^the chat template of SmolLM2-135M-Instruct\S* refused this conversation: "
+                       r"Conversation roles must alternate.*; it cannot render an assistant turn straight after the "
+                       r"system prompt"):
+        encode_conversation(strict, messages)
+
+
+def test_train_on_all_leaves_out_replies_kept_as_context(tokenizer):
+    """--train_on all trains every token but those of a reply with "loss": false (weight 0)."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Skip this.", "loss": False},
+                {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Train this."}]
+    enc = encode_conversation(tokenizer, messages, train_on="all")
+    untrained = tokenizer.decode([t for t, lab in zip(enc.input_ids, enc.labels) if lab == IGNORE_INDEX])
+    assert untrained == "Skip this.<|im_end|>"
+    everything = encode_conversation(tokenizer, [{**m, "loss": True} for m in messages], train_on="all")
+    assert everything.labels == everything.input_ids

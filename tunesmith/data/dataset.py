@@ -25,12 +25,14 @@ from ..hparams import SFTDataArguments, TrainDataArguments
 from ..utils.io import atomic_directory, atomic_write_json
 from ..utils.paths import cache_root
 from .formats import BadRows, Conversation, Row, conversation_from_row, load_items
+from .mix import RowSelection
 from .template import encode_examples, trained_token_count, truncate
 
 logger = logging.getLogger(__name__)
 
 STATS_FILE = "encode_stats.json"  # beside the cached dataset, so a cache hit reports what the first build did
 BAD_ROWS_FILE = "bad_rows.txt"  # the rows --skip_bad_rows left out, one problem per line
+SELECTION_FILE = "selection.txt"  # what --data_split and --data_weights chose, one line per file
 
 
 @dataclass
@@ -98,7 +100,8 @@ def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], skip_bad_
         stats.truncated += encoded.truncated
         stats.expanded += encoded.expanded
         stats.replies_without_end_marker += encoded.replies_without_end_marker
-        records += [{**record, "source": item.row.path, "line": item.row.line} for record in encoded.records]
+        records += [{**record, "source": item.row.path, "line": item.row.line, "array_index": item.row.index or 0}
+                    for record in encoded.records]
     if problems and not skip_bad_rows:
         raise BadRows(problems)
     stats.kept = len(records)
@@ -131,7 +134,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def cache_key(kind: DataKind, paths: Sequence[str], tokenizer: Any, settings: dict[str, Any],
-              max_samples: int | None) -> str:
+              max_samples: int | None, selection: RowSelection | None = None) -> str:
     h = hashlib.sha256(f"{kind.name}/{kind.version}".encode())
     for p in paths:
         h.update(os.path.abspath(p).encode())
@@ -141,21 +144,25 @@ def cache_key(kind: DataKind, paths: Sequence[str], tokenizer: Any, settings: di
             h.update(f.read_bytes())
     h.update(tokenizer_fingerprint(tokenizer).encode())
     h.update(json.dumps([settings, max_samples], sort_keys=True).encode())
+    if selection:  # --data_split, --data_weights and the seed decide which rows are used
+        h.update(json.dumps(selection.key(), sort_keys=True).encode())
     return h.hexdigest()[:24]
 
 
 def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_args: Any, name: str = "train",
-                  max_samples: int | None = None, report_dir: str | None = None) -> Dataset:
-    """The encoded records of these files (the first max_samples good rows, or all), from the cache when
-    the same files, tokenizer, chat template and settings were encoded before (unless --overwrite_cache).
-    Every row is checked: bad rows stop the build, listed together, or with --skip_bad_rows are left
-    out, counted, and listed in report_dir/<name>_bad_rows.txt."""
+                  max_samples: int | None = None, report_dir: str | None = None,
+                  selection: RowSelection | None = None) -> Dataset:
+    """The encoded records of these files (the first max_samples good rows, or all; the selection's when
+    given: its --data_split part, drawn by --data_weights), from the cache when the same files, tokenizer,
+    chat template, settings and selection were encoded before (unless --overwrite_cache). Every row is
+    checked: bad rows stop the build, listed together, or with --skip_bad_rows are left out, counted,
+    and listed in report_dir/<name>_bad_rows.txt."""
     settings = kind.settings(data_args)
     skip_bad_rows = getattr(data_args, "skip_bad_rows", False)
-    key = cache_key(kind, paths, tokenizer, {**settings, "skip_bad_rows": skip_bad_rows}, max_samples)
+    key = cache_key(kind, paths, tokenizer, {**settings, "skip_bad_rows": skip_bad_rows}, max_samples, selection)
     cache_dir = cache_root() / "datasets" / kind.name / key
     if not (cache_dir.is_dir() and not data_args.overwrite_cache):
-        items, bad = load_items(paths, kind.from_row, max_samples, skip_bad_rows)
+        items, bad = load_items(paths, kind.from_row, max_samples, skip_bad_rows, selection)
         records, stats, bad_encodings = encode_items(kind, tokenizer, items, skip_bad_rows, **settings)
         bad += bad_encodings
         stats.bad = len(bad)
@@ -166,8 +173,13 @@ def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_arg
             atomic_write_json(tmp / STATS_FILE, asdict(stats))
             if bad:
                 (tmp / BAD_ROWS_FILE).write_text("".join(f"{problem}\n" for problem in bad), encoding="utf-8")
+            if selection:
+                (tmp / SELECTION_FILE).write_text("".join(f"{note}\n" for note in selection.notes), encoding="utf-8")
     else:
         logger.info("%s: tokenized data from cache %s", name, cache_dir)
+    if (cache_dir / SELECTION_FILE).is_file():  # which rows --data_split and --data_weights chose, hit or miss
+        for note in (cache_dir / SELECTION_FILE).read_text(encoding="utf-8").splitlines():
+            logger.info("%s: %s", name, note)
     stats = EncodeStats(**json.loads((cache_dir / STATS_FILE).read_text(encoding="utf-8")))
     report_encoding(kind, name, paths, stats, settings)
     if stats.bad and report_dir:
@@ -180,9 +192,11 @@ def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_arg
 
 def build_datasets(kind: DataKind, tokenizer: Any, data_args: TrainDataArguments, seed: int = 42,
                    report_dir: str | None = None) -> tuple[Dataset, Dataset | None]:
-    """Training and evaluation data. --max_samples caps the --data_path rows only; evaluation is
-    --eval_data_path, used whole, or --val_size of the (capped) training examples held out."""
-    train = build_dataset(kind, tokenizer, data_args.data_path, data_args, "train", data_args.max_samples, report_dir)
+    """Training and evaluation data. --data_split, --data_weights and --max_samples choose among the
+    --data_path rows only, in that order (seeded by `seed`); evaluation is --eval_data_path, used whole,
+    or --val_size of the chosen training examples held out."""
+    train = build_dataset(kind, tokenizer, data_args.data_path, data_args, "train", data_args.max_samples, report_dir,
+                          RowSelection.of(data_args, seed))
     if data_args.eval_data_path:
         return train, build_dataset(kind, tokenizer, data_args.eval_data_path, data_args, "eval", None, report_dir)
     if data_args.val_size > 0:
@@ -191,17 +205,28 @@ def build_datasets(kind: DataKind, tokenizer: Any, data_args: TrainDataArguments
 
 
 def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Dataset]:
-    """(rest, held out): a seeded random `ratio` of the examples held out, at least one. Only an index
-    in memory (datasets' own train_test_split would write index files into the shared cache folder)."""
-    held_out = math.ceil(ratio * len(dataset))
-    if held_out >= len(dataset):
+    """(rest, held out): a seeded random `ratio` of the examples held out, at least one. The examples of
+    one row (its copies drawn by --data_weights, the expansions of one conversation) stay on one side, so
+    a held-out example never repeats a trained one. Only an index in memory (datasets' own
+    train_test_split would write index files into the shared cache folder)."""
+    wanted = math.ceil(ratio * len(dataset))
+    rows: dict[Any, list[int]] = {}  # the examples of each row, by (file, line, place in a JSON array)
+    columns = ("source", "line", "array_index")
+    keys = (zip(*(dataset[c] for c in columns)) if set(columns) <= set(dataset.column_names)
+            else range(len(dataset)))
+    for k, key in enumerate(keys):
+        rows.setdefault(key, []).append(k)
+    groups = list(rows.values())
+    held: list[int] = []
+    rest: list[int] = []
+    for g in np.random.default_rng(seed).permutation(len(groups)):
+        (held if len(held) < wanted else rest).extend(groups[g])
+    if not rest:
         raise DataError(f"--val_size {ratio} of {len(dataset)} training examples leaves none to train on: "
                         "give more data, a smaller ratio, or --eval_data_path")
-    order = np.random.default_rng(seed).permutation(len(dataset))
-    logger.info("eval: %d of the %d training examples held out (--val_size %s, seed %d)", held_out, len(dataset),
+    logger.info("eval: %d of the %d training examples held out (--val_size %s, seed %d)", len(held), len(dataset),
                 ratio, seed)
-    return (dataset.select(order[held_out:], keep_in_memory=True),
-            dataset.select(order[:held_out], keep_in_memory=True))
+    return dataset.select(rest, keep_in_memory=True), dataset.select(held, keep_in_memory=True)
 
 
 # --------------------------------------------------------------------------- SFT conversations
@@ -225,7 +250,7 @@ def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_s
 
 SFT_CONVERSATIONS = DataKind(
     name="sft",
-    version="2",
+    version="3",  # 3: a reply after the system prompt trains; OpenAI preference rows; weight 0 under train_on all
     from_row=conversation_from_row,
     settings=lambda data_args: {"max_seq_length": data_args.max_seq_length, "train_on": data_args.train_on,
                                 "truncation": data_args.truncation, "multi_turn": data_args.multi_turn},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +18,7 @@ from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
 from ..utils.paths import is_table, problem_with_data_file
 from .hh import DAHOAS, HH, hh_conversation, hh_kind
+from .mix import RowSelection
 
 Message = dict[str, Any]
 T = TypeVar("T")
@@ -165,6 +166,8 @@ def detect_format(row: Row) -> str:
         return kind
     if "messages" in row.data:
         return "openai"
+    if is_openai_preference(row.data):
+        return "openai_preference"
     if "conversations" in row.data:
         return "sharegpt"
     if "instruction" in row.data:
@@ -325,7 +328,8 @@ def _message(row: Row, role: str, source: dict, where: str, content_key: str) ->
 
 
 def _loss_flags(row: Row, source: dict, message: Message, where: str) -> None:
-    """`"loss": false` (tunesmith) or `"weight": 0` (OpenAI fine-tuning) keep a reply as context only."""
+    """`"loss": false` (tunesmith), `"weight": 0` (OpenAI fine-tuning) or `"loss_weight": 0` (LLaMA-Factory) keep
+    a reply as context only; 1 (or true) trains it. Any other weight is refused, never rounded or ignored."""
     if LOSS_FLAG in source:
         if not isinstance(source[LOSS_FLAG], bool):
             raise row.error("expected true or false", f"{where}.{LOSS_FLAG}")
@@ -334,7 +338,9 @@ def _loss_flags(row: Row, source: dict, message: Message, where: str) -> None:
         if key not in source:
             continue
         if source[key] not in (0, 1) or isinstance(source[key], bool):
-            raise row.error(f"expected 0 or 1 (a per-message training weight), got {source[key]!r}", f"{where}.{key}")
+            # The loss is a mean over trained tokens, so a reply trains whole or not at all (OpenAI allows 0 and 1 too).
+            raise row.error(f"expected 0 or 1 (0: context only, 1: trained), got {source[key]!r}: a reply trains whole "
+                            'or not at all; give 0 or 1, or "loss": false', f"{where}.{key}")
         if message["role"] != ASSISTANT:
             if source[key]:
                 raise row.error("only assistant messages can train (what trains is the replies)", f"{where}.{key}")
@@ -358,32 +364,51 @@ def _sharegpt_tool_call(row: Row, source: dict, where: str) -> Message:
     return message
 
 
-def row_tools(row: Row) -> list[dict] | None:
+def openai_input(row: Row) -> tuple[list[Message], list[dict] | None]:
+    """(messages, tools) of the `input` of an OpenAI preference fine-tuning row: {messages, tools}."""
+    value = row.data.get("input")
+    if not isinstance(value, dict) or "messages" not in value:
+        raise row.error(f"expected an object with `messages` (and `tools`), got {type(value).__name__}", "input")
+    tools = row_tools(Row(row.path, row.line, value, row.index, row.unit), "input.")
+    return openai_messages(row, value["messages"], "input.messages"), tools
+
+
+def is_openai_preference(data: dict) -> bool:
+    """A row of OpenAI's preference fine-tuning: `input` ({messages, tools}) and the two outputs."""
+    return isinstance(data.get("input"), dict) and ("preferred_output" in data or "non_preferred_output" in data)
+
+
+def offered_tools(row: Row) -> list[dict] | None:
+    """The function specs a row offers: its `tools`, or those of an OpenAI preference row's `input`."""
+    return openai_input(row)[1] if is_openai_preference(row.data) else row_tools(row)
+
+
+def row_tools(row: Row, prefix: str = "") -> list[dict] | None:
     """The function specs a row offers the model (`tools`: a list, or JSON text of one as
     LLaMA-Factory's files hold it; OpenAI's legacy `functions` too), each as {"type": "function",
-    "function": spec}."""
+    "function": spec}. `prefix` is where the row keeps them (errors name `input.tools`)."""
     key = "tools" if "tools" in row.data else "functions" if "functions" in row.data else None
     if key is None or row.data[key] in (None, "", []):
         return None
-    value = row.data[key]
+    value, field = row.data[key], prefix + key
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise row.error(f"expected a list of function specs as JSON ({e.msg} at column {e.colno})", key) from None
+            raise row.error(f"expected a list of function specs as JSON ({e.msg} at column {e.colno})", field) from None
     if not isinstance(value, list):
-        raise row.error(f"expected a list of function specs, got {type(value).__name__}", key)
+        raise row.error(f"expected a list of function specs, got {type(value).__name__}", field)
     tools = []
     for k, spec in enumerate(value):
         if not isinstance(spec, dict):
-            raise row.error("expected a function spec object", f"{key}[{k}]")
+            raise row.error("expected a function spec object", f"{field}[{k}]")
         if spec.get("type") == "function" and isinstance(spec.get("function"), dict):
             tools.append(spec)
         elif isinstance(spec.get("name"), str):
             tools.append({"type": "function", "function": spec})
         else:
             raise row.error("a function spec needs a `name` (or {type: function, function: {name, ...}})",
-                            f"{key}[{k}]")
+                            f"{field}[{k}]")
     return tools
 
 
@@ -415,8 +440,10 @@ def alpaca_messages(row: Row) -> list[Message]:
 
 def check_role_order(row: Row, messages: list[Message], field: str,
                      ends_with: str | tuple[str, ...] | None = ASSISTANT) -> None:
-    """System only first; then user and assistant alternate, starting with user; tool results follow
-    an assistant turn that made tool calls (or another tool result) and precede the next assistant turn."""
+    """System only first; then user and assistant alternate, starting with user, or with assistant
+    right after the system prompt (OpenAI's fine-tuning format allows a reply to open the conversation
+    there, and it trains); tool results follow an assistant turn that made tool calls (or another tool
+    result) and precede the next assistant turn."""
     if not messages:
         raise row.error("empty conversation", field)
     previous = None
@@ -427,7 +454,7 @@ def check_role_order(row: Row, messages: list[Message], field: str,
         elif role == USER:
             ok = previous in (None, SYSTEM, ASSISTANT)
         elif role == ASSISTANT:
-            ok = previous in (USER, TOOL)
+            ok = previous in (USER, TOOL, SYSTEM)
         else:
             ok = previous == TOOL or (previous == ASSISTANT and bool(messages[i - 1].get("tool_calls")))
         if not ok:
@@ -464,6 +491,10 @@ def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
     fmt = fmt or detect_format(row)
     if fmt == "openai":
         messages, field = openai_messages(row, row.data["messages"]), "messages"
+    elif fmt == "openai_preference":  # SFT trains the preferred reply, as it trains HH's `chosen`
+        context, _ = openai_input(row)
+        messages = context + openai_messages(row, row.data.get("preferred_output"), "preferred_output")
+        field = "preferred_output"
     elif fmt == "sharegpt":
         messages, field = sharegpt_messages(row, row.data["conversations"]), "conversations"
         system = row.data.get("system")
@@ -476,7 +507,7 @@ def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
     check_role_order(row, messages, field)
     check_meaningful_fields(row, messages)
     link_tool_results(messages)
-    return Conversation(row, messages, row_tools(row))
+    return Conversation(row, messages, offered_tools(row))
 
 
 def link_tool_results(messages: list[Message]) -> None:
@@ -499,14 +530,22 @@ def link_tool_results(messages: list[Message]) -> None:
 
 
 def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: int | None = None,
-               skip_bad_rows: bool = False) -> tuple[list[T], list[str]]:
+               skip_bad_rows: bool = False, selection: RowSelection | None = None) -> tuple[list[T], list[str]]:
     """(from_row of every good row of the given files, in order, stopping after max_samples good ones;
     the problems of the bad rows). Every row is checked before anything stops: bad rows raise one
-    BadRows error listing them all, or with skip_bad_rows are left out and returned."""
-    items: list[T] = []
+    BadRows error listing them all, or with skip_bad_rows are left out and returned. A selection
+    (--data_split, --data_weights; mix.py) first keeps each file's part of the split, then draws the
+    rows by weight, max_samples of them in all when given."""
+    per_file: list[list[T]] = []
     problems: list[str] = []
+    cap = None if selection and selection.weights else max_samples  # weights draw from every good row
     for path in paths:
-        for row in read_rows(path, strict=False):
+        rows: Iterable[Row | DataError] = read_rows(path, strict=False)
+        if selection:
+            rows = selection.part_of(path, list(rows))
+        items: list[T] = []
+        per_file.append(items)
+        for row in rows:
             try:
                 if isinstance(row, DataError):
                     raise row
@@ -514,16 +553,17 @@ def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: 
             except DataError as e:
                 problems.append(str(e))
                 continue
-            if max_samples is not None and len(items) >= max_samples:
+            if cap is not None and sum(map(len, per_file)) >= cap:
                 break  # rows past the cap are never parsed
         else:
             continue
         break
-    if problems and (not skip_bad_rows or not items):
+    if problems and (not skip_bad_rows or not any(per_file)):
         raise BadRows(problems)
-    if not items:
+    if not any(per_file):
         raise DataError(f"{', '.join(map(str, paths))}: no rows found (one JSON object per line of a JSONL file, "
                         "a JSON array of objects, or a Parquet or saved-dataset table)" + (f"; all {len(problems)} rows are bad" if problems else ""))
+    items = selection.mix(paths, per_file, max_samples) if selection else [item for items in per_file for item in items]
     return items, problems
 
 

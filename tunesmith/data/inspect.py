@@ -4,6 +4,7 @@ see them, and the rendered text with every trained run of tokens marked. The com
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -11,7 +12,10 @@ from ..constants import IGNORE_INDEX
 from ..errors import UserError
 from ..hparams import SFTDataArguments
 from .formats import BadRows, conversation_from_row, load_items
+from .mix import RowSelection
 from .template import encode_examples, trained_token_count, truncate
+
+logger = logging.getLogger(__name__)
 
 TRAINED_ON, TRAINED_OFF = "\x1b[42;30m", "\x1b[0m"
 PLAIN_ON, PLAIN_OFF = "⟦", "⟧"
@@ -37,16 +41,20 @@ def highlight_trained(tokenizer: Any, input_ids: list[int], labels: list[int], c
     return text
 
 
-def inspect_rows(tokenizer: Any, data_args: SFTDataArguments) -> list[dict]:
+def inspect_rows(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42) -> list[dict]:
     """One record per example, in input order, as training encodes it: source, line, input_ids and
     labels (the whole untruncated example with `"dropped": true` when nothing trainable fits, so the
     reader sees why), `"example": [k, n]` for the k-th of n examples of an expanded conversation, and
-    one record with `"error"` per bad row (every bad row is shown, none stops the inspection)."""
+    one record with `"error"` per bad row (every bad row is shown, none stops the inspection). The rows
+    are those SFT trains on with the same --seed: its --data_split part, drawn by --data_weights."""
+    selection = RowSelection.of(data_args, seed)
     try:
         conversations, problems = load_items(data_args.data_path, conversation_from_row, data_args.max_samples,
-                                             skip_bad_rows=True)
+                                             skip_bad_rows=True, selection=selection)
     except BadRows as e:  # every row is bad: show them all
         conversations, problems = [], e.problems
+    for note in selection.notes if selection else []:
+        logger.info(note)
     records: list[dict] = [_error_record(problem) for problem in problems]
     for conv in conversations:
         where = {"source": conv.row.path, "line": conv.row.line, **({"row": conv.row.index} if conv.row.index else {})}

@@ -1,9 +1,11 @@
 """Preference pairs for reward modelling and DPO: read -> render through the chat template -> truncate.
 
-Two row formats, detected per row (a file may mix them); each may carry a numeric `margin`:
+Row formats, detected per row (a file may mix them); each may carry a numeric `margin`:
 - ShareGPT: `conversations` (the shared context, ending with a user turn) plus `chosen` and
   `rejected` replies;
 - TRL: `prompt` (a string or a message list) or `messages`, plus `chosen` and `rejected`;
+- OpenAI's preference fine-tuning: `input` ({messages, tools}) plus `preferred_output` and
+  `non_preferred_output`, each a list of assistant messages;
 - Anthropic HH transcripts and Dahoas rows (see hh.py).
 A reply is a string, one `{from, value}` / `{role, content}` message, or a list of messages.
 
@@ -21,15 +23,26 @@ from typing import Any
 
 from datasets import Dataset
 
-from ..constants import ASSISTANT, SYSTEM, TOOL, USER
+from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, TOOL, USER
 from ..errors import TemplateError
 from ..hparams import TrainDataArguments
 from .dataset import DataKind, ItemEncoding, build_datasets
-from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
+from .formats import (
+    Message,
+    Row,
+    check_role_order,
+    load_items,
+    offered_tools,
+    openai_input,
+    openai_messages,
+    sharegpt_messages,
+)
 from .hh import DAHOAS, hh_kind, hh_pair
 from .template import common_prefix_length, render_text
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
+# OpenAI's preference fine-tuning rows: the context in `input`, the two replies in these.
+OPENAI_INPUT, OPENAI_CHOSEN, OPENAI_REJECTED = "input", "preferred_output", "non_preferred_output"
 CONTEXT_FIELDS = ("conversations", "messages", "prompt")  # first one present is the context
 REPLY_KINDS = "a string, a {role, content} or {from, value} message, or a list of such messages"
 
@@ -44,11 +57,18 @@ class PreferencePair:
 
 
 def is_pair_row(row: Row) -> bool:
-    return CHOSEN in row.data or REJECTED in row.data
+    return any(key in row.data for key in (CHOSEN, REJECTED, OPENAI_CHOSEN, OPENAI_REJECTED))
 
 
 def detect_preference_format(row: Row) -> str:
-    """`sharegpt` (a `conversations` context) or `trl` (a `prompt` or `messages` context)."""
+    """`sharegpt` (a `conversations` context), `trl` (a `prompt` or `messages` context) or `openai`
+    (`input`, `preferred_output`, `non_preferred_output`)."""
+    if OPENAI_CHOSEN in row.data or OPENAI_REJECTED in row.data:
+        for key in (OPENAI_INPUT, OPENAI_CHOSEN, OPENAI_REJECTED):
+            if key not in row.data:
+                raise row.error("missing (an OpenAI preference row needs `input`, `preferred_output` and "
+                                "`non_preferred_output`)", key)
+        return "openai"
     for key in (CHOSEN, REJECTED):
         if key not in row.data:
             raise row.error(f"missing (a preference row needs `chosen` and `rejected`: {REPLY_KINDS})", key)
@@ -92,6 +112,10 @@ def _reply(row: Row, key: str) -> list[Message]:
                             f"{key}[{i}]")
     if messages[0]["role"] != ASSISTANT or messages[-1]["role"] != ASSISTANT:
         raise row.error("a reply must begin and end with an assistant message", key)
+    for i, m in enumerate(messages):
+        if m.get(LOSS_FLAG) is False:  # never dropped silently: the pair's replies are what it compares
+            raise row.error('a preference reply is what the pair compares and cannot be kept as context: drop its '
+                            '`weight`/`loss_weight` 0 (or "loss": false)', f"{key}[{i}]")
     return messages
 
 
@@ -111,7 +135,10 @@ def pair_from_row(row: Row) -> PreferencePair:
         context, chosen, rejected = hh_pair(row, kind)
         check_role_order(row, context, "prompt" if kind == DAHOAS else "chosen", ends_with=USER)
         return PreferencePair(row, context, [chosen], [rejected], _margin(row))
-    detect_preference_format(row)
+    if detect_preference_format(row) == "openai":
+        context, _ = openai_input(row)
+        check_role_order(row, context, f"{OPENAI_INPUT}.messages", ends_with=(USER, TOOL))
+        return PreferencePair(row, context, _reply(row, OPENAI_CHOSEN), _reply(row, OPENAI_REJECTED), _margin(row))
     context, key = _context(row)
     check_role_order(row, context, key, ends_with=(USER, TOOL))  # a reply may follow a tool result
     return PreferencePair(row, context, _reply(row, CHOSEN), _reply(row, REJECTED), _margin(row))
@@ -190,7 +217,7 @@ def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | N
     """chosen_ids, rejected_ids, margin (0 when the row has none), the longer side's length, and where
     each reply starts and ends (chosen_start/chosen_end, rejected_start/rejected_end); None when a
     reply does not fit."""
-    enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, row_tools(pair.row))
+    enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, offered_tools(pair.row))
     if enc is None:
         return None
     return ItemEncoding([{"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
@@ -203,7 +230,8 @@ def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | N
 
 PREFERENCE_PAIRS = DataKind(
     name="preference",
-    version="4",  # 3: the reply spans; 4: a `prompt` in HH form is read as its turns (hh.py)
+    version="5",  # 3: the reply spans; 4: a `prompt` in HH form is read as its turns (hh.py); 5: OpenAI's
+    # preference rows, and a reply right after the system prompt in a context
     from_row=pair_from_row,
     settings=lambda data_args: {"max_length": data_args.max_seq_length},
     encode_one=encode_pair_record,

@@ -19,8 +19,19 @@ import torch
 from ..constants import TOOL, USER
 from ..hparams import PromptDataArguments
 from .dataset import DataKind, ItemEncoding, build_dataset, encode_items, report_encoding
-from .formats import Message, Row, check_role_order, load_items, openai_messages, row_tools, sharegpt_messages
+from .formats import (
+    Message,
+    Row,
+    check_role_order,
+    is_openai_preference,
+    load_items,
+    offered_tools,
+    openai_input,
+    openai_messages,
+    sharegpt_messages,
+)
 from .hh import DAHOAS, hh_kind, hh_prompt
+from .mix import RowSelection
 from .template import PromptTooLong, fit_prompt
 
 ANSWER_FIELD = "answer"  # the reference answer of a verifiable task, for reward functions such as exact_answer
@@ -44,6 +55,8 @@ def prompt_from_row(row: Row) -> Prompt:
         field, messages = "messages", openai_messages(row, d["messages"])
     elif "conversations" in d:
         field, messages = "conversations", sharegpt_messages(row, d["conversations"])
+    elif is_openai_preference(d):  # OpenAI's preference fine-tuning row: the prompt is its `input`
+        field, messages = "input.messages", openai_input(row)[0]
     elif "prompt" in d:
         field, value = "prompt", d["prompt"]
         if isinstance(value, str):
@@ -79,7 +92,7 @@ def encode_prompt_record(tokenizer: Any, prompt: Prompt, max_length: int) -> Ite
     system prompt and the last turn alone are too long: cutting into them would drop the question the reply
     must answer."""
     try:
-        ids, messages, first = fit_prompt(tokenizer, prompt.messages, max_length, tools=row_tools(prompt.row))
+        ids, messages, first = fit_prompt(tokenizer, prompt.messages, max_length, tools=offered_tools(prompt.row))
     except PromptTooLong:
         return None
     # Messages and the row as JSON: their keys vary from row to row, which a table column cannot hold.
@@ -94,8 +107,9 @@ def prompt_from_record(record: dict) -> Prompt:
 
 PROMPTS = DataKind(
     name="prompts",
-    # 3: a malformed `answer` field is refused; 4: HH transcripts (hh.py); 5: long prompts lose their oldest turns
-    version="5",
+    # 3: a malformed `answer` field is refused; 4: HH transcripts (hh.py); 5: OpenAI preference rows, and a reply
+    # right after the system prompt; 6: long prompts lose their oldest turns
+    version="6",
     from_row=prompt_from_row,
     settings=lambda data_args: {"max_length": data_args.max_prompt_length},
     encode_one=encode_prompt_record,
@@ -115,10 +129,12 @@ def encode_prompts(tokenizer: Any, prompts: list[Prompt], max_length: int, name:
     return [prompt_from_record(r) for r in records]
 
 
-def build_prompts(tokenizer: Any, data_args: PromptDataArguments, name: str = "prompts") -> list[Prompt]:
-    """The prompts of --data_path (the first --max_samples rows, or all), encoded, from the cache when
-    the same files, tokenizer, chat template and --max_prompt_length were encoded before."""
-    dataset = build_dataset(PROMPTS, tokenizer, data_args.data_path, data_args, name, data_args.max_samples)
+def build_prompts(tokenizer: Any, data_args: PromptDataArguments, name: str = "prompts", seed: int = 42) -> list[Prompt]:
+    """The prompts of --data_path (the first --max_samples rows, or all; with --data_split the PPO part,
+    with --data_weights drawn by weight, both seeded by `seed`), encoded, from the cache when the same
+    files, tokenizer, chat template, --max_prompt_length and selection were encoded before."""
+    dataset = build_dataset(PROMPTS, tokenizer, data_args.data_path, data_args, name, data_args.max_samples,
+                            selection=RowSelection.of(data_args, seed))
     return [prompt_from_record(r) for r in dataset]
 
 

@@ -120,7 +120,17 @@ def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, t
                                              add_generation_prompt=add_generation_prompt)
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
         # Templates refuse what their model cannot take with raise_exception (a TemplateError).
-        raise TemplateError(f"the chat template refused this conversation: {e}") from None
+        hint = ""
+        if [m["role"] for m in messages[:2]] == [SYSTEM, ASSISTANT]:
+            hint = ("; it cannot render an assistant turn straight after the system prompt (which OpenAI's format "
+                    "allows): use a --chat_template that can (e.g. chatml), or open the conversation with a user turn")
+        raise TemplateError(f"{template_name(tokenizer)} refused this conversation: {e}{hint}") from None
+
+
+def template_name(tokenizer: Any) -> str:
+    """`the chat template of MODEL`, for messages about what a template cannot render."""
+    name = Path(str(getattr(tokenizer, "name_or_path", "") or "")).name
+    return f"the chat template of {name}" if name else "the chat template"
 
 
 def encode_prompt(tokenizer: Any, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
@@ -276,15 +286,18 @@ def _trained_indices(messages: list[Message], train_on: str) -> list[int]:
     return [i for i in assistants if messages[i].get(LOSS_FLAG, True)]
 
 
-def _labels(ids: list[int], offsets: list, spans: list[tuple[int, int]], train_on: str) -> list[int]:
-    if train_on == "all":
-        return list(ids)
-    labels = [IGNORE_INDEX] * len(ids)
-    for k, (tok_start, tok_end) in enumerate(offsets):
+def _labels(ids: list[int], offsets: list, spans: list[tuple[int, int]], train_on: str,
+            context_only: list[tuple[int, int]] = ()) -> list[int]:
+    """The trained replies' tokens (the spans), or with train_on all every token but those of the replies
+    kept as context (`"loss": false`, weight 0)."""
+    def overlaps(k: int, ranges: Any) -> bool:
         # Overlap, not start: a token merged across the header/reply boundary carries reply text too.
-        if any(tok_start < e and tok_end > s and tok_end > tok_start for s, e in spans):
-            labels[k] = ids[k]
-    return labels
+        tok_start, tok_end = offsets[k]
+        return any(tok_start < e and tok_end > s and tok_end > tok_start for s, e in ranges)
+
+    if train_on == "all":
+        return [IGNORE_INDEX if overlaps(k, context_only) else ids[k] for k in range(len(ids))]
+    return [ids[k] if overlaps(k, spans) else IGNORE_INDEX for k in range(len(ids))]
 
 
 def _token_after(offsets: list, char: int) -> int:
@@ -311,7 +324,12 @@ def _encode_whole(tokenizer: Any, messages: list[Message], train_on: str, tools:
                     raise
                 all_spans.append(None)
     spans = [span for i, span in zip(assistants, all_spans) if i in trained]
-    labels = _labels(ids, offsets, spans, train_on)
+    context_only = [span for i, span in zip(assistants, all_spans) if i not in trained] if train_on == "all" else []
+    if None in context_only:
+        raise TemplateError("check `reply located` failed: a reply kept as context (\"loss\": false or weight 0) "
+                            "cannot be located to leave it out of --train_on all, the template renders it differently "
+                            "once more turns follow; use --train_on assistant")
+    labels = _labels(ids, offsets, spans, train_on, context_only)
     cut_points = [_token_after(offsets, span[1]) for span in all_spans if span]
     special = set(tokenizer.all_special_ids)
     no_marker = sum(1 for s, e in spans if ids[_token_after(offsets, e) - 1] not in special)

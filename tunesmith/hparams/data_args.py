@@ -1,11 +1,37 @@
 """Which data to read and how long its sequences may be. The same flag means the same thing in every
-stage: --data_path (one or more files), --max_samples, --max_seq_length (prompt + reply tokens),
---max_prompt_length (prompt tokens, where only a prompt is read)."""
+stage: --data_path (one or more files), --data_weights (how many rows each gives), --data_split (one
+dataset's parts for SFT, reward/DPO and PPO), --max_samples, --max_seq_length (prompt + reply tokens),
+--max_prompt_length (prompt tokens, where only a prompt is read). A list flag takes its values
+space-separated, comma-separated (`--data_path a.jsonl,b.jsonl`) or as a YAML list: comma_list reads
+them all."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
+
+# --data_split's three parts, in DeepSpeed-Chat's order: which stage trains on which.
+SPLIT_STAGES = ("sft", "reward/dpo", "ppo")
+LIST_FIELDS = ("data_path", "eval_data_path", "data_weights", "data_split")
+
+
+def comma_list(values: str | Iterable[str] | None) -> list[str]:
+    """The values of a list flag: each given value split at its commas, blanks dropped ("a,b" -> [a, b])."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [part.strip() for value in values for part in str(value).split(",") if part.strip()]
+
+
+def numbers(values: list[str]) -> list[float] | None:
+    """The values as numbers, or None when one is not a finite number."""
+    try:
+        out = [float(v) for v in values]
+    except ValueError:
+        return None
+    return out if all(abs(x) != float("inf") and x == x for x in out) else None
 
 
 @dataclass
@@ -14,17 +40,35 @@ class DataFileArguments:
 
     role: ClassVar[str] = "data"
     _argument_group_name: ClassVar[str] = "data"
+    # The part of --data_split this kind of run trains on (1 SFT, 2 reward/DPO, 3 PPO/GRPO/RLOO); 0: none.
+    split_part: ClassVar[int] = 0
 
     data_path: list[str] = field(
         default_factory=list,
-        metadata={"help": "One or more JSON/JSONL files, the format detected per row. Conversations: OpenAI "
+        metadata={"help": "One or more JSON/JSONL/Parquet files or saved-dataset folders (space- or "
+                  "comma-separated: a.jsonl,b.jsonl), the format detected per row. Conversations: OpenAI "
                   "`messages`, ShareGPT `conversations` or Alpaca; preference pairs add `chosen`/`rejected`; "
                   "prompts (PPO, evaluation) are `prompt` strings or conversations ending with a user turn."},
     )
+    data_weights: list[str] = field(
+        default_factory=list,
+        metadata={"help": "A mixing weight per --data_path file, in order (e.g. 0.7,0.3): the training rows are "
+                  "drawn from each file in proportion to its weight, the total the files' rows together (or "
+                  "--max_samples); a file asked for more rows than it has gives every row, repeated, then a "
+                  "seeded sample (--seed). Default: every row of every file, in order."},
+    )
+    data_split: list[str] = field(
+        default_factory=list,
+        metadata={"help": "DeepSpeed-Chat's split of one dataset across the three stages, e.g. 2,4,4: each file's "
+                  "rows are shuffled with --seed and cut in these proportions; SFT trains on part 1, the reward "
+                  "model and DPO on part 2, PPO/GRPO/RLOO on part 3, so no stage sees another's rows. The parts "
+                  "depend only on the file, the split and --seed; the part is taken before --data_weights, "
+                  "--max_samples and --val_size. --eval_data_path is used whole."},
+    )
     max_samples: int | None = field(
         default=None,
-        metadata={"help": "Use only the first N rows of --data_path (quick runs). --eval_data_path files are "
-                  "used whole; --val_size holds out its share of these N."},
+        metadata={"help": "Use only the first N rows of --data_path (quick runs; with --data_weights, N rows drawn "
+                  "by weight). --eval_data_path files are used whole; --val_size holds out its share of these N."},
     )
     overwrite_cache: bool = field(
         default=False,
@@ -37,6 +81,11 @@ class DataFileArguments:
                   "them and list them in output_dir/<split>_bad_rows.txt. Default: every bad row is listed and "
                   "the run stops before training."},
     )
+
+    def __post_init__(self) -> None:
+        for name in LIST_FIELDS:
+            if hasattr(self, name):
+                setattr(self, name, comma_list(getattr(self, name)))
 
 
 @dataclass
@@ -51,6 +100,7 @@ class DataArguments(DataFileArguments):
 
 @dataclass
 class TrainDataArguments(DataArguments):
+    split_part: ClassVar[int] = 2  # the reward model and DPO
     eval_data_path: list[str] = field(
         default_factory=list,
         metadata={"help": "Evaluation files, same formats as --data_path. Given (or --val_size), evaluation runs at "
@@ -67,6 +117,7 @@ class TrainDataArguments(DataArguments):
 
 @dataclass
 class SFTDataArguments(TrainDataArguments):
+    split_part: ClassVar[int] = 1
     train_on: Literal["assistant", "last_assistant", "all"] = field(
         default="assistant",
         metadata={"help": "Which tokens are trained: every assistant reply and its end-of-turn token, only the "
@@ -102,6 +153,7 @@ class SFTDataArguments(TrainDataArguments):
 
 @dataclass
 class PromptDataArguments(DataFileArguments):
+    split_part: ClassVar[int] = 3  # PPO, GRPO, RLOO
     max_prompt_length: int = field(
         default=512,
         metadata={"help": "Prompts longer than this many tokens (after the chat template) lose their oldest whole turns, "

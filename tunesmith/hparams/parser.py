@@ -274,6 +274,12 @@ def _config_value(value: Any, key: str, base: Path) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     text = str(value)
-    if key in _PATH_KEYS and not os.path.isabs(text) and not os.path.exists(text) and (base / text).exists():
+    if key in _PATH_KEYS:  # each of a comma-separated list (data_path: a.jsonl,b.jsonl) on its own
+        return ",".join(_config_path(part.strip(), base) for part in text.split(",")) if "," in text else _config_path(text, base)
+    return text
+
+
+def _config_path(text: str, base: Path) -> str:
+    if not os.path.isabs(text) and not os.path.exists(text) and (base / text).exists():
         return str(base / text)
     return text

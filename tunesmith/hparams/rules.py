@@ -29,6 +29,7 @@ from ..utils.paths import (
     problem_with_output_dir,
     run_config_record,
 )
+from .data_args import SPLIT_STAGES, numbers
 
 
 def deepspeed_config(training_args: Any) -> dict:
@@ -194,6 +195,30 @@ RULES: list[Rule] = [
          "0.1 (a held-out share of --data_path), or drop --eval_strategy."),
     Rule("max_seq_length", ("data",), lambda a: getattr(a.data, "max_seq_length", 8) < 8,
          "--max_seq_length must be at least 8 tokens (got {data.max_seq_length})."),
+    Rule("data_selection_in_training", ("data",),
+         lambda a: (a.data.data_weights or a.data.data_split) and not (hasattr(a, "training") or hasattr(a, "inspect"))
+         and {"flag": "data_split" if a.data.data_split else "data_weights"},
+         "--{flag} chooses the rows a training stage (or inspect) uses; this command reads its --data_path whole: "
+         "drop the flag."),
+    Rule("data_weights_numbers", ("data",),
+         lambda a: a.data.data_weights and (numbers(a.data.data_weights) is None or min(numbers(a.data.data_weights)) < 0
+                                            or not sum(numbers(a.data.data_weights)))
+         and {"value": ",".join(a.data.data_weights)},
+         "--data_weights {value}: give a number >= 0 per --data_path file, not all 0 (e.g. --data_weights 0.7,0.3)."),
+    Rule("data_weights_count", ("data",),
+         lambda a: a.data.data_weights and len(a.data.data_weights) != len(a.data.data_path)
+         and {"weights": len(a.data.data_weights), "paths": len(a.data.data_path)},
+         "--data_weights has {weights} values for {paths} --data_path files: give one weight per file, in order."),
+    Rule("data_split_numbers", ("data",),
+         lambda a: a.data.data_split and (len(a.data.data_split) != len(SPLIT_STAGES) or numbers(a.data.data_split) is None
+                                          or min(numbers(a.data.data_split)) < 0 or not sum(numbers(a.data.data_split)))
+         and {"value": ",".join(a.data.data_split)},
+         "--data_split {value}: give three numbers >= 0, not all 0, the shares of SFT, reward/DPO and PPO (e.g. "
+         "--data_split 2,4,4)."),
+    Rule("data_split_stage_part", ("data",),
+         lambda a: a.data.data_split and a.data.split_part and not numbers(a.data.data_split)[a.data.split_part - 1]
+         and {"value": ",".join(a.data.data_split), "stage": SPLIT_STAGES[a.data.split_part - 1]},
+         "--data_split {value} gives stage {stage} (part {data.split_part}) no rows: give its part a share above 0."),
     Rule("max_samples", ("data",), lambda a: a.data.max_samples is not None and a.data.max_samples < 1,
          "--max_samples must be at least 1 (got {data.max_samples}); leave it out to use every row."),
     # -- fine-tuning

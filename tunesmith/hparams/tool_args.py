@@ -116,6 +116,8 @@ class InspectArguments:
     output_file: str | None = field(default=None, metadata={"help": "Write input_ids/labels per input row here."})
     show: int = field(default=5, metadata={"help": "How many examples to print (0: none, -1: all)."})
     color: str = field(default="auto", metadata={"help": "auto (when stdout is a terminal), always, never."})
+    seed: int = field(default=42, metadata={"help": "The --seed of the training run to inspect: with --data_split or "
+                                            "--data_weights, it chooses the same rows as that run."})
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..constants import ASSISTANT
-from ..data.formats import row_tools
+from ..data.formats import offered_tools
 from ..data.prompts import Prompt
 from ..data.template import render_text
 from ..generation import Engine, SamplingParams, stop_token_ids
@@ -82,7 +82,7 @@ class RewardModelScorer:
                 reply = reply[:-1]  # the template adds the end-of-turn token itself
             content = self.policy_tokenizer.decode(reply, skip_special_tokens=False)
             texts.append(render_text(self.tokenizer, [*prompt.messages, {"role": ASSISTANT, "content": content}],
-                                     tools=row_tools(prompt.row)))
+                                     tools=offered_tools(prompt.row)))
         return texts
 
     def __call__(self, prompts: Sequence[Prompt], responses: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -24,7 +24,7 @@ from ..utils.io import atomic_write_jsonl
 def run(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_run("inspect", argv, __doc__)
     tokenizer = load_tokenizer(args.model)
-    records = inspect_rows(tokenizer, args.data)
+    records = inspect_rows(tokenizer, args.data, args.inspect.seed)
     color = args.inspect.color == "always" or (args.inspect.color == "auto" and sys.stdout.isatty())
     shown = records if args.inspect.show < 0 else records[: args.inspect.show]
     for r in shown:

@@ -36,7 +36,7 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
 
     tokenizer = load_trained_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):  # one process fills the cache, the others read it
-        prompts = build_prompts(tokenizer, args.data, "train")
+        prompts = build_prompts(tokenizer, args.data, "train", args.training.seed)
         ptx = build_ptx_dataset(tokenizer, args.ppo, args.data) if args.ppo.ptx_data_path else None
     set_seed(args.training.seed)  # a new policy (and value) adapter is drawn at random: make it the same every run
     model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume,

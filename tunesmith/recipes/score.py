@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..boundary import entry_point
-from ..data.formats import Row, conversation_from_row, load_items, row_tools
+from ..data.formats import Row, conversation_from_row, load_items, offered_tools
 from ..data.preference import encode_pair, is_pair_row, pair_from_row
 from ..hparams import DataArguments, ScoreArguments, parse_run
 from ..models.loader import load_for_inference
@@ -31,7 +31,7 @@ def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[in
     the row's tools included."""
     if is_pair_row(row):
         pair = pair_from_row(row)
-        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, row_tools(row))
+        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, offered_tools(row))
         return None if enc is None else [enc.chosen_ids, enc.rejected_ids]
     conversation = conversation_from_row(row)
     messages = conversation.messages
