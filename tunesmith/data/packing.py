@@ -17,9 +17,12 @@ square of the row's length. So a model on sdpa switches to `sdpa_varlen` (regist
 SDPA once per example with `is_causal`, the maths of flash attention's varlen kernel on any device.
 
 With `trained_logits_only` the LM head also runs only where the next token is trained: `logits_to_keep`
-as a boolean mask and `shift_labels` holding those targets, both taken by transformers' causal-LM
+holding those positions and `shift_labels` their targets, both taken by transformers' causal-LM
 forward and ForCausalLMLoss. The loss is the same; the 49k-wide logits of untrained prompt tokens are
-never computed. The Trainer counts `shift_labels` for `num_items_in_batch`, which is the count the
+never computed. The positions are a 1-D index tensor, not a boolean mask: up to transformers 5.20 the
+heads index `hidden_states[:, logits_to_keep, :]`, which takes indices in every 5.x release but a
+[1, tokens] mask only from 5.21 (slice_logits_to_keep; before it, IndexError on any device). The logits
+come back as [1, kept, vocab], which every loss here flattens. The Trainer counts `shift_labels` for `num_items_in_batch`, which is the count the
 padded path gets from `labels[..., 1:]`, so both paths train on the same objective.
 
 Why one row per batch rather than bin-packing the dataset into fixed-length rows: on a CPU the cost is
@@ -112,18 +115,19 @@ def slice_packed_row(batch: dict[str, Any], start: int, end: int) -> dict[str, A
         part[key] = batch[key][:, start:end]
     if "logits_to_keep" in batch:
         keep = batch["logits_to_keep"]
-        first = int(keep[:, :start].sum())
-        part["logits_to_keep"] = keep[:, start:end]
-        part["shift_labels"] = batch["shift_labels"][first:first + int(part["logits_to_keep"].sum())]
+        inside = (keep >= start) & (keep < end)
+        part["logits_to_keep"] = keep[inside] - start
+        part["shift_labels"] = batch["shift_labels"][inside]
     return part
 
 
 def trained_positions(labels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """`logits_to_keep`: positions whose next token is trained; `shift_labels`: those next tokens.
-    The same targets ForCausalLMLoss would take from `labels`, without logits for the others."""
-    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
+    """For a packed row (labels [1, tokens]): `logits_to_keep`, the positions whose next token is trained
+    (1-D, ascending; see the module docstring); `shift_labels`, those next tokens. The same targets
+    ForCausalLMLoss would take from `labels`, without logits for the others."""
+    targets = torch.cat([labels[0, 1:], torch.full_like(labels[0, :1], IGNORE_INDEX)])
     keep = targets != IGNORE_INDEX
-    return {"logits_to_keep": keep, "shift_labels": targets[keep]}
+    return {"logits_to_keep": keep.nonzero()[:, 0], "shift_labels": targets[keep]}
 
 
 def sdpa_varlen_attention_forward(
@@ -197,7 +201,7 @@ class PreferencePackingCollator:
     every rejected one, with position ids, boundaries and `use_cache` as PackingCollator sets them.
 
     Only reply tokens are scored, so the LM head runs only where the next token is in a reply:
-    `logits_to_keep` marks those positions (the model returns their logits flattened, in order),
+    `logits_to_keep` holds those positions (1-D, as PackingCollator's; the model returns their logits in order),
     `reply_targets` holds the tokens they predict and `reply_index` the sequence each belongs to
     (0..2B-1: chosen i is i, rejected i is B + i). Precomputed reference log-probs, when the records
     carry them, come along as `reference_logps` in the same order."""
@@ -222,7 +226,7 @@ class PreferencePackingCollator:
             "max_length_q": max(lengths),
             "max_length_k": max(lengths),
             "use_cache": False,
-            "logits_to_keep": keep[None],
+            "logits_to_keep": keep.nonzero()[:, 0],
             "reply_targets": input_ids[1:][keep[:-1]],
             "reply_index": torch.repeat_interleave(torch.arange(len(rows)),
                                                    torch.as_tensor([end - start for _, start, end in rows])),
