@@ -123,8 +123,9 @@ def summarize(clock: StepClock, positions: list[int], trainer: Any, args: argpar
 
 
 def run_ours(args: argparse.Namespace, workdir: Path, precompute: bool) -> dict:
-    from tunesmith.data.packing import PreferencePackingCollator, use_varlen_attention
+    from tunesmith.data.collator import PreferencePackingCollator
     from tunesmith.hparams import DPOArguments, TrainingArguments
+    from tunesmith.models.attention import use_varlen_attention
     from tunesmith.train.dpo_trainer import DPOTrainer
 
     dataset, tokenizer, model = load(args, workdir)

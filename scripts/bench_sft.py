@@ -250,9 +250,8 @@ def stock_peft_layers(model: Any) -> None:
 
 def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, quantize: bool = False,
              torch_dropout: bool = False, torch_loss: bool = False, max_forward_tokens: int | None = None) -> dict:
-    from tunesmith.data.packing import sft_collator
     from tunesmith.hparams import SFTDataArguments as DataArguments
-    from tunesmith.train.sft_trainer import LoraTrainer
+    from tunesmith.train.sft_trainer import LoraTrainer, sft_collator
 
     dataset, tokenizer, model, training_args = load(args, workdir, True, bf16=bf16, quantize=quantize)
     if torch_dropout:

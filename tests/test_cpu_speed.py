@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tunesmith.data.packing import FORWARD_SPLITS, PackingCollator, forward_splits, slice_packed_row
+from tunesmith.data.collator import PackingCollator
+from tunesmith.data.packing import FORWARD_SPLITS, forward_splits, slice_packed_row
 from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArguments
 from tunesmith.models import lora_dropout
 from tunesmith.models.loader import load_model, resolve_dtype
@@ -163,7 +164,7 @@ def examples_of(tokenizer, n: int) -> list[dict]:
 def test_a_row_run_as_several_forwards_gives_the_loss_and_gradients_of_one(tiny_model_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from tunesmith.data.packing import register_varlen_attention
+    from tunesmith.models.attention import register_varlen_attention
 
     register_varlen_attention()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa_varlen", dtype=torch.float32)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import POLITE, RUDE, write_jsonl
 
-from tunesmith.data.packing import PreferencePackingCollator
+from tunesmith.data.collator import PreferencePackingCollator
 from tunesmith.data.preference import encode_pair
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import (

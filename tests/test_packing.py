@@ -11,16 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from tunesmith.constants import IGNORE_INDEX
-from tunesmith.data.collator import PaddingCollator
-from tunesmith.data.packing import (
-    VARLEN_SDPA,
-    PackingCollator,
-    register_varlen_attention,
-    use_varlen_attention,
-)
+from tunesmith.data.collator import PackingCollator, PaddingCollator
 from tunesmith.data.template import encode_conversation
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import TrainingArguments, check
+from tunesmith.models.attention import VARLEN_SDPA, register_varlen_attention, use_varlen_attention
 
 ATTENTIONS = ["sdpa", VARLEN_SDPA, "eager"]
 
@@ -98,7 +93,7 @@ def test_logits_to_keep_is_an_index_every_transformers_5_slices(examples):
     [1, tokens] mask raises IndexError there (on a CPU too), 1-D positions work, and newer releases
     (slice_logits_to_keep) take those the same way. So the collators give positions, whatever the
     installed release does with a mask (scripts/test_floors.sh runs the models at the floor)."""
-    from tunesmith.data.packing import PreferencePackingCollator
+    from tunesmith.data.collator import PreferencePackingCollator
 
     packed = PackingCollator()(examples)
     pair = {"chosen_ids": examples[0]["input_ids"], "chosen_start": 3, "chosen_end": 9,

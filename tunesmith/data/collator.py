@@ -1,5 +1,6 @@
-"""Batching for causal-LM training: right padding with the pad id, IGNORE_INDEX for padded labels.
-(Preference pairs are batched padding-free: data/packing.PreferencePackingCollator.)"""
+"""Every collator: right padding with the pad id and IGNORE_INDEX for padded labels (PaddingCollator), and the
+padding-free rows of data/packing.py for SFT examples (PackingCollator) and preference pairs
+(PreferencePackingCollator)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import torch
 
 from ..constants import IGNORE_INDEX
+from .packing import FORWARD_SPLITS, forward_splits, trained_positions
 
 
 @dataclass
@@ -29,3 +31,82 @@ class PaddingCollator:
             labels[i, :n] = torch.as_tensor(f["labels"])
             attention_mask[i, :n] = 1
         return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+@dataclass
+class PackingCollator:
+    """A batch of `{"input_ids", "labels"}` examples as one padding-free row of shape [1, total_tokens].
+    With max_forward_tokens, a row longer than that also carries `forward_splits`: the token offsets
+    where LoraTrainer cuts it into forwards of whole examples (see forward_splits())."""
+
+    trained_logits_only: bool = True
+    max_forward_tokens: int = 0
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        lengths = [len(f["input_ids"]) for f in features]
+        input_ids = torch.cat([torch.as_tensor(f["input_ids"], dtype=torch.long) for f in features])[None]
+        labels = torch.cat([torch.as_tensor(f["labels"], dtype=torch.long) for f in features])[None]
+        position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+        starts = torch.as_tensor([0, *lengths]).cumsum(0)
+        labels[0, starts[:-1]] = IGNORE_INDEX
+        cu_seq_lens = starts.to(torch.int32)
+        batch: dict[str, Any] = {
+            "input_ids": input_ids,
+            "labels": labels,
+            "position_ids": position_ids,
+            "cu_seq_lens_q": cu_seq_lens,
+            "cu_seq_lens_k": cu_seq_lens,
+            "max_length_q": max(lengths),
+            "max_length_k": max(lengths),
+            # A model that builds a KV cache (use_cache defaults to True, in training too) skips
+            # transformers' packed-row detection and lets sdpa/eager attend across examples.
+            "use_cache": False,
+        }
+        if self.trained_logits_only:
+            batch.update(trained_positions(labels))
+        if self.max_forward_tokens and len(input_ids[0]) > self.max_forward_tokens:
+            batch[FORWARD_SPLITS] = forward_splits(lengths, self.max_forward_tokens)
+        return batch
+
+
+@dataclass
+class PreferencePackingCollator:
+    """Preference pairs (data/preference.py records) as one padding-free row: every chosen sequence, then
+    every rejected one, with position ids, boundaries and `use_cache` as PackingCollator sets them.
+
+    Only reply tokens are scored, so the LM head runs only where the next token is in a reply:
+    `logits_to_keep` holds those positions (1-D, as PackingCollator's; the model returns their logits in order),
+    `reply_targets` holds the tokens they predict and `reply_index` the sequence each belongs to
+    (0..2B-1: chosen i is i, rejected i is B + i). Precomputed reference log-probs, when the records
+    carry them, come along as `reference_logps` in the same order."""
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = [(f["chosen_ids"], f["chosen_start"], f["chosen_end"]) for f in features]
+        rows += [(f["rejected_ids"], f["rejected_start"], f["rejected_end"]) for f in features]
+        lengths = [len(ids) for ids, _, _ in rows]
+        input_ids = torch.cat([torch.as_tensor(ids, dtype=torch.long) for ids, _, _ in rows])
+        offsets = torch.as_tensor([0, *lengths]).cumsum(0)
+        keep = torch.zeros(len(input_ids), dtype=torch.bool)
+        for offset, (_, start, end) in zip(offsets.tolist(), rows):
+            # Token t is predicted at t - 1; a reply never opens a sequence (the template puts its role
+            # header first), so start - 1 stays inside the same sequence.
+            keep[offset + start - 1:offset + end - 1] = True
+        cu_seq_lens = offsets.to(torch.int32)
+        batch: dict[str, Any] = {
+            "input_ids": input_ids[None],
+            "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+            "cu_seq_lens_q": cu_seq_lens,
+            "cu_seq_lens_k": cu_seq_lens,
+            "max_length_q": max(lengths),
+            "max_length_k": max(lengths),
+            "use_cache": False,
+            "logits_to_keep": keep.nonzero()[:, 0],
+            "reply_targets": input_ids[1:][keep[:-1]],
+            "reply_index": torch.repeat_interleave(torch.arange(len(rows)),
+                                                   torch.as_tensor([end - start for _, start, end in rows])),
+        }
+        if "reference_chosen_logps" in features[0]:
+            batch["reference_logps"] = torch.as_tensor(
+                [f["reference_chosen_logps"] for f in features] + [f["reference_rejected_logps"] for f in features],
+                dtype=torch.float32)
+        return batch

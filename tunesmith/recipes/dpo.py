@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from transformers import set_seed
 
 from ..boundary import entry_point
-from ..data.packing import PreferencePackingCollator, use_varlen_attention
+from ..data.collator import PreferencePackingCollator
 from ..data.preference import build_preference_datasets
+from ..models.attention import use_varlen_attention
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
 from ..train.dpo_trainer import DPOTrainer, add_reference_adapter

@@ -15,11 +15,10 @@ from transformers import set_seed
 
 from ..boundary import entry_point
 from ..data.dataset import build_sft_datasets
-from ..data.packing import sft_collator
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
 from ..train.run_setup import prepare_training_run, train_save_evaluate
-from ..train.sft_trainer import LoraTrainer
+from ..train.sft_trainer import LoraTrainer, sft_collator
 
 
 def run(argv: Sequence[str] | None = None) -> LoraTrainer:

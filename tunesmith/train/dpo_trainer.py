@@ -32,7 +32,7 @@ MODEL_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "
 
 
 def sequence_logps(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence of a packed batch (data/packing.PreferencePackingCollator): the log-prob of its
+    """Per sequence of a packed batch (data/collator.PreferencePackingCollator): the log-prob of its
     reply tokens, summed (float32), and how many there are. The model returns logits only at the
     positions that predict a reply token, flattened; each is scored against its target and summed into
     its sequence."""
@@ -88,7 +88,7 @@ def dpo_metrics(prediction: EvalPrediction) -> dict[str, float]:
 
 
 class DPOTrainer(PairTrainer):
-    """Batches come from data/packing.PreferencePackingCollator: the chosen and the rejected sequences
+    """Batches come from data/collator.PreferencePackingCollator: the chosen and the rejected sequences
     of a batch in one padding-free row, so both sides go through the model in one forward, with logits
     only where a reply token is predicted. The reference is, in this order: log-probs precomputed in one
     pass before training (`precompute_reference`), a frozen `reference_model` (full fine-tuning), the

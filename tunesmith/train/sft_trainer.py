@@ -5,14 +5,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import Trainer
 
 from ..constants import IGNORE_INDEX
-from ..data.packing import FORWARD_SPLITS, slice_packed_row
+from ..data.collator import PackingCollator, PaddingCollator
+from ..data.packing import CPU_FORWARD_TOKENS, FORWARD_SPLITS, slice_packed_row
 from ..hparams import save_run_config
+from ..models.attention import use_varlen_attention
 from ..utils.hardware import trains_on_cpu
 from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
@@ -169,3 +172,19 @@ def trained_tokens_at(checkpoint: str) -> int:
     """The trained-token count of a checkpoint, from its log history."""
     state = read_state(checkpoint)
     return trained_tokens_logged(state.get("log_history", []), int(state.get("global_step", 0)))[1]
+
+
+def sft_collator(model: torch.nn.Module, tokenizer: Any, data_args: Any, training_args: Any) -> Callable:
+    """The collator an SFT run batches with: padded rows, or with --packing one padding-free row per
+    batch (and the model's sdpa attention switched to sdpa_varlen), split into forwards of at most
+    --max_forward_tokens. Logits are kept for trained positions only unless something else reads the
+    full logits (label smoothing) or computes the loss from hidden states itself (Liger's fused linear
+    cross-entropy)."""
+    if not data_args.packing:
+        return PaddingCollator(tokenizer.pad_token_id)
+    use_varlen_attention(model)
+    full_logits = training_args.use_liger_kernel or training_args.label_smoothing_factor != 0
+    max_forward_tokens = data_args.max_forward_tokens
+    if max_forward_tokens is None:  # DeepSpeed steps at every backward: one forward per batch there
+        max_forward_tokens = CPU_FORWARD_TOKENS if trains_on_cpu(training_args) and not training_args.deepspeed else 0
+    return PackingCollator(trained_logits_only=not full_logits, max_forward_tokens=max_forward_tokens)
