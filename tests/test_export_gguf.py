@@ -18,7 +18,6 @@ from test_cli_errors import assert_one_line_error, cli
 from test_merge import _make_adapter
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from tunesmith.data.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
 from tunesmith.errors import ConfigError, PathError
 from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments, parse_run
@@ -26,6 +25,7 @@ from tunesmith.models.gguf_arch import architecture
 from tunesmith.models.gguf_export import ExportError, RoundTrip, write_gguf
 from tunesmith.models.gguf_vocab import pre_tokenizer_name
 from tunesmith.models.loader import load_tokenizer
+from tunesmith.models.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
 from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _refusal
 from tunesmith.recipes.export import run as export
 

@@ -1,6 +1,6 @@
 """Which tokens of each example are trained, for people to read: the encoded rows as training would
 see them, and the rendered text with every trained run of tokens marked. The command is
-`tunesmith inspect` (recipes/inspect.py); `python -m tunesmith.data.inspect` still runs it."""
+`tunesmith inspect` (recipes/inspect.py)."""
 
 from __future__ import annotations
 
@@ -86,9 +86,3 @@ def _error_record(problem: str) -> dict:
         return {"source": "", "line": 0, "error": problem}
     record = {"source": where[1], "line": int(where[2]), "error": problem}
     return {**record, "row": int(where[3])} if where[3] else record
-
-
-if __name__ == "__main__":  # the old spelling of `tunesmith inspect`, kept for one release
-    from ..recipes.inspect import main
-
-    main()

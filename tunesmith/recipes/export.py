@@ -42,7 +42,6 @@ from pathlib import Path
 from ..boundary import entry_point
 from ..constants import ASSISTANT, SYSTEM, USER
 from ..data.formats import Message
-from ..data.ollama import modelfile_text, ollama_chat, ollama_parameters
 from ..data.template import render_text
 from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
 from ..hparams.run_config import as_saved
@@ -59,6 +58,7 @@ from ..models.gguf_llama_cpp import (
     quantize,
 )
 from ..models.merging import load_adapted, load_merged
+from ..models.ollama import modelfile_text, ollama_chat, ollama_parameters
 from ..utils.io import atomic_write_text
 from .merge import merge_record
 

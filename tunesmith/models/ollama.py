@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..constants import ASSISTANT, SYSTEM, USER
+from ..data.formats import Message
+from ..data.template import render_text
 from ..hparams import GenerationArguments
 from ..utils.paths import run_config_record
-from .formats import Message
-from .template import render_text
 
 START, END = "<|im_start|>", "<|im_end|>"
 
