@@ -39,3 +39,60 @@ def start_single_process_world(training_args: Any) -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if training_args.use_cpu and not torch.distributed.is_initialized():
         bind_deepspeed_comm()
+
+
+# ---------------------------------------------------------------------------- FSDP2
+
+FSDP_LAUNCH_VARIABLE = "ACCELERATE_USE_FSDP"  # what `accelerate launch --config_file configs/fsdp2.yaml` sets
+
+
+def fsdp_requested(training_args: Any) -> bool:
+    """FSDP asked for by --fsdp/--fsdp_config, or by an accelerate launch with an FSDP config."""
+    return bool(getattr(training_args, "fsdp", None)) or \
+        os.environ.get(FSDP_LAUNCH_VARIABLE, "false").lower() == "true"
+
+
+def read_fsdp_config(path: str) -> dict:
+    """The FSDP settings of --fsdp_config PATH, in transformers' fsdp_config form: a JSON or YAML file of
+    those settings, or an accelerate config file (configs/fsdp2.yaml), whose `fsdp_config` section is read.
+    accelerate names parameter offload fsdp_offload_params, transformers cpu_offload."""
+    import yaml
+
+    from .errors import ConfigError
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--fsdp_config {path}: no such file (shipped: configs/fsdp2.yaml)")
+    with open(path, encoding="utf-8") as f:
+        try:
+            loaded = yaml.safe_load(f)  # JSON is YAML too
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--fsdp_config {path}: not valid YAML or JSON ({e})") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--fsdp_config {path}: holds a {type(loaded).__name__}, not a mapping of FSDP settings")
+    if "distributed_type" in loaded and loaded["distributed_type"] != "FSDP":
+        raise ConfigError(f"--fsdp_config {path}: an accelerate config for distributed_type "
+                          f"{loaded['distributed_type']}, not FSDP (see configs/fsdp2.yaml)")
+    settings = dict(loaded.get("fsdp_config", loaded))
+    for key in ("offload_params", "fsdp_offload_params"):
+        if key in settings:
+            settings["cpu_offload"] = settings.pop(key)
+    return settings
+
+
+def shard_cpu_ranks_with_fsdp(accelerator: Any, plugin_args: dict | None) -> None:
+    """accelerate turns FSDP on only for accelerator ranks (its state keeps CPU ranks as MULTI_CPU and drops
+    the plugin), though torch's fully_shard runs on CPU ranks with gloo. Make this process group an FSDP one:
+    the plugin from the Trainer's arguments (--fsdp_config) or, under `accelerate launch`, from the
+    environment. Mixed precision stays autocast's, as on one process (a bf16 MixedPrecisionPolicy would also
+    round the float32 weights a CPU keeps, and the losses with them). PartialState is set too, since every
+    AcceleratorState() call copies its distributed type back."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = accelerator.state
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        return
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = plugin

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import TrainingArguments as _HFTrainingArguments
 
-from ..distributed import bind_deepspeed_comm
+from ..distributed import bind_deepspeed_comm, read_fsdp_config
 from ..errors import ConfigError
 from ..utils.hardware import native_bf16, trains_on_cpu
 
@@ -128,8 +128,14 @@ class TrainingArguments(_HFTrainingArguments):
 
     def __post_init__(self) -> None:
         if isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
-            raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, "
-                              "configs/ds_zero3.json and their _offload variants)")
+            raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, ds_zero1.json, "
+                              "ds_zero3.json and the _offload variants of 2 and 3)")
+        if self.fsdp_config is not None:
+            # --fsdp_config alone turns FSDP on, and may name an accelerate config (configs/fsdp2.yaml), so that one
+            # file serves `accelerate launch --config_file` and torchrun alike.
+            self.fsdp = self.fsdp or True
+            if isinstance(self.fsdp_config, str) and not self.fsdp_config.lstrip().startswith("{"):
+                self.fsdp_config = read_fsdp_config(self.fsdp_config)
         if self.eval_strategy in (None, "auto"):  # made directly, not by the parser (which resolves auto): no evaluation
             self.eval_strategy = "no"
         if self.greater_is_better is None and self.metric_for_best_model:
