@@ -124,6 +124,31 @@ def test_accelerate_launch_with_fsdp_refuses_deepspeed_too(monkeypatch):
         parse_sft("--data_path", "x.jsonl", "--deepspeed", str(ROOT / "configs/ds_zero3.json"))
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("fsdp_version: 1", r"FSDP version 1: tunesmith runs FSDP2 \(torch's fully_shard\) only; set fsdp_version: 2"),
+    ("fsdp_version: 2\n  fsdp_state_dict_type: SHARDED_STATE_DICT",
+     r"fsdp_state_dict_type SHARDED_STATE_DICT: .* set fsdp_state_dict_type: FULL_STATE_DICT"),
+])
+def test_fsdp_settings_tunesmith_cannot_save_or_run_are_refused(tmp_path, setting, message):
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(f"distributed_type: FSDP\nfsdp_config:\n  {setting}\n")
+    with pytest.raises(ConfigError, match=message):
+        parse_sft("--data_path", "x.jsonl", "--fsdp_config", str(config))
+
+
+def test_accelerate_launch_settings_are_checked_too(monkeypatch):
+    """Under accelerate launch the FSDP settings arrive in the environment, with accelerate's defaults (FSDP1, and
+    sharded saves for FSDP2) where its config leaves them out."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ConfigError, match=r"FSDP version 1: "):
+        parse_sft("--data_path", "x.jsonl")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ConfigError, match=r"fsdp_state_dict_type SHARDED_STATE_DICT: "):
+        parse_sft("--data_path", "x.jsonl")
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")
+    assert parse_sft("--data_path", "x.jsonl")["training"].fsdp is None  # accelerate's plugin, from the environment
+
+
 def test_ppo_under_fsdp_is_refused_naming_deepspeed():
     with pytest.raises(ConfigError, match=r"cannot run under FSDP: .* Use --deepspeed configs/ds_zero2.json or "
                                           r"configs/ds_zero3.json"):

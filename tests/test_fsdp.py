@@ -53,6 +53,17 @@ def losses(out: Path) -> list[float]:
     return [r["loss"] for r in logged(out)]
 
 
+def test_fsdp_without_a_launcher_is_refused_before_anything_loads(tiny_model_dir, data, tmp_path, monkeypatch):
+    from tunesmith.errors import ConfigError
+    from tunesmith.recipes import sft
+
+    for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(ConfigError, match=r"FSDP shards the model over several processes: start the run with "
+                                          r"`accelerate launch --config_file configs/fsdp2.yaml` or `torchrun"):
+        sft.run(sft_flags(tiny_model_dir, data, tmp_path / "one", 2, "--fsdp_config", str(FSDP2)))
+
+
 def test_sft_lora_under_accelerate_launch_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, data,
                                                                                        tmp_path):
     from peft import PeftModel

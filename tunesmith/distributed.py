@@ -30,8 +30,17 @@ def start_single_process_world(training_args: Any) -> None:
     ("No module named 'mpi4py'"). Describe a world of one process, as transformers' docs do for
     DeepSpeed in a notebook, and on CPU start its gloo group. Called by the recipes just before any
     model loads (not when arguments are parsed, which tests and tools do without training); a
-    launcher's own variables are left alone."""
-    if not training_args.deepspeed or any(key in os.environ for key in LAUNCHER_VARIABLES):
+    launcher's own variables are left alone. FSDP without a launcher is refused here, in one line,
+    rather than by the Trainer once the model has loaded."""
+    if any(key in os.environ for key in LAUNCHER_VARIABLES):
+        return
+    if fsdp_requested(training_args):
+        from .errors import ConfigError
+
+        raise ConfigError("FSDP shards the model over several processes: start the run with `accelerate launch "
+                          "--config_file configs/fsdp2.yaml` or `torchrun --nproc_per_node N`, or train one process "
+                          "without --fsdp_config")
+    if not training_args.deepspeed:
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,6 +59,17 @@ def fsdp_requested(training_args: Any) -> bool:
     """FSDP asked for by --fsdp/--fsdp_config, or by an accelerate launch with an FSDP config."""
     return bool(getattr(training_args, "fsdp", None)) or \
         os.environ.get(FSDP_LAUNCH_VARIABLE, "false").lower() == "true"
+
+
+def fsdp_setting(training_args: Any, key: str, launch_default: str) -> str:
+    """One FSDP setting (transformers' fsdp_config key, e.g. version, state_dict_type) of a run that asked for
+    FSDP: from --fsdp_config, else from what accelerate launch exported (FSDP_<KEY>; launch_default is
+    accelerate's default when its config left the key out)."""
+    config = getattr(training_args, "fsdp_config", None)
+    if getattr(training_args, "fsdp", None) and isinstance(config, dict):
+        defaults = {"version": "2", "state_dict_type": "FULL_STATE_DICT"}  # transformers' (training_args.py)
+        return str(config.get(key, defaults.get(key, launch_default)))
+    return os.environ.get(f"FSDP_{key.upper()}", launch_default)
 
 
 def read_fsdp_config(path: str) -> dict:

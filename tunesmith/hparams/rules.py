@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..distributed import fsdp_requested
+from ..distributed import fsdp_requested, fsdp_setting
 from ..errors import ConfigError, PathError
 from ..utils.hardware import trains_on_cpu
 from ..utils.paths import (
@@ -160,6 +160,19 @@ RULES: list[Rule] = [
     Rule("fsdp_with_deepspeed", ("training",), lambda a: fsdp_requested(a.training) and a.training.deepspeed,
          "FSDP (--fsdp_config, or accelerate launch with an FSDP config) and --deepspeed {training.deepspeed} both "
          "shard the model: keep one, configs/fsdp2.yaml or a configs/ds_zero*.json."),
+    Rule("fsdp_version", ("training",),
+         lambda a: fsdp_requested(a.training) and fsdp_setting(a.training, "version", "1") != "2"
+         and {"version": fsdp_setting(a.training, "version", "1")},
+         "FSDP version {version}: tunesmith runs FSDP2 (torch's fully_shard) only; set fsdp_version: 2 in the FSDP "
+         "config (configs/fsdp2.yaml does)."),
+    Rule("fsdp_full_state_dict", ("training",),
+         lambda a: fsdp_requested(a.training)
+         and (fsdp_setting(a.training, "version", "1") == "2"
+              and fsdp_setting(a.training, "state_dict_type", "SHARDED_STATE_DICT").upper() != "FULL_STATE_DICT")
+         and {"kind": fsdp_setting(a.training, "state_dict_type", "SHARDED_STATE_DICT")},
+         "fsdp_state_dict_type {kind}: tunesmith's saves gather the whole model on the first process, so that "
+         "outputs load with plain transformers/peft; set fsdp_state_dict_type: FULL_STATE_DICT (configs/fsdp2.yaml "
+         "does)."),
     Rule("fsdp_8bit", ("model", "training"), lambda a: a.model.quantization_bit == 8 and fsdp_requested(a.training),
          "FSDP cannot shard 8-bit bitsandbytes weights (fully_shard drops their quantization state): use "
          "--quantization_bit 4 (stored in the compute dtype, which FSDP shards), or --deepspeed configs/ds_zero2.json."),

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 class LoraTrainer(Trainer):
     """Trains full models and PEFT adapters alike (PEFT's own save writes adapters; the Trainer
-    gathers ZeRO-3 shards first). Adds: the count of trained tokens in the logs (continued across a
+    gathers ZeRO-3 shards, or FSDP2's full state dict, first; FSDP2 runs on CPU ranks too). Adds: the count of trained tokens in the logs (continued across a
     resume), eval_loss per predicted token and eval_perplexity (evaluation_loop), the resolved run config
     beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
 
