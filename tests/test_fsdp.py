@@ -1,6 +1,6 @@
 """FSDP2 (torch's fully_shard, through accelerate) on two CPU ranks (gloo), with the one file
 configs/fsdp2.yaml under both launchers (accelerate launch --config_file, torchrun with --fsdp_config):
-SFT (LoRA and full), the reward model and DPO train as one rank does at the same global batch, saves
+SFT (QLoRA 4-bit and full), the reward model and DPO train as one rank does at the same global batch, saves
 gather the full state dict (outputs load with plain transformers/peft, every tensor whole), and a run
 resumes from its checkpoint. The refusals (FSDP with DeepSpeed, with 8-bit, under PPO) are in test_config."""
 
@@ -64,16 +64,18 @@ def test_fsdp_without_a_launcher_is_refused_before_anything_loads(tiny_model_dir
         sft.run(sft_flags(tiny_model_dir, data, tmp_path / "one", 2, "--fsdp_config", str(FSDP2)))
 
 
-def test_sft_lora_under_accelerate_launch_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, data,
-                                                                                       tmp_path):
+def test_sft_qlora_under_accelerate_launch_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, data,
+                                                                                        tmp_path):
+    """QLoRA 4-bit: the packed weights are stored in the compute dtype (bnb_4bit_quant_storage), so fully_shard
+    shards them like any tensor."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from tunesmith.recipes import sft
 
-    out = tmp_path / "two"
-    assert SHARDED in accelerate_launch("sft/train.py", 2, *sft_flags(tiny_model_dir, data, out, 2))
-    sft.run(sft_flags(tiny_model_dir, data, tmp_path / "one", 4))
+    out, qlora = tmp_path / "two", ("--quantization_bit", "4")
+    assert SHARDED in accelerate_launch("sft/train.py", 2, *sft_flags(tiny_model_dir, data, out, 2, *qlora))
+    sft.run(sft_flags(tiny_model_dir, data, tmp_path / "one", 4, *qlora))
     one = losses(tmp_path / "one")
     assert losses(out) == pytest.approx(one, rel=2e-3) and one[-1] < one[0]
 
