@@ -63,7 +63,7 @@ class TrainingArguments(_HFTrainingArguments):
     bf16_auto: ClassVar[bool] = False  # what --bf16's default (auto) may resolve to where bf16 is native
     _argument_group_name: ClassVar[str] = "training"
     # transformers' own fields that `--help` lists with ours, before the rest of the Trainer's.
-    help_first: ClassVar[tuple[str, ...]] = ("deepspeed", "gradient_checkpointing", "lr_scheduler_type",
+    help_first: ClassVar[tuple[str, ...]] = ("deepspeed", "fsdp_config", "gradient_checkpointing", "lr_scheduler_type",
                                              "warmup_steps", "per_device_eval_batch_size", "report_to")
 
     output_dir: str | None = field(default="outputs/run", metadata={"help": "Where checkpoints and the result go."})
@@ -122,6 +122,12 @@ class TrainingArguments(_HFTrainingArguments):
                   "in bf16). Default (auto): for SFT, on where the hardware computes bf16 natively (a GPU that "
                   "supports it, a CPU with AVX512-BF16 or AMX), off elsewhere, with --fp16 and under DeepSpeed "
                   "on CPU; the other stages, whose reference and rollout log-probs are checked exactly, off."},
+    )
+    fsdp_config: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "FSDP2 (torch's fully_shard) under torchrun: configs/fsdp2.yaml (an accelerate config, whose "
+                  "fsdp_config section is read) or a YAML/JSON file of those settings; given alone it turns FSDP on. "
+                  "Under `accelerate launch --config_file configs/fsdp2.yaml` leave it out."},
     )
     # Our collators consume the tokenized columns; the Trainer must not drop the ones it doesn't know.
     remove_unused_columns: bool = field(default=False, metadata={"help": "Leave False for tunesmith datasets."})
