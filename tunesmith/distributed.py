@@ -1,5 +1,6 @@
-"""DeepSpeed's process group on machines and launch modes that the libraries leave out: CPU ranks
-(gloo), and a single process started without a launcher."""
+"""DeepSpeed's and FSDP2's process groups on machines and launch modes that the libraries leave out: CPU
+ranks (gloo), and a single process started without a launcher; and where a run's FSDP settings come from
+(--fsdp_config, or the environment `accelerate launch` exports)."""
 
 from __future__ import annotations
 
