@@ -25,12 +25,15 @@ def stage(config: Path) -> str:
     return "ppo" if kind == "grpo" else kind
 
 
-RUN_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*") if p.suffix in (".yaml", ".yml"))
+# accelerate config files (for `accelerate launch --config_file`, and --fsdp_config), not run configs
+LAUNCH_CONFIGS = sorted((ROOT / "configs").rglob("fsdp*.yaml"))
+RUN_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*")
+                     if p.suffix in (".yaml", ".yml") and p not in LAUNCH_CONFIGS)
 DS_CONFIGS = sorted((ROOT / "configs").rglob("ds_*.json"))
 
 
 def test_configs_are_found():
-    assert len(RUN_CONFIGS) >= 3 and len(DS_CONFIGS) == 4
+    assert len(RUN_CONFIGS) >= 3 and len(DS_CONFIGS) == 5 and len(LAUNCH_CONFIGS) == 1
 
 
 @pytest.mark.parametrize("config", RUN_CONFIGS, ids=lambda p: p.name)
@@ -49,6 +52,19 @@ def test_every_deepspeed_config_is_accepted_by_the_trainer(config):
     assert ds.get_value("zero_optimization.stage") == stage
     if stage == 3:
         assert ds.get_value("zero_optimization.stage3_gather_16bit_weights_on_model_save") is True
+
+
+@pytest.mark.parametrize("config", LAUNCH_CONFIGS, ids=lambda p: p.name)
+def test_every_fsdp_config_serves_accelerate_launch_and_fsdp_config(config):
+    """The same file is accelerate's launch config and, through --fsdp_config, the Trainer's FSDP settings."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    launch = load_config_from_file(str(config))
+    assert launch.distributed_type == "FSDP" and launch.fsdp_config["fsdp_version"] == 2
+    training = parse_sft("--data_path", "x.jsonl", "--fsdp_config", str(config))["training"]
+    assert training.fsdp is True
+    assert training.fsdp_plugin_args["fsdp_version"] == 2
+    assert training.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"  # saves load with plain transformers
 
 
 def test_flags_after_the_config_file_win(tmp_path):
@@ -86,6 +102,11 @@ def test_cpu_default_and_training_defaults():
         (("--quantization_bit", "8", "--deepspeed", str(ROOT / "configs/ds_zero3.json")),
          r"ZeRO-3 cannot partition 8-bit bitsandbytes weights: use --quantization_bit 4"),
         (("--deepspeed", "nope.json"), r"--deepspeed nope.json: no such file \(shipped: configs/ds_zero2.json"),
+        (("--fsdp_config", "nope.yaml"), r"--fsdp_config nope.yaml: no such file \(shipped: configs/fsdp2.yaml\)"),
+        (("--fsdp_config", str(ROOT / "configs/fsdp2.yaml"), "--deepspeed", str(ROOT / "configs/ds_zero2.json")),
+         r"FSDP \(--fsdp_config, or accelerate launch with an FSDP config\) and --deepspeed .* both shard the model"),
+        (("--fsdp_config", str(ROOT / "configs/fsdp2.yaml"), "--quantization_bit", "8"),
+         r"FSDP cannot shard 8-bit bitsandbytes weights .*: use --quantization_bit 4"),
         (("--val_size", "1.5"), r"--val_size must be in \[0, 1\) \(got 1.5\)"),
         (("--lora_r", "0"), r"--lora_r must be a positive rank"),
         (("--attn_implementation", "flash_attention_2"), r"needs a CUDA GPU and the flash-attn package"),
@@ -97,6 +118,45 @@ def test_cpu_default_and_training_defaults():
 def test_incompatible_combinations_stop_early(argv, message):
     with pytest.raises(ConfigError, match=message):
         parse_sft("--data_path", "x.jsonl", *argv)
+
+
+def test_accelerate_launch_with_fsdp_refuses_deepspeed_too(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch --config_file configs/fsdp2.yaml` sets
+    with pytest.raises(ConfigError, match=r"FSDP .* and --deepspeed .* both shard the model: keep one"):
+        parse_sft("--data_path", "x.jsonl", "--deepspeed", str(ROOT / "configs/ds_zero3.json"))
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("fsdp_version: 1", r"FSDP version 1: tunesmith runs FSDP2 \(torch's fully_shard\) only; set fsdp_version: 2"),
+    ("fsdp_version: 2\n  fsdp_state_dict_type: SHARDED_STATE_DICT",
+     r"fsdp_state_dict_type SHARDED_STATE_DICT: .* set fsdp_state_dict_type: FULL_STATE_DICT"),
+])
+def test_fsdp_settings_tunesmith_cannot_save_or_run_are_refused(tmp_path, setting, message):
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(f"distributed_type: FSDP\nfsdp_config:\n  {setting}\n")
+    with pytest.raises(ConfigError, match=message):
+        parse_sft("--data_path", "x.jsonl", "--fsdp_config", str(config))
+
+
+def test_accelerate_launch_settings_are_checked_too(monkeypatch):
+    """Under accelerate launch the FSDP settings arrive in the environment, with accelerate's defaults (FSDP1, and
+    sharded saves for FSDP2) where its config leaves them out."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ConfigError, match=r"FSDP version 1: "):
+        parse_sft("--data_path", "x.jsonl")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ConfigError, match=r"fsdp_state_dict_type SHARDED_STATE_DICT: "):
+        parse_sft("--data_path", "x.jsonl")
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")
+    assert parse_sft("--data_path", "x.jsonl")["training"].fsdp is None  # accelerate's plugin, from the environment
+
+
+def test_ppo_under_fsdp_is_refused_naming_deepspeed():
+    with pytest.raises(ConfigError, match=r"cannot run under FSDP: .* Use --deepspeed configs/ds_zero2.json or "
+                                          r"configs/ds_zero3.json"):
+        parse_run("ppo", ["--data_path", "x.jsonl", "--reward_funcs", "m:f", "--advantage", "grpo",
+                          "--samples_per_prompt", "2", "--fsdp_config", str(ROOT / "configs/fsdp2.yaml")],
+                  check_paths=False)
 
 
 def test_missing_data_path():

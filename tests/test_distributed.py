@@ -1,6 +1,6 @@
-"""Two CPU ranks (gloo) under torchrun and the deepspeed launcher with DeepSpeed ZeRO-2 and ZeRO-3,
-for SFT, the reward model, DPO, PPO and GRPO: runs train, saves are complete and load back with plain
-transformers/peft, and two ranks follow the one-rank run at the same global batch."""
+"""Two CPU ranks (gloo) under torchrun and the deepspeed launcher with DeepSpeed ZeRO-2 and ZeRO-3 (and their
+offload configs), for SFT, the reward model, DPO, PPO and GRPO: runs train, saves are complete and load back
+with plain transformers/peft, and two ranks follow the one-rank run at the same global batch."""
 
 from __future__ import annotations
 
@@ -71,8 +71,11 @@ def train(model_dir: str, data: str, out: Path, ranks: int, *extra: str, launche
 @pytest.mark.parametrize(
     "config, launcher, quantization",
     [("ds_zero2.json", "torchrun", ()), ("ds_zero3.json", "deepspeed", ()),
-     ("ds_zero3.json", "torchrun", ("--quantization_bit", "4"))],
-    ids=["zero2-torchrun", "zero3-deepspeed-launcher", "zero3-qlora4"],
+     ("ds_zero3.json", "torchrun", ("--quantization_bit", "4")),
+     # Offload on a CPU machine: the Trainer's own AdamW steps in CPU memory (transformers sets
+     # zero_force_ds_cpu_optimizer false), so DeepSpeed's CPU Adam op need not be compiled.
+     ("ds_zero2_offload.json", "torchrun", ()), ("ds_zero3_offload.json", "deepspeed", ())],
+    ids=["zero2-torchrun", "zero3-deepspeed-launcher", "zero3-qlora4", "zero2-offload", "zero3-offload"],
 )
 def test_two_rank_lora_saves_complete_adapter(tiny_model_dir, data, tmp_path, config, launcher, quantization):
     from peft import PeftModel

@@ -1,5 +1,6 @@
-"""DeepSpeed's process group on machines and launch modes that the libraries leave out: CPU ranks
-(gloo), and a single process started without a launcher."""
+"""DeepSpeed's and FSDP2's process groups on machines and launch modes that the libraries leave out: CPU
+ranks (gloo), and a single process started without a launcher; and where a run's FSDP settings come from
+(--fsdp_config, or the environment `accelerate launch` exports)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,17 @@ def start_single_process_world(training_args: Any) -> None:
     ("No module named 'mpi4py'"). Describe a world of one process, as transformers' docs do for
     DeepSpeed in a notebook, and on CPU start its gloo group. Called by the recipes just before any
     model loads (not when arguments are parsed, which tests and tools do without training); a
-    launcher's own variables are left alone."""
-    if not training_args.deepspeed or any(key in os.environ for key in LAUNCHER_VARIABLES):
+    launcher's own variables are left alone. FSDP without a launcher is refused here, in one line,
+    rather than by the Trainer once the model has loaded."""
+    if any(key in os.environ for key in LAUNCHER_VARIABLES):
+        return
+    if fsdp_requested(training_args):
+        from .errors import ConfigError
+
+        raise ConfigError("FSDP shards the model over several processes: start the run with `accelerate launch "
+                          "--config_file configs/fsdp2.yaml` or `torchrun --nproc_per_node N`, or train one process "
+                          "without --fsdp_config")
+    if not training_args.deepspeed:
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,3 +49,71 @@ def start_single_process_world(training_args: Any) -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if training_args.use_cpu and not torch.distributed.is_initialized():
         bind_deepspeed_comm()
+
+
+# ---------------------------------------------------------------------------- FSDP2
+
+FSDP_LAUNCH_VARIABLE = "ACCELERATE_USE_FSDP"  # what `accelerate launch --config_file configs/fsdp2.yaml` sets
+
+
+def fsdp_requested(training_args: Any) -> bool:
+    """FSDP asked for by --fsdp/--fsdp_config, or by an accelerate launch with an FSDP config."""
+    return bool(getattr(training_args, "fsdp", None)) or \
+        os.environ.get(FSDP_LAUNCH_VARIABLE, "false").lower() == "true"
+
+
+def fsdp_setting(training_args: Any, key: str, launch_default: str) -> str:
+    """One FSDP setting (transformers' fsdp_config key, e.g. version, state_dict_type) of a run that asked for
+    FSDP: from --fsdp_config, else from what accelerate launch exported (FSDP_<KEY>; launch_default is
+    accelerate's default when its config left the key out)."""
+    config = getattr(training_args, "fsdp_config", None)
+    if getattr(training_args, "fsdp", None) and isinstance(config, dict):
+        defaults = {"version": "2", "state_dict_type": "FULL_STATE_DICT"}  # transformers' (training_args.py)
+        return str(config.get(key, defaults.get(key, launch_default)))
+    return os.environ.get(f"FSDP_{key.upper()}", launch_default)
+
+
+def read_fsdp_config(path: str) -> dict:
+    """The FSDP settings of --fsdp_config PATH, in transformers' fsdp_config form: a JSON or YAML file of
+    those settings, or an accelerate config file (configs/fsdp2.yaml), whose `fsdp_config` section is read.
+    accelerate names parameter offload fsdp_offload_params, transformers cpu_offload."""
+    import yaml
+
+    from .errors import ConfigError
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--fsdp_config {path}: no such file (shipped: configs/fsdp2.yaml)")
+    with open(path, encoding="utf-8") as f:
+        try:
+            loaded = yaml.safe_load(f)  # JSON is YAML too
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--fsdp_config {path}: not valid YAML or JSON ({e})") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--fsdp_config {path}: holds a {type(loaded).__name__}, not a mapping of FSDP settings")
+    if "distributed_type" in loaded and loaded["distributed_type"] != "FSDP":
+        raise ConfigError(f"--fsdp_config {path}: an accelerate config for distributed_type "
+                          f"{loaded['distributed_type']}, not FSDP (see configs/fsdp2.yaml)")
+    settings = dict(loaded.get("fsdp_config", loaded))
+    for key in ("offload_params", "fsdp_offload_params"):
+        if key in settings:
+            settings["cpu_offload"] = settings.pop(key)
+    return settings
+
+
+def shard_cpu_ranks_with_fsdp(accelerator: Any, plugin_args: dict | None) -> None:
+    """accelerate turns FSDP on only for accelerator ranks (its state keeps CPU ranks as MULTI_CPU and drops
+    the plugin), though torch's fully_shard runs on CPU ranks with gloo. Make this process group an FSDP one:
+    the plugin from the Trainer's arguments (--fsdp_config) or, under `accelerate launch`, from the
+    environment. Mixed precision stays autocast's, as on one process (a bf16 MixedPrecisionPolicy would also
+    round the float32 weights a CPU keeps, and the losses with them). PartialState is set too, since every
+    AcceleratorState() call copies its distributed type back."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = accelerator.state
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        return
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = plugin

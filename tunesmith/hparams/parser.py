@@ -267,7 +267,7 @@ def _line_of(text: str, key: str) -> int:
 
 
 # Paths in a run config are relative to the repo root when they exist there, else to the config file.
-_PATH_KEYS = {"data_path", "eval_data_path", "deepspeed", "chat_template"}
+_PATH_KEYS = {"data_path", "eval_data_path", "deepspeed", "fsdp_config", "chat_template"}
 
 
 def _config_value(value: Any, key: str, base: Path) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..distributed import fsdp_requested, fsdp_setting
 from ..errors import ConfigError, PathError
 from ..utils.hardware import trains_on_cpu
 from ..utils.paths import (
@@ -157,6 +158,25 @@ RULES: list[Rule] = [
          lambda a: a.model.quantization_bit == 8 and zero_stage(a.training) == 3,
          "ZeRO-3 cannot partition 8-bit bitsandbytes weights: use --quantization_bit 4 (stored in the compute "
          "dtype, which ZeRO-3 can shard) or configs/ds_zero2.json."),
+    Rule("fsdp_with_deepspeed", ("training",), lambda a: fsdp_requested(a.training) and a.training.deepspeed,
+         "FSDP (--fsdp_config, or accelerate launch with an FSDP config) and --deepspeed {training.deepspeed} both "
+         "shard the model: keep one, configs/fsdp2.yaml or a configs/ds_zero*.json."),
+    Rule("fsdp_version", ("training",),
+         lambda a: fsdp_requested(a.training) and fsdp_setting(a.training, "version", "1") != "2"
+         and {"version": fsdp_setting(a.training, "version", "1")},
+         "FSDP version {version}: tunesmith runs FSDP2 (torch's fully_shard) only; set fsdp_version: 2 in the FSDP "
+         "config (configs/fsdp2.yaml does)."),
+    Rule("fsdp_full_state_dict", ("training",),
+         lambda a: fsdp_requested(a.training)
+         and (fsdp_setting(a.training, "version", "1") == "2"
+              and fsdp_setting(a.training, "state_dict_type", "SHARDED_STATE_DICT").upper() != "FULL_STATE_DICT")
+         and {"kind": fsdp_setting(a.training, "state_dict_type", "SHARDED_STATE_DICT")},
+         "fsdp_state_dict_type {kind}: tunesmith's saves gather the whole model on the first process, so that "
+         "outputs load with plain transformers/peft; set fsdp_state_dict_type: FULL_STATE_DICT (configs/fsdp2.yaml "
+         "does)."),
+    Rule("fsdp_8bit", ("model", "training"), lambda a: a.model.quantization_bit == 8 and fsdp_requested(a.training),
+         "FSDP cannot shard 8-bit bitsandbytes weights (fully_shard drops their quantization state): use "
+         "--quantization_bit 4 (stored in the compute dtype, which FSDP shards), or --deepspeed configs/ds_zero2.json."),
     Rule("fp16_on_cpu", ("training",),
          lambda a: a.training.fp16 and trains_on_cpu(a.training),
          "--fp16 mixed precision needs a CUDA GPU: drop it, or use --bf16 true."),
@@ -298,6 +318,9 @@ RULES: list[Rule] = [
          lambda a: a.training.gradient_checkpointing and a.finetuning.finetuning_type == "lora",
          "--gradient_checkpointing cannot be used with LoRA PPO: the policy and value adapters share one model and "
          "the recomputed forward would run the wrong adapter; drop it (or use --finetuning_type full)."),
+    Rule("ppo_fsdp", ("ppo", "training"), lambda a: fsdp_requested(a.training),
+         "ppo/train.py (PPO, GRPO, RLOO) cannot run under FSDP: its rollouts generate with the whole policy, which "
+         "it gathers only from DeepSpeed's shards. Use --deepspeed configs/ds_zero2.json or configs/ds_zero3.json."),
     Rule("ppo_mini_batches", ("ppo", "training"),
          lambda a: a.ppo.num_mini_batches < 1 or _batch(a) % a.ppo.num_mini_batches,
          "--num_mini_batches {ppo.num_mini_batches} must divide --per_device_train_batch_size "

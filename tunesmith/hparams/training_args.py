@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import TrainingArguments as _HFTrainingArguments
 
-from ..distributed import bind_deepspeed_comm
+from ..distributed import bind_deepspeed_comm, read_fsdp_config
 from ..errors import ConfigError
 from ..utils.hardware import native_bf16, trains_on_cpu
 
@@ -63,7 +63,7 @@ class TrainingArguments(_HFTrainingArguments):
     bf16_auto: ClassVar[bool] = False  # what --bf16's default (auto) may resolve to where bf16 is native
     _argument_group_name: ClassVar[str] = "training"
     # transformers' own fields that `--help` lists with ours, before the rest of the Trainer's.
-    help_first: ClassVar[tuple[str, ...]] = ("deepspeed", "gradient_checkpointing", "lr_scheduler_type",
+    help_first: ClassVar[tuple[str, ...]] = ("deepspeed", "fsdp_config", "gradient_checkpointing", "lr_scheduler_type",
                                              "warmup_steps", "per_device_eval_batch_size", "report_to")
 
     output_dir: str | None = field(default="outputs/run", metadata={"help": "Where checkpoints and the result go."})
@@ -123,13 +123,25 @@ class TrainingArguments(_HFTrainingArguments):
                   "supports it, a CPU with AVX512-BF16 or AMX), off elsewhere, with --fp16 and under DeepSpeed "
                   "on CPU; the other stages, whose reference and rollout log-probs are checked exactly, off."},
     )
+    fsdp_config: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "FSDP2 (torch's fully_shard) under torchrun: configs/fsdp2.yaml (an accelerate config, whose "
+                  "fsdp_config section is read) or a YAML/JSON file of those settings; given alone it turns FSDP on. "
+                  "Under `accelerate launch --config_file configs/fsdp2.yaml` leave it out."},
+    )
     # Our collators consume the tokenized columns; the Trainer must not drop the ones it doesn't know.
     remove_unused_columns: bool = field(default=False, metadata={"help": "Leave False for tunesmith datasets."})
 
     def __post_init__(self) -> None:
         if isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
-            raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, "
-                              "configs/ds_zero3.json and their _offload variants)")
+            raise ConfigError(f"--deepspeed {self.deepspeed}: no such file (shipped: configs/ds_zero2.json, ds_zero1.json, "
+                              "ds_zero3.json and the _offload variants of 2 and 3)")
+        if self.fsdp_config is not None:
+            # --fsdp_config alone turns FSDP on, and may name an accelerate config (configs/fsdp2.yaml), so that one
+            # file serves `accelerate launch --config_file` and torchrun alike.
+            self.fsdp = self.fsdp or True
+            if isinstance(self.fsdp_config, str) and not self.fsdp_config.lstrip().startswith("{"):
+                self.fsdp_config = read_fsdp_config(self.fsdp_config)
         if self.eval_strategy in (None, "auto"):  # made directly, not by the parser (which resolves auto): no evaluation
             self.eval_strategy = "no"
         if self.greater_is_better is None and self.metric_for_best_model:

@@ -5,6 +5,7 @@ perplexity at every checkpoint and at the end.
     python sft/train.py configs/sft_lora_demo.yaml
     python sft/train.py --data_path data/demo/sft.jsonl --output_dir outputs/sft [--quantization_bit 4]
     torchrun --nproc_per_node 2 sft/train.py configs/sft_lora_demo.yaml --deepspeed configs/ds_zero3.json
+    accelerate launch --config_file configs/fsdp2.yaml sft/train.py configs/sft_lora_demo.yaml
 """
 
 from __future__ import annotations

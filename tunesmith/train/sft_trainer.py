@@ -14,6 +14,7 @@ from transformers import Trainer
 from ..constants import IGNORE_INDEX
 from ..data.collator import PackingCollator, PaddingCollator
 from ..data.packing import CPU_FORWARD_TOKENS, FORWARD_SPLITS, slice_packed_row
+from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
 from ..models.attention import use_varlen_attention
 from ..utils.hardware import trains_on_cpu
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 class LoraTrainer(Trainer):
     """Trains full models and PEFT adapters alike (PEFT's own save writes adapters; the Trainer
-    gathers ZeRO-3 shards first). Adds: the count of trained tokens in the logs (continued across a
+    gathers ZeRO-3 shards, or FSDP2's full state dict, first; FSDP2 runs on CPU ranks too). Adds: the count of trained tokens in the logs (continued across a
     resume), eval_loss per predicted token and eval_perplexity (evaluation_loop), the resolved run config
     beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
 
@@ -42,6 +43,16 @@ class LoraTrainer(Trainer):
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
         self._tokens_before = 0  # all processes, up to the resumed checkpoint
         self._eval_totals = torch.zeros(2, dtype=torch.float64)  # this process, this evaluation: summed loss, tokens
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        if fsdp_requested(self.args) and not self.is_fsdp_enabled:
+            shard_cpu_ranks_with_fsdp(self.accelerator, self.args.fsdp_plugin_args)
+            self.is_fsdp_enabled = self.accelerator.is_fsdp2
+        if self.is_fsdp_enabled:
+            plugin = self.accelerator.state.fsdp_plugin
+            logger.info("FSDP%d (fully_shard) on %d process(es), state dict %s", plugin.fsdp_version,
+                        self.accelerator.num_processes, plugin.state_dict_type.name)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
         self._trained_tokens.zero_()
