@@ -106,3 +106,31 @@ def test_overwrite_refuses_to_delete_the_checkpoint_it_is_asked_to_resume(tmp_pa
     with pytest.raises(ConfigError, match="pass only one of the two"):
         guard_output_dir(run)
     assert (tmp_path / "checkpoint-2").is_dir()
+
+
+def test_which_settings_change_a_result_is_read_from_the_dataclasses(monkeypatch):
+    """transformers' Trainer settings are sorted by what they are named for, read from the dataclass itself (a
+    field a later release adds as hub_*, logging_*, save_* ... is neutral at once); tunesmith's own neutral
+    settings are named by their dataclass (`result_neutral`); everything else changes the result."""
+    import dataclasses
+
+    from transformers import TrainingArguments as HFTrainingArguments
+
+    from tunesmith.hparams import run_config
+
+    keys = run_config.result_neutral_keys()
+    assert {"logging_steps", "save_total_limit", "hub_model_id", "eval_steps", "report_to", "deepspeed",
+            "output_dir", "overwrite_output_dir", "max_steps"} <= keys  # transformers' and the redefined ones
+    assert {"overwrite_cache", "plot_loss", "rollout_log_samples", "trust_remote_code"} <= keys  # tunesmith's own
+    assert not {"learning_rate", "seed", "per_device_train_batch_size", "lora_r", "data_path", "optim",
+                "max_seq_length", "kl_coef", "bf16"} & keys
+
+    @dataclasses.dataclass
+    class LaterTrainingArguments(HFTrainingArguments):
+        hub_new_option: bool = False
+        new_regulariser: float = 0.0
+
+    monkeypatch.setattr(run_config, "HFTrainingArguments", LaterTrainingArguments, raising=False)
+    monkeypatch.setattr("transformers.TrainingArguments", LaterTrainingArguments)
+    later = run_config._neutral_keys()
+    assert "hub_new_option" in later and "new_regulariser" not in later

@@ -40,6 +40,7 @@ class DataFileArguments:
 
     role: ClassVar[str] = "data"
     _argument_group_name: ClassVar[str] = "data"
+    result_neutral: ClassVar[frozenset[str]] = frozenset({"overwrite_cache"})  # hparams/run_config.py
     # The part of --data_split this kind of run trains on (1 SFT, 2 reward/DPO, 3 PPO/GRPO/RLOO); 0: none.
     split_part: ClassVar[int] = 0
 

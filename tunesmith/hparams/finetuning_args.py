@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 class FinetuningArguments:
     role: ClassVar[str] = "finetuning"
     _argument_group_name: ClassVar[str] = "fine-tuning"
+    result_neutral: ClassVar[frozenset[str]] = frozenset({"plot_loss"})  # hparams/run_config.py
 
     finetuning_type: Literal["lora", "full"] = field(
         default="lora", metadata={"help": "lora: train adapters on a frozen base. full: train every weight."}

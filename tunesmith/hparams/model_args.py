@@ -9,6 +9,8 @@ from typing import ClassVar, Literal
 @dataclass
 class ModelArguments:
     role: ClassVar[str] = "model"
+    # The same maths either way (hparams/run_config.py): how a model's code and attention kernel are found.
+    result_neutral: ClassVar[frozenset[str]] = frozenset({"trust_remote_code", "attn_implementation"})
     _argument_group_name: ClassVar[str] = "model"
 
     model_name_or_path: str | None = field(

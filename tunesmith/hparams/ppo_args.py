@@ -44,6 +44,7 @@ class RewardSourceArguments:
 class PPOArguments(RewardSourceArguments):
     role: ClassVar[str] = "ppo"
     _argument_group_name: ClassVar[str] = "PPO / GRPO"
+    result_neutral: ClassVar[frozenset[str]] = frozenset({"rollout_log_samples"})  # hparams/run_config.py
 
     advantage: Literal["gae", "grpo", "rloo"] = field(
         default="gae",

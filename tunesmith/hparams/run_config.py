@@ -4,6 +4,7 @@ and compared with a new run's before it resumes or replaces what is there."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any
@@ -11,38 +12,52 @@ from typing import Any
 from ..constants import RUN_CONFIG_FILE
 from ..utils.io import atomic_write_json
 
-# Settings that do not change what a run computes. Two runs that differ only in these are the same
-# run: continued, extended, logged, saved or evaluated differently, or launched on another machine.
-# Every other setting changes the result, and a run in output_dir made with another value of it is
-# neither resumed nor replaced without --overwrite_output_dir.
-RESULT_NEUTRAL_KEYS = frozenset({
-    # where the run goes and whether it continues
-    "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
-    # how long it runs: a longer run from the same settings is a resume of the shorter one
-    "max_steps", "num_train_epochs",
+# Settings that do not change what a run computes. Two runs that differ only in these are the same run:
+# continued, extended, logged, saved or evaluated differently, or launched on another machine. Every other
+# setting changes the result, and a run in output_dir made with another value of it is neither resumed nor
+# replaced without --overwrite_output_dir.
+#
+# tunesmith's own such fields are named by their dataclass (its `result_neutral` set); transformers' TrainingArguments fields
+# are read from the dataclass and sorted by what they are named for, so a field a new transformers release adds
+# under one of these names (hub_*, logging_*, save_*, eval_*, ddp_*, ...) is placed without a change here, and
+# any other new field counts as changing the result (the safe side: a resume is refused, never wrong).
+NEUTRAL_NAMES_OF_TRANSFORMERS = (
+    # where the run goes and whether it continues; how long it runs (a longer run is a resume of a shorter one)
+    "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "max_steps", "num_train_epochs",
     # logging and reporting
-    "logging_dir", "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node",
-    "logging_nan_inf_filter", "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name",
-    "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
-    "include_num_input_tokens_seen", "skip_memory_metrics", "plot_loss", "rollout_log_samples",
-    # when and how checkpoints are written and published
-    "save_strategy", "save_steps", "save_total_limit", "save_on_each_node", "save_only_model",
-    "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy",
-    "hub_always_push", "hub_revision",
+    "logging_", "log_", "report_to", "run_name", "project", "trackio_", "disable_tqdm", "skip_memory_metrics",
+    "include_num_input_tokens_seen",
+    # when and where checkpoints are written and published
+    "save_", "enable_jit_checkpoint", "push_to_hub", "hub_",
     # when evaluation runs and in what batches (which data it uses is compared)
-    "eval_strategy", "eval_steps", "eval_delay", "eval_on_start", "per_device_eval_batch_size",
-    "eval_accumulation_steps", "eval_do_concat_batches", "eval_use_gather_object", "batch_eval_metrics",
-    "prediction_loss_only",
-    # the tokenized-data cache (keyed by its inputs) and data loading workers
-    "overwrite_cache", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+    "eval_", "per_device_eval_batch_size", "batch_eval_metrics", "prediction_loss_only",
+    # data loading workers
+    "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
     "dataloader_prefetch_factor", "dataloader_multiprocessing_context",
-    # the machine and the launch: device, process rank, sharding and memory trade-offs of the same maths
-    "use_cpu", "local_rank", "deepspeed", "fsdp", "fsdp_config", "ddp_backend", "ddp_timeout",
-    "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph",
-    "gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_checkpointing",
-    "activation_checkpointing_kwargs", "torch_empty_cache_steps", "attn_implementation", "trust_remote_code",
-    "torch_compile", "torch_compile_backend", "torch_compile_mode", "debug", "do_train", "do_eval", "do_predict",
-})
+    # the machine and the launch: device, process rank, sharding, compilation and memory trade-offs of the same maths
+    "use_cpu", "local_rank", "deepspeed", "fsdp", "ddp_", "gradient_checkpointing", "activation_checkpointing",
+    "torch_empty_cache_steps", "torch_compile", "debug", "do_train", "do_eval", "do_predict",
+)
+
+
+def _neutral_keys() -> frozenset[str]:
+    from transformers import TrainingArguments as HFTrainingArguments
+
+    from . import RUN_ARGUMENTS
+
+    classes = {cls for kinds in RUN_ARGUMENTS.values() for cls in kinds}
+    own = {name for cls in classes for name in getattr(cls, "result_neutral", ())}
+    # the Trainer's settings, as transformers defines them or as tunesmith's TrainingArguments redefine them
+    trainer = {f.name for f in dataclasses.fields(HFTrainingArguments)} | {
+        f.name for cls in classes if issubclass(cls, HFTrainingArguments) for f in dataclasses.fields(cls)}
+    return frozenset(own | {name for name in trainer if name.startswith(NEUTRAL_NAMES_OF_TRANSFORMERS)})
+
+
+@functools.cache
+def result_neutral_keys() -> frozenset[str]:
+    """The names of every setting that does not change what a run computes."""
+    return _neutral_keys()
+
 
 MAX_LISTED_DIFFERENCES = 10
 
@@ -74,7 +89,7 @@ def result_differences(saved: dict[str, dict[str, Any]], new: dict[str, dict[str
     differences = []
     for section, fields in new.items():
         for key, value in fields.items():
-            if key in RESULT_NEUTRAL_KEYS or key not in saved[section] or saved[section][key] == value:
+            if key in result_neutral_keys() or key not in saved[section] or saved[section][key] == value:
                 continue
             differences.append(f"{key}: {json.dumps(saved[section][key])} -> {json.dumps(value)}")
     return differences
