@@ -283,8 +283,9 @@ RULES: list[Rule] = [
          "KV cache, which checkpointed layers do not take; drop it, or use prompt_tuning or p_tuning."),
     Rule("adapter_with_full", ("model", "finetuning"),
          lambda a: a.model.adapter_name_or_path is not None and a.finetuning.finetuning_type == "full",
-         "--adapter_name_or_path continues a LoRA run: use --finetuning_type lora, or merge the adapter first "
-         "(merge/merge_lora.py) and fully fine-tune the merged model."),
+         "--adapter_name_or_path continues a LoRA run: use --finetuning_type lora (or the prompt-based kind of a "
+         "prompt-based adapter), or merge a LoRA adapter first (merge/merge_lora.py) and fully fine-tune the merged "
+         "model."),
     Rule("center_rewards", ("reward",),
          lambda a: a.reward.center_rewards_coefficient is not None and a.reward.center_rewards_coefficient < 0,
          "--center_rewards_coefficient must be >= 0 (got {reward.center_rewards_coefficient}); leave it unset to "

@@ -6,7 +6,9 @@ generation engine puts them in front of a prompt.
 Why the engine needs the last: PEFT adds the virtual tokens inside its own forward, at every call. The engine
 prefills once and then decodes one token at a time over its KV cache, so it runs the base model itself: the
 prefill gets the virtual embeddings (or the prefix keys and values) in front of each prompt, and every decode
-step after it finds them in the cache, as PEFT's own generate() does."""
+step after it finds them in the cache. PEFT's own generate() means to do the same, but with transformers 5.24 its
+cached decoding (peft 0.21.2) leaves what its forward computes: prompt tuning's from the second token, prefix
+tuning's from the first. The reference is the forward, the function training optimised (tests/test_prompt_learning.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch import nn
 # p-tuning's adapter file (PEFT's) holds the encoder's output only, enough to generate but not to train further:
 # a checkpoint also keeps the encoder whole, here, so that a resume continues training the same MLP.
 ENCODER_FILE = "prompt_encoder.safetensors"
+
 
 def prompt_learning_config(finetuning_args: Any, tokenizer_path: str) -> Any:
     """The PEFT config of --finetuning_type prompt_tuning, p_tuning or prefix_tuning (a causal LM's)."""
