@@ -109,9 +109,9 @@ def test_the_engine_answers_as_peft_forward_and_the_base_as_the_base(trained, to
     assert [c[0].token_ids for c in engine.generate(prompts, params, adapter=BASE)] == plain != expected
 
     if method != "prefix_tuning":
-        # peft's generate() agrees with its forward here only without its KV cache (peft 0.21.2 with
-        # transformers 5.24 continues a prompt-tuned reply wrongly from the second token with it, and prefix
-        # tuning's either way): the engine is checked against the forward above, and against this
+        # peft's generate() agrees with its forward here only without a KV cache (peft 0.21.2 looks for the
+        # cache under the name transformers 5.24 no longer uses: see models/prompt_learning.py); prefix tuning's
+        # not at all. So the engine is checked against the forward above, and against this
         for prompt, ours in zip(prompts, together):
             ids = torch.tensor([prompt])
             reply = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,

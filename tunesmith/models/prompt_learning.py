@@ -6,9 +6,10 @@ generation engine puts them in front of a prompt.
 Why the engine needs the last: PEFT adds the virtual tokens inside its own forward, at every call. The engine
 prefills once and then decodes one token at a time over its KV cache, so it runs the base model itself: the
 prefill gets the virtual embeddings (or the prefix keys and values) in front of each prompt, and every decode
-step after it finds them in the cache. PEFT's own generate() means to do the same, but with transformers 5.24 its
-cached decoding (peft 0.21.2) leaves what its forward computes: prompt tuning's from the second token, prefix
-tuning's from the first. The reference is the forward, the function training optimised (tests/test_prompt_learning.py)."""
+step after it finds them in the cache. PEFT's own generate() means to do the same, but peft 0.21.2 looks for the
+cache under `past_key_values`, which transformers 5.24 passes as `cache`: it puts prompt tuning's virtual tokens
+in front again at every decode step, and hands prefix tuning's prefix over where the model no longer reads it.
+The reference is PEFT's forward, the function training optimised (tests/test_prompt_learning.py)."""
 
 from __future__ import annotations
 
