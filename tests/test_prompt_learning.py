@@ -214,6 +214,9 @@ REFUSED = [
      r"--prompt_tuning_init_text .*use --finetuning_type prompt_tuning \(got p_tuning\)"),
     ("sft", ["--finetuning_type", "prefix_tuning", "--num_virtual_tokens", "0"],
      r"--num_virtual_tokens must be at least 1 \(got 0\)"),
+    ("sft", ["--num_virtual_tokens", "8"],
+     r"--num_virtual_tokens 8 sizes a prompt-based adapter: use --finetuning_type prompt_tuning, p_tuning or "
+     r"prefix_tuning \(got lora\)"),
     ("sft", ["--finetuning_type", "prefix_tuning", "--gradient_checkpointing", "true"],
      r"--gradient_checkpointing cannot be used with --finetuning_type prefix_tuning"),
     ("sft", ["--finetuning_type", "prompt_tuning", "--label_smoothing_factor", "0.1"],

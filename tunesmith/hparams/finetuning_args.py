@@ -35,7 +35,7 @@ class FinetuningArguments:
         metadata={"help": "Module names to adapt; `all` means every linear layer except the output head."},
     )
     num_virtual_tokens: int = field(
-        default=20, metadata={"help": "prompt_tuning, p_tuning, prefix_tuning: how many virtual tokens to train."}
+        default=20,  # the rules table reads this default: another value needs a prompt-based method metadata={"help": "prompt_tuning, p_tuning, prefix_tuning: how many virtual tokens to train."}
     )
     prompt_tuning_init_text: str | None = field(
         default=None,

@@ -240,6 +240,10 @@ RULES: list[Rule] = [
     Rule("virtual_tokens", ("finetuning",),
          lambda a: a.finetuning.prompt_learning and a.finetuning.num_virtual_tokens < 1,
          "--num_virtual_tokens must be at least 1 (got {finetuning.num_virtual_tokens})."),
+    Rule("virtual_tokens_need_prompt_method", ("finetuning",),
+         lambda a: not a.finetuning.prompt_learning and a.finetuning.num_virtual_tokens != 20,
+         "--num_virtual_tokens {finetuning.num_virtual_tokens} sizes a prompt-based adapter: use --finetuning_type "
+         "prompt_tuning, p_tuning or prefix_tuning (got {finetuning.finetuning_type}), or drop it."),
     Rule("init_text_needs_prompt_tuning", ("finetuning",),
          lambda a: a.finetuning.prompt_tuning_init_text and a.finetuning.finetuning_type != "prompt_tuning",
          "--prompt_tuning_init_text starts prompt tuning's virtual tokens from a text: use --finetuning_type "
