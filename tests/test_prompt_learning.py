@@ -172,10 +172,14 @@ def test_resume_continues_the_same_trajectory(method, chatty_model_dir, memorise
     common = ("--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", "--per_device_train_batch_size",
               "2", "--learning_rate", "0.05")
     straight = sft_main(flags(chatty_model_dir, memorise_data, tmp_path / "straight", method, *common))
-    sft_main(flags(chatty_model_dir, memorise_data, tmp_path / "resumed", method, *common, "--max_steps", "2"))
-    resumed = sft_main(flags(chatty_model_dir, memorise_data, tmp_path / "resumed", method, *common))
+    checkpoint = tmp_path / "straight" / "checkpoint-2"
+    resumed = sft_main(flags(chatty_model_dir, memorise_data, tmp_path / "resumed", method, *common,
+                             "--resume_from_checkpoint", str(checkpoint)))
     assert [r["step"] for r in resumed.state.log_history if "loss" in r] == [1, 2, 3, 4]
-    assert losses(resumed) == pytest.approx(losses(straight), rel=1e-4)
+    assert losses(resumed) == pytest.approx(losses(straight), rel=1e-4)  # steps 3 and 4 computed again
+    saved = {name: load_file(f"{tmp_path}/{name}/adapter_model.safetensors")["prompt_embeddings"]
+             for name in ("straight", "resumed")}
+    assert torch.allclose(saved["straight"], saved["resumed"], rtol=1e-4, atol=1e-6)
 
 
 def test_prompt_tuning_starts_from_the_init_text(tiny_model_dir, tokenizer):
