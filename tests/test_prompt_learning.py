@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import running_server, save_random_adapter
 from safetensors.torch import load_file
+from transformers import set_seed
 
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
@@ -69,6 +70,11 @@ def test_it_learns_only_the_virtual_tokens_and_saves_a_peft_adapter(trained, cha
     model = trainer.model
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(n.startswith("prompt_encoder.") for n in trainable), trainable
+    set_seed(0)  # as the run did before it made its adapter: the same starting virtual tokens
+    start = load_model(ModelArguments(model_name_or_path=chatty_model_dir),
+                       FinetuningArguments(finetuning_type=method, num_virtual_tokens=4))
+    moved = model.get_prompt_embedding_to_save("default") - start.get_prompt_embedding_to_save("default")
+    assert moved.abs().min() > 0  # every virtual value trained
     base = load_file(f"{chatty_model_dir}/model.safetensors")
     state = model.get_base_model().state_dict()
     dtype = torch.bfloat16 if trainer.args.bf16 else torch.float32  # --bf16 auto keeps a frozen base in bf16
@@ -118,6 +124,28 @@ def test_the_engine_answers_as_peft_forward_and_the_base_as_the_base(trained, to
                                    do_sample=False, use_cache=False, eos_token_id=sorted(engine.stop_ids),
                                    pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
             assert reply[:len(ours)] == ours
+
+
+def test_rows_joining_a_running_batch_answer_as_alone(trained):
+    """The server's case: requests join a batch mid-generation, their virtual columns left-padded to the
+    running rows' (and a base-model row beside them, its virtual columns masked out)."""
+    from tunesmith.generation import Request
+    from tunesmith.generation.engine import Batch
+
+    _, _, out = trained
+    model, tokenizer = load_for_inference(inference_model_args(out, dtype="float32"))
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
+    params = SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS)
+    requests = [Request(prompts[0], params), Request(prompts[1], params), Request(prompts[2], params, adapter=BASE)]
+    batch = Batch(model, tokenizer)
+    batch.admit(requests[:1])
+    batch.step()
+    batch.admit(requests[1:])
+    while len(batch):
+        batch.step()
+    engine = Engine(model, tokenizer)
+    alone = [engine.generate([p], params, adapter=r.adapter)[0][0].token_ids for p, r in zip(prompts, requests)]
+    assert [r.completions[0].token_ids for r in requests] == alone
 
 
 def test_compare_and_chat_answer_with_the_adapter(trained, tmp_path, monkeypatch, capsys):
