@@ -23,7 +23,8 @@ from transformers import set_seed
 
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
-from tunesmith.generation import BASE, Engine, SamplingParams
+from tunesmith.generation import BASE, Engine, Request, SamplingParams
+from tunesmith.generation.engine import Batch
 from tunesmith.hparams import FinetuningArguments, ModelArguments, parse_run
 from tunesmith.models.loader import inference_model_args, load_for_inference, load_model
 from tunesmith.recipes.sft import run as sft_main
@@ -114,6 +115,20 @@ def test_the_engine_answers_as_peft_forward_and_the_base_as_the_base(trained, to
         plain = [greedy_through_peft_forward(model.get_base_model(), p, engine.stop_ids) for p in prompts]
     assert [c[0].token_ids for c in engine.generate(prompts, params, adapter=BASE)] == plain != expected
 
+    # The prompt's own log-probabilities (the completions API's echo) and the reply's, as PEFT's forward gives them
+    request = Request(prompts[1], params.replace(prompt_logprobs=True, logprobs=True, max_new_tokens=2))
+    batch = Batch(model, tokenizer)
+    batch.admit([request])
+    while len(batch):
+        batch.step()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompts[1]])).logits[0, -len(prompts[1]):]  # after any virtual ones
+    expected = torch.log_softmax(logits.float(), -1)
+    got = [record.logprob for record in request.prompt_logprobs[1:]]
+    assert got == pytest.approx([float(expected[t - 1, prompts[1][t]]) for t in range(1, len(prompts[1]))], abs=1e-4)
+    first = request.completions[0].logprobs[0]
+    assert first.logprob == pytest.approx(float(expected[-1, first.token_id]), abs=1e-4)
+
     if method != "prefix_tuning":
         # peft's generate() agrees with its forward here only without a KV cache (peft 0.21.2 looks for the
         # cache under the name transformers 5.24 no longer uses: see models/prompt_learning.py); prefix tuning's
@@ -129,9 +144,6 @@ def test_the_engine_answers_as_peft_forward_and_the_base_as_the_base(trained, to
 def test_rows_joining_a_running_batch_answer_as_alone(trained):
     """The server's case: requests join a batch mid-generation, their virtual columns left-padded to the
     running rows' (and a base-model row beside them, its virtual columns masked out)."""
-    from tunesmith.generation import Request
-    from tunesmith.generation.engine import Batch
-
     _, _, out = trained
     model, tokenizer = load_for_inference(inference_model_args(out, dtype="float32"))
     prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
