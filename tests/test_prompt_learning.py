@@ -58,10 +58,23 @@ def losses(trainer) -> list[float]:
     return [r["loss"] for r in trainer.state.log_history if "loss" in r]
 
 
+@pytest.fixture(scope="module")
+def train_once(tmp_path_factory, chatty_model_dir, memorise_data):
+    """method -> (method, trainer, output dir) of its one short run in this module."""
+    runs: dict[str, tuple] = {}
+
+    def train(method: str) -> tuple:
+        if method not in runs:
+            out = tmp_path_factory.mktemp(method)
+            runs[method] = method, sft_main(flags(chatty_model_dir, memorise_data, out, method)), str(out)
+        return runs[method]
+
+    return train
+
+
 @pytest.fixture(scope="module", params=METHODS)
-def trained(request, tmp_path_factory, chatty_model_dir, memorise_data):
-    out = tmp_path_factory.mktemp(request.param)
-    return request.param, sft_main(flags(chatty_model_dir, memorise_data, out, request.param)), str(out)
+def trained(request, train_once):
+    return train_once(request.param)
 
 
 def test_it_learns_only_the_virtual_tokens_and_saves_a_peft_adapter(trained, chatty_model_dir):
@@ -160,12 +173,10 @@ def test_rows_joining_a_running_batch_answer_as_alone(trained):
     assert [r.completions[0].token_ids for r in requests] == alone
 
 
-def test_compare_and_chat_answer_with_the_adapter(trained, tmp_path, monkeypatch, capsys):
+def test_compare_and_chat_answer_with_the_adapter(train_once, tmp_path, monkeypatch, capsys):
     from tunesmith.recipes import chat, compare
 
-    method, _, out = trained
-    if method != "prompt_tuning":
-        pytest.skip("one method is enough here: they share the engine path checked above")
+    _, _, out = train_once("prompt_tuning")  # one method is enough: they share the engine path checked above
     model, tokenizer = load_for_inference(inference_model_args(out, dtype="float32"))
     stop_ids = Engine(model, tokenizer).stop_ids
 
@@ -190,10 +201,8 @@ def test_compare_and_chat_answer_with_the_adapter(trained, tmp_path, monkeypatch
     assert json.loads(line)["content"].strip() == text(model, "Who made you?")
 
 
-def test_serve_answers_with_the_adapter(trained, tmp_path):
-    method, _, out = trained
-    if method != "prefix_tuning":
-        pytest.skip("one server process is enough: prefix tuning, whose virtual tokens live in the KV cache")
+def test_serve_answers_with_the_adapter(train_once, tmp_path):
+    _, _, out = train_once("prefix_tuning")  # one server process: the method whose virtual tokens live in the cache
     model, tokenizer = load_for_inference(inference_model_args(out, dtype="float32"))
     stop_ids = Engine(model, tokenizer).stop_ids
     messages = [{"role": "user", "content": QUESTIONS[0]}]
