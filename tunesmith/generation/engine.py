@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from ..models import prompt_learning
 from .detokenizer import IncrementalDecoder, StopMatcher
 from .sampling import SamplingParams, choose_tokens, token_logprobs
 
@@ -180,6 +181,9 @@ class Batch:
         configs = getattr(model, "peft_config", {}) or {}
         self.mixes_adapters = all(str(getattr(c, "peft_type", "")).endswith("LORA") and not getattr(c, "use_dora", False)
                                   for c in configs.values())
+        # A prompt-based adapter (the model's only one: serve refuses it beside others): the engine runs the base
+        # model and puts the virtual tokens in front of each prompt at its prefill (models/prompt_learning.py).
+        self.virtual = prompt_learning.active_config(model, self.default_adapter) is not None
         self.reset()
 
     def reset(self) -> None:
@@ -198,7 +202,10 @@ class Batch:
 
     def _forward(self, adapters: list[str | None], **inputs: Any) -> Any:
         """The model's forward with each row's adapter (None: the one active when the batch was made): all
-        rows on one adapter switch to it; rows on several run as a peft mixed batch (adapter_names)."""
+        rows on one adapter switch to it; rows on several run as a peft mixed batch (adapter_names). With a
+        prompt-based adapter the base model runs: its virtual tokens are in the inputs or the cache already."""
+        if self.virtual:
+            return self.model.get_base_model()(**inputs)
         names = {self.default_adapter if a is None else a for a in adapters}
         if self.default_adapter is None or not names:
             return self.model(**inputs)
@@ -222,11 +229,16 @@ class Batch:
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
         want_prompt = any(r.params.prompt_logprobs for r in requests)
-        logits = self._forward([row.request.adapter for row in rows], input_ids=ids, attention_mask=mask,
-                               position_ids=positions, **{self.cache_arg: cache}, use_cache=True,
-                               logits_to_keep=0 if want_prompt else 1).logits
+        if self.virtual:  # the adapter's virtual tokens in front of every row not on the base model
+            on = torch.tensor([(row.request.adapter or self.default_adapter) != BASE for row in rows], device=self.device)
+            inputs, mask = prompt_learning.prefill_inputs(self.model, ids, mask, on, self.cache_arg)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        else:
+            inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, self.cache_arg: DynamicCache()}
+        cache = inputs[self.cache_arg]
+        logits = self._forward([row.request.adapter for row in rows], **inputs, use_cache=True,
+                               logits_to_keep=0 if want_prompt else 1).logits[:, -ids.size(1):]
         if want_prompt:
             self._prompt_logprobs(rows, ids, logits)
         logits = logits[:, -1].float()

@@ -1,4 +1,5 @@
-"""What is trained: LoRA or every weight, and the loss settings of the reward model and of DPO."""
+"""What is trained: LoRA, PEFT's prompt-based methods or every weight, and the loss settings of the reward
+model and of DPO."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ class FinetuningArguments:
     _argument_group_name: ClassVar[str] = "fine-tuning"
     result_neutral: ClassVar[frozenset[str]] = frozenset({"plot_loss"})  # hparams/run_config.py
 
-    finetuning_type: Literal["lora", "full"] = field(
-        default="lora", metadata={"help": "lora: train adapters on a frozen base. full: train every weight."}
+    finetuning_type: Literal["lora", "full", "prompt_tuning", "p_tuning", "prefix_tuning"] = field(
+        default="lora",
+        metadata={"help": "lora: train adapters on a frozen base. full: train every weight. prompt_tuning: train "
+                  "--num_virtual_tokens embeddings put before every input. p_tuning: the same embeddings made by a "
+                  "small trained MLP. prefix_tuning: train keys and values for --num_virtual_tokens positions "
+                  "before the input, in every layer. The prompt-based three save a PEFT adapter like LoRA's, which "
+                  "chat, serve and compare load; there is nothing in them to merge into the weights."},
     )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
@@ -34,7 +40,29 @@ class FinetuningArguments:
         default_factory=lambda: ["all"],
         metadata={"help": "Module names to adapt; `all` means every linear layer except the output head."},
     )
+    num_virtual_tokens: int = field(
+        default=20,  # the rules table reads this default: another value needs a prompt-based method metadata={"help": "prompt_tuning, p_tuning, prefix_tuning: how many virtual tokens to train."}
+    )
+    prompt_tuning_init_text: str | None = field(
+        default=None,
+        metadata={"help": "prompt_tuning: start the virtual tokens from this text's token embeddings (repeated to "
+                  "--num_virtual_tokens), e.g. \"Answer as the tunesmith assistant.\"; default: random vocabulary "
+                  "embeddings."},
+    )
     plot_loss: bool = field(default=True, metadata={"help": "Write loss.png in output_dir at the end."})
+
+    @property
+    def prompt_learning(self) -> bool:
+        """A PEFT prompt-based method: virtual tokens before the input, no weight of the model changed."""
+        return self.finetuning_type in PROMPT_LEARNING
+
+    @property
+    def adapter(self) -> bool:
+        """The run trains (or continues) a PEFT adapter: LoRA or a prompt-based method."""
+        return self.finetuning_type != "full"
+
+
+PROMPT_LEARNING = ("prompt_tuning", "p_tuning", "prefix_tuning")
 
 
 @dataclass

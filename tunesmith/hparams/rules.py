@@ -28,6 +28,7 @@ from ..utils.paths import (
     problem_with_data_file,
     problem_with_model_dir,
     problem_with_output_dir,
+    prompt_adapter_kind,
     run_config_record,
 )
 from .data_args import SPLIT_STAGES, numbers
@@ -113,6 +114,38 @@ def _exists(path: str | None) -> bool:
     return bool(path) and os.path.exists(path)
 
 
+def _prompt_adapter(model: Any) -> dict | None:
+    """{"path", "kind"} when the adapter given (as --adapter_name_or_path, or as the model) is prompt-based."""
+    for path in (model.adapter_name_or_path, model.model_name_or_path):
+        kind = prompt_adapter_kind(path)
+        if kind:
+            return {"path": path, "kind": kind}
+    return None
+
+
+def _prompt_method(a: SimpleNamespace) -> dict | None:
+    """{"kind"}: the prompt-based method a training run trains, by --finetuning_type or by the adapter it continues."""
+    if a.finetuning.prompt_learning:
+        return {"kind": a.finetuning.finetuning_type}
+    found = _prompt_adapter(a.model) if hasattr(a, "model") else None
+    return {"kind": found["kind"]} if found else None
+
+
+def _adapter_kind_differs(a: SimpleNamespace) -> dict | None:
+    """{"path", "kind", "wanted"} when the adapter a training run continues is not of --finetuning_type's kind."""
+    path = a.model.adapter_name_or_path
+    if not is_adapter_dir(path) or a.finetuning.finetuning_type == "full":
+        return None
+    kind = prompt_adapter_kind(path) or "lora"
+    return {"path": path, "kind": kind} if kind != a.finetuning.finetuning_type else None
+
+
+# What a prompt-based adapter cannot be merged or exported into, and why.
+_NOTHING_TO_MERGE = ("{path} is a {kind} adapter: its virtual tokens go in front of the input and change no weight, "
+                     "so there is nothing to merge into the weights; use it as it is with tunesmith chat, serve or "
+                     "compare, or train a LoRA adapter (--finetuning_type lora) to merge.")
+
+
 def _batch(a: SimpleNamespace) -> int:
     return a.training.per_device_train_batch_size
 
@@ -150,6 +183,11 @@ RULES: list[Rule] = [
     # -- model loading
     Rule("quantization_bit", ("model",), lambda a: a.model.quantization_bit not in (None, 4, 8),
          "--quantization_bit must be 4 or 8 (got {model.quantization_bit})."),
+    Rule("qlora_prompt_learning", ("model", "finetuning", "training"),
+         lambda a: a.model.quantization_bit is not None and a.finetuning.prompt_learning,
+         "--quantization_bit with --finetuning_type {finetuning.finetuning_type}: not supported; the prompt-based "
+         "methods train on an unquantized base (their few trained values save little memory on a quantized one): "
+         "drop --quantization_bit, or use --finetuning_type lora for QLoRA."),
     Rule("qlora_needs_lora", ("model", "finetuning"),
          lambda a: a.model.quantization_bit is not None and a.finetuning.finetuning_type != "lora",
          "--quantization_bit trains LoRA adapters on a frozen quantized base: use --finetuning_type lora "
@@ -244,10 +282,59 @@ RULES: list[Rule] = [
     # -- fine-tuning
     Rule("lora_rank", ("finetuning",), lambda a: a.finetuning.finetuning_type == "lora" and a.finetuning.lora_r < 1,
          "--lora_r must be a positive rank (got {finetuning.lora_r})."),
+    Rule("virtual_tokens", ("finetuning",),
+         lambda a: a.finetuning.prompt_learning and a.finetuning.num_virtual_tokens < 1,
+         "--num_virtual_tokens must be at least 1 (got {finetuning.num_virtual_tokens})."),
+    Rule("virtual_tokens_need_prompt_method", ("finetuning",),
+         lambda a: not a.finetuning.prompt_learning and a.finetuning.num_virtual_tokens != 20,
+         "--num_virtual_tokens {finetuning.num_virtual_tokens} sizes a prompt-based adapter: use --finetuning_type "
+         "prompt_tuning, p_tuning or prefix_tuning (got {finetuning.finetuning_type}), or drop it."),
+    Rule("init_text_needs_prompt_tuning", ("finetuning",),
+         lambda a: a.finetuning.prompt_tuning_init_text and a.finetuning.finetuning_type != "prompt_tuning",
+         "--prompt_tuning_init_text starts prompt tuning's virtual tokens from a text: use --finetuning_type "
+         "prompt_tuning (got {finetuning.finetuning_type}), or drop it."),
+    Rule("reward_prompt_learning", ("reward", "finetuning"), _prompt_method,
+         "--finetuning_type {kind} cannot train a reward model: its score head is a new layer that a prompt-based "
+         "adapter does not train; use --finetuning_type lora or full."),
+    Rule("dpo_prompt_learning", ("dpo", "finetuning"), _prompt_method,
+         "--finetuning_type {kind} cannot be used with DPO: its pairs run as packed rows, where PEFT's virtual tokens "
+         "would precede only the first sequence of each row; use --finetuning_type lora or full."),
+    Rule("ppo_prompt_learning", ("ppo", "finetuning"), _prompt_method,
+         "--finetuning_type {kind} cannot be used with PPO/GRPO/RLOO: the value model is a second adapter on the "
+         "policy's model, and PEFT holds one prompt-based adapter per model; use --finetuning_type lora or full."),
+    Rule("adapter_kind", ("model", "finetuning", "training"), _adapter_kind_differs,
+         "--adapter_name_or_path {path} is a {kind} adapter: continue it with --finetuning_type {kind} (got "
+         "{finetuning.finetuning_type}), or start a new adapter without --adapter_name_or_path."),
+    Rule("p_tuning_encoder", ("model", "finetuning", "training"),
+         lambda a: a.finetuning.finetuning_type == "p_tuning" and prompt_adapter_kind(a.model.adapter_name_or_path)
+         and not os.path.isfile(os.path.join(a.model.adapter_name_or_path, "prompt_encoder.safetensors")),
+         "--adapter_name_or_path {model.adapter_name_or_path}: a p_tuning adapter without prompt_encoder.safetensors "
+         "(which tunesmith writes beside it) holds the encoder's output but not the MLP to train further; train a "
+         "new one, or resume the run that made it (--resume_from_checkpoint)."),
+    Rule("prompt_learning_packing", ("data", "finetuning"),
+         lambda a: getattr(a.data, "packing", False) and a.finetuning.prompt_learning,
+         "--packing cannot be used with --finetuning_type {finetuning.finetuning_type}: PEFT puts the virtual tokens "
+         "once in front of each row, and a packed row holds many examples, all but the first of which would train "
+         "without them; drop --packing (padded batches)."),
+    Rule("prompt_learning_label_smoothing", ("finetuning", "training"),
+         lambda a: a.finetuning.finetuning_type in ("prompt_tuning", "p_tuning")
+         and getattr(a.training, "label_smoothing_factor", 0),
+         "--label_smoothing_factor cannot be used with --finetuning_type {finetuning.finetuning_type}: transformers' "
+         "smoothed loss lines the labels up with logits that begin with the virtual tokens' positions, so every "
+         "target would be scored at the wrong token; drop it, or use prefix_tuning or lora."),
+    Rule("prompt_learning_zero3", ("finetuning", "training"),
+         lambda a: a.finetuning.prompt_learning and zero_stage(a.training) == 3,
+         "--finetuning_type {finetuning.finetuning_type} cannot be used with ZeRO-3, which this version does not "
+         "support for PEFT's prompt encoders; they are small: use configs/ds_zero2.json, or no --deepspeed."),
+    Rule("prefix_tuning_checkpointing", ("finetuning", "training"),
+         lambda a: a.finetuning.finetuning_type == "prefix_tuning" and a.training.gradient_checkpointing,
+         "--gradient_checkpointing cannot be used with --finetuning_type prefix_tuning: PEFT passes the prefix as a "
+         "KV cache, which checkpointed layers do not take; drop it, or use prompt_tuning or p_tuning."),
     Rule("adapter_with_full", ("model", "finetuning"),
          lambda a: a.model.adapter_name_or_path is not None and a.finetuning.finetuning_type == "full",
-         "--adapter_name_or_path continues a LoRA run: use --finetuning_type lora, or merge the adapter first "
-         "(merge/merge_lora.py) and fully fine-tune the merged model."),
+         "--adapter_name_or_path continues a LoRA run: use --finetuning_type lora (or the prompt-based kind of a "
+         "prompt-based adapter), or merge a LoRA adapter first (merge/merge_lora.py) and fully fine-tune the merged "
+         "model."),
     Rule("lora_learning_rate_without_lora", ("finetuning",),
          lambda a: a.finetuning.lora_learning_rate is not None and a.finetuning.finetuning_type != "lora",
          "--lora_learning_rate sets the rate of LoRA's matrices, and --finetuning_type {finetuning.finetuning_type} "
@@ -381,6 +468,16 @@ RULES: list[Rule] = [
                                   if not is_adapter_dir(path)), None)),
          "--adapter: {problem}: not a LoRA adapter folder (no adapter_config.json); give NAME=PATH with PATH an "
          "adapter folder that training wrote.", PathError),
+    Rule("serve_prompt_adapter_alone", ("serve", "model"),
+         lambda a: a.serve.adapter and (_prompt_adapter(a.model) or next(
+             ({"path": p, "kind": prompt_adapter_kind(p)} for p in (s.split("=", 1)[1] for s in a.serve.adapter
+                                                                    if "=" in s) if prompt_adapter_kind(p)), None)),
+         "--adapter: {path} is a {kind} adapter, which PEFT does not load beside other adapters: serve it alone "
+         "(--model_name_or_path {path}), or serve LoRA adapters side by side."),
+    Rule("prompt_adapter_beams", ("model", "generation"),
+         lambda a: a.generation.num_beams > 1 and _prompt_adapter(a.model),
+         "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
+         "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
     Rule("serve_no_beams", ("serve", "generation"), lambda a: a.generation.num_beams != 1,
          "--num_beams cannot be used with serve: the server streams replies token by token (beam search picks "
          "a reply only at its end); leave it out."),
@@ -400,6 +497,13 @@ RULES: list[Rule] = [
          "--baseline {compare.baseline}: {problem}; give a model folder or an adapter folder.", PathError),
     Rule("compare_beams", ("compare",), lambda a: a.compare.num_beams < 1,
          "--num_beams must be at least 1 (got {compare.num_beams}); 1 is greedy decoding."),
+    Rule("compare_prompt_adapter_beams", ("compare", "model"),
+         lambda a: a.compare.num_beams > 1 and (_prompt_adapter(a.model) or _prompt_adapter(
+             SimpleNamespace(adapter_name_or_path=a.compare.baseline, model_name_or_path=None))),
+         "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
+         "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
+    Rule("merge_prompt_learning", ("merge", "model"), lambda a: _prompt_adapter(a.model),
+         "merge: " + _NOTHING_TO_MERGE),
     Rule("merge_output_given", ("merge",), lambda a: not a.merge.output_dir,
          "--output_dir is required: where the merged model goes."),
     Rule("merge_output_dir", ("merge",), lambda a: a.merge.output_dir and _problem(problem_with_output_dir(a.merge.output_dir)),
@@ -426,6 +530,9 @@ RULES: list[Rule] = [
     Rule("export_unquantized", ("export", "model"), lambda a: a.model.quantization_bit is not None,
          "--quantization_bit cannot be used with export: the model loads in float32 and --dtype chooses how the "
          "GGUF stores it; drop the flag."),
+    Rule("export_prompt_learning", ("export", "model"), lambda a: _prompt_adapter(a.model),
+         "export: " + _NOTHING_TO_MERGE.replace("to merge.", "to merge and export (llama.cpp has no virtual "
+                                                "tokens).")),
     Rule("export_causal_lm", ("export", "model"),
          lambda a: is_adapter_dir(a.model.adapter_name_or_path)
          and adapter_config(a.model.adapter_name_or_path).get("task_type") == "SEQ_CLS",
@@ -466,6 +573,12 @@ RULES: list[Rule] = [
     Rule("harness_tasks_given", ("harness",), lambda a: not (a.harness.tasks or "").strip(", "),
          "--tasks is required: lm-eval task or group names, comma-separated, e.g. --tasks tunesmith_knowledge "
          "(shipped offline: tunesmith_identity, tunesmith_arithmetic, tunesmith_tool_calls, tunesmith_knowledge)."),
+    Rule("harness_prompt_adapter", ("harness", "model"),
+         lambda a: _prompt_adapter(a.model) or _prompt_adapter(
+             SimpleNamespace(adapter_name_or_path=a.harness.compare_to, model_name_or_path=None)),
+         "--tasks: {path} is a {kind} adapter, and lm-eval scores and generates through the model's own forward "
+         "and PEFT's generate(), which do not line up with its virtual tokens; compare it with tunesmith compare "
+         "or tunesmith eval --policy instead."),
     Rule("harness_compare_base", ("harness", "model"),
          lambda a: a.harness.compare_to == "base" and not a.model.adapter_name_or_path,
          "--compare_to base compares an adapter with the model under it: give --adapter_name_or_path (or compare "

@@ -1,5 +1,5 @@
 """Tokenizer and model loading for every stage: the default model, dtype and attention choice,
-bitsandbytes quantization (QLoRA), and LoRA adapters (new or resumed)."""
+bitsandbytes quantization (QLoRA), and PEFT adapters, LoRA or prompt-based (new or resumed)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ..hparams.parser import resolve_adapter_base
 from ..utils.hardware import native_bf16, trains_on_cpu
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
+from .prompt_learning import load_encoder, prompt_learning_config
 from .scoring import cast_head_inputs_to_its_dtype
 
 logger = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def load_model(
     task: str = "causal_lm",
 ) -> nn.Module:
     """The model for a stage. task: causal_lm, or reward (a one-output sequence-classification head).
-    LoRA runs return a PeftModel (a new adapter, or the one in adapter_name_or_path)."""
+    LoRA and prompt-based runs return a PeftModel (a new adapter, or the one in adapter_name_or_path)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = resolve_model_path(model_args)
@@ -180,13 +181,13 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
-    if finetuning_args.finetuning_type == "lora":
-        model = _attach_lora(model, model_args, finetuning_args, training_args, is_trainable, task)
+    if finetuning_args.adapter:
+        model = _attach_adapter(model, model_args, finetuning_args, training_args, is_trainable, task)
         if is_trainable:
             _upcast_trainable(model, training_args)
             if task == "reward":
                 cast_head_inputs_to_its_dtype(model)
-            if trains_on_cpu(training_args):
+            if trains_on_cpu(training_args) and not finetuning_args.prompt_learning:
                 use_fast_lora_dropout(model)
                 skip_input_casts_under_autocast(model)
     elif not is_trainable:
@@ -223,8 +224,10 @@ def _quiet_about_the_new_score_head():
         report_logger.removeFilter(quiet)
 
 
-def _attach_lora(model: nn.Module, model_args: ModelArguments, finetuning_args: FinetuningArguments,
-                 training_args: Any, is_trainable: bool, task: str) -> nn.Module:
+def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_args: FinetuningArguments,
+                    training_args: Any, is_trainable: bool, task: str) -> nn.Module:
+    """A new adapter of --finetuning_type (LoRA, or a prompt-based method), or the one in adapter_name_or_path
+    whatever its kind (PEFT's adapter_config.json says which)."""
     from peft import LoraConfig, PeftModel, TaskType, get_peft_model, prepare_model_for_kbit_training
 
     checkpointing = bool(training_args is not None and training_args.gradient_checkpointing)
@@ -234,7 +237,12 @@ def _attach_lora(model: nn.Module, model_args: ModelArguments, finetuning_args: 
         # Frozen embeddings give checkpointed blocks inputs without grad; LoRA grads would vanish.
         model.enable_input_require_grads()
     if model_args.adapter_name_or_path:
-        return PeftModel.from_pretrained(model, model_args.adapter_name_or_path, is_trainable=is_trainable)
+        model = PeftModel.from_pretrained(model, model_args.adapter_name_or_path, is_trainable=is_trainable)
+        if is_trainable:
+            load_encoder(model, model_args.adapter_name_or_path)  # p-tuning's MLP, saved beside its adapter
+        return model
+    if finetuning_args.prompt_learning:
+        return get_peft_model(model, prompt_learning_config(finetuning_args, model_args.model_name_or_path))
     targets = finetuning_args.lora_target
     if targets == ["all"]:
         targets = find_lora_targets(model)
@@ -250,7 +258,7 @@ def _attach_lora(model: nn.Module, model_args: ModelArguments, finetuning_args: 
 
 def _upcast_trainable(model: nn.Module, training_args: Any) -> None:
     """Trained weights of a half-precision base (the score head of a reward model; PEFT already keeps
-    LoRA's own in float32) go to float32, so AdamW's small updates are not rounded away. DeepSpeed
+    LoRA's and the prompt encoders' own in float32) go to float32, so AdamW's small updates are not rounded away. DeepSpeed
     keeps float32 master copies of its own."""
     if training_args is not None and getattr(training_args, "deepspeed", None):
         return

@@ -10,7 +10,8 @@ logits against base + adapter.
 
 The base is always loaded unquantized, even for a QLoRA adapter: merging into 4-bit weights would
 quantize the merged weights again and lose most of what the adapter learned. Reward-model adapters
-(task_type SEQ_CLS) merge into a one-output sequence classifier, score head included.
+(task_type SEQ_CLS) merge into a one-output sequence classifier, score head included. A prompt-based adapter
+(prompt tuning, p-tuning, prefix tuning) is refused before anything loads: it changes no weight to merge into.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from ..data.packing import CPU_FORWARD_TOKENS, FORWARD_SPLITS, slice_packed_row
 from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
 from ..models.attention import use_varlen_attention
+from ..models.prompt_learning import load_encoder, save_encoder
 from ..utils.hardware import trains_on_cpu
 from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
@@ -149,10 +150,16 @@ class LoraTrainer(Trainer):
             self.state.log_history.append({"step": step, "trained_tokens": tokens})
         super()._save_checkpoint(model, trial)
 
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        # PEFT's file of a p-tuning adapter holds its encoder's output, not the MLP that training goes on with.
+        load_encoder(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint)
+
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         output_dir = output_dir or self.args.output_dir
         super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
+            save_encoder(self.accelerator.unwrap_model(self.model), output_dir)
             if self.run_configs:
                 save_run_config(output_dir, *self.run_configs)
             empty = empty_tensors(output_dir)

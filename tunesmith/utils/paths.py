@@ -33,6 +33,19 @@ def adapter_config(adapter_dir: str) -> dict:
         return json.load(f)
 
 
+# PEFT's peft_type of each prompt-based --finetuning_type.
+PROMPT_PEFT_TYPES = {"prompt_tuning": "PROMPT_TUNING", "p_tuning": "P_TUNING", "prefix_tuning": "PREFIX_TUNING"}
+
+
+def prompt_adapter_kind(path: str | None) -> str | None:
+    """The --finetuning_type of a prompt-based adapter folder (prompt_tuning, p_tuning, prefix_tuning), from
+    its adapter_config.json; None for a LoRA adapter or anything else."""
+    if not is_adapter_dir(path):
+        return None
+    peft_type = adapter_config(str(path)).get("peft_type")
+    return next((kind for kind, name in PROMPT_PEFT_TYPES.items() if name == peft_type), None)
+
+
 def adapter_base_model(adapter_dir: str) -> str:
     """The base model an adapter was trained on, as recorded in its adapter_config.json."""
     from ..errors import PathError
