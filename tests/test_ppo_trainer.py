@@ -234,13 +234,14 @@ def test_resume_continues_the_same_run(tmp_path, policy_dir, tokenizer, prompts)
     straight = make_trainer(tmp_path / "a", policy_dir, tokenizer, prompts, **settings)
     straight_log = straight.train()
     checkpoint = tmp_path / "a" / "checkpoint-2"
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
-    assert state["step"] == 2 and state["kl_coef"] != pytest.approx(0.05)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())  # the Trainer stages' format
+    kl_coef = json.loads((checkpoint / "rl_state.json").read_text())["kl_coef"]
+    assert state["global_step"] == 2 and state["max_steps"] == 4 and kl_coef != pytest.approx(0.05)
     assert {p.name for p in (tmp_path / "a").iterdir() if p.name.startswith(("checkpoint", ".check"))} == {
         "checkpoint-2", "checkpoint-4"}
 
     resumed = make_trainer(tmp_path / "b", policy_dir, tokenizer, prompts, resume_from=str(checkpoint), **settings)
-    assert resumed.step == 2 and resumed.kl_coef == state["kl_coef"]
+    assert resumed.step == 2 and resumed.kl_coef == kl_coef
     resumed_log = resumed.train()
     assert [r["step"] for r in resumed_log] == [1, 2, 3, 4]
     for a, b in zip(straight_log, resumed_log):
@@ -299,8 +300,8 @@ def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_mo
 
     # --report_to tensorboard, as the Trainer stages take it (TensorBoard keeps the run config in a folder of its own)
     boards = [EventAccumulator(str(p.parent)).Reload() for p in out.rglob("events.out.tfevents.*")]
-    (board,) = [b for b in boards if "score" in b.Tags()["scalars"]]
-    assert [e.step for e in board.Scalars("score")] == [1, 2] and "kl" in board.Tags()["scalars"]
+    (board,) = [b for b in boards if "train/score" in b.Tags()["scalars"]]  # tagged as the Trainer stages tag
+    assert [e.step for e in board.Scalars("train/score")] == [1, 2] and "train/kl" in board.Tags()["scalars"]
     assert re.search(r"^step 2/2 \| score -?\d+\.\d{3} ± \d+\.\d{3} \| kl ", capsys.readouterr().out, re.M)
     first = (out / "metrics.jsonl").read_text().splitlines()
     assert (out / "checkpoint-2" / "trainer_state.json").is_file() and (out / "tunesmith_config.json").is_file()
@@ -309,8 +310,8 @@ def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_mo
 
     # Running the same command with more steps continues from the last checkpoint.
     trainer = main([*flags, "--max_steps", "3"])
-    log = (out / "metrics.jsonl").read_text().splitlines()
-    assert trainer.step == 3 and log[:2] == first and json.loads(log[2])["step"] == 3
+    log = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert trainer.step == 3 and log[:2] == [json.loads(line) for line in first] and log[2]["step"] == 3
 
     common = ["--reward_model", reward_model_dir, "--data_path", str(data), "--max_new_tokens", "6"]
     same = eval_policy.run(["--sft", str(out), "--ppo", str(out), *common])  # the first spellings still work

@@ -83,8 +83,8 @@ def test_grpo_logs_to_wandb_offline(tiny_model_dir, tmp_path):
                               "--ppo_epochs", "1", "--max_steps", "2", "--save_strategy", "no", "--lora_r", "4"],
                       tmp_path)
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    history = [row for row in wandb_history(run) if "score" in row]
-    assert [row["_step"] for row in history] == [1, 2]
+    history = [row for row in wandb_history(run) if "train/score" in row]  # named as the Trainer stages name them
+    assert [row["train/global_step"] for row in history] == [1, 2]
     for row, wrote in zip(history, logged):
-        assert {k: row[k] for k in ("score", "kl", "score/exact_answer")} == pytest.approx(
+        assert {k: row[f"train/{k}"] for k in ("score", "kl", "score/exact_answer")} == pytest.approx(
             {k: wrote[k] for k in ("score", "kl", "score/exact_answer")})

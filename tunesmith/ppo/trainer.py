@@ -19,14 +19,16 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
-from transformers import get_scheduler
+from transformers import Trainer, TrainerCallback, get_scheduler
+from transformers.integrations import get_reporting_integration_callbacks
+from transformers.trainer_callback import CallbackHandler, ProgressCallback, TrainerControl, TrainerState
 
-from ..constants import METRICS_FILE, REWARD_PLOT_FILE
+from ..constants import REWARD_PLOT_FILE
 from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
 from ..generation import Engine
 from ..hparams import PPOArguments, check, save_run_config, zero_stage
-from ..train.callbacks import plot_loss
+from ..train.callbacks import MetricsFileCallback, plot_loss
 from ..train.checkpoints import (
     STATE_FILE,
     checkpoint_dir,
@@ -38,7 +40,7 @@ from ..train.checkpoints import (
 )
 from ..train.ema import WeightAverage
 from ..train.param_groups import split_lora_groups
-from ..utils.io import atomic_write_json, atomic_write_jsonl
+from ..utils.io import atomic_write_json
 from .core import (
     AdaptiveKLController,
     FixedKLController,
@@ -67,7 +69,7 @@ from .rollout import (
 
 logger = logging.getLogger(__name__)
 
-LOG_FILE = METRICS_FILE  # one JSON line per step, as every stage writes
+RL_STATE_FILE = "rl_state.json"  # what a checkpoint holds beyond the Trainer's state: the KL coefficient
 EMA_DIR = "ema"  # the averaged policy (--ema_decay), inside an output folder
 
 
@@ -113,9 +115,6 @@ class PPOTrainer:
             mixed_precision="bf16" if training_args.bf16 else "no",
             gradient_accumulation_steps=training_args.gradient_accumulation_steps,
             deepspeed_plugin=deepspeed_plugin,
-            # --report_to as the Trainer stages take it (tensorboard, wandb, ...), through accelerate's trackers
-            log_with=[r for r in training_args.report_to if r != "none"] or None,
-            project_dir=training_args.output_dir,
         )
         torch.manual_seed(training_args.seed)
 
@@ -130,17 +129,19 @@ class PPOTrainer:
             self.total_steps = math.ceil(training_args.num_train_epochs * len(prompts) / self.prompts_per_step)
 
         self.trainable = model.trainable_parameters()
-        optimizer = torch.optim.AdamW(
-            split_lora_groups([{"params": self.trainable}], model, training_args.learning_rate, lora_learning_rate),
-            lr=training_args.learning_rate, weight_decay=training_args.weight_decay,
-            betas=(training_args.adam_beta1, training_args.adam_beta2), eps=training_args.adam_epsilon,
-        )
+        # The optimizer and schedule the Trainer stages get from the same flags (--optim, --adam_*, --weight_decay,
+        # --lr_scheduler_type, --lr_scheduler_kwargs, --warmup_steps), through transformers' own factory.
+        optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(training_args)
+        groups = [{"params": self.trainable, "weight_decay": training_args.weight_decay}]
+        optimizer = optimizer_cls(split_lora_groups(groups, model, training_args.learning_rate, lora_learning_rate),
+                                  **optimizer_kwargs)
         updates = self.total_steps * ppo_args.ppo_epochs * ppo_args.num_mini_batches
         # Stepped by hand after each real optimizer step: accelerate's prepared scheduler would step
         # once per process.
         self.scheduler = get_scheduler(training_args.lr_scheduler_type, optimizer,
                                        num_warmup_steps=training_args.get_warmup_steps(updates),
-                                       num_training_steps=updates)
+                                       num_training_steps=updates,
+                                       scheduler_specific_kwargs=training_args.lr_scheduler_kwargs or None)
         if getattr(training_args, "hf_deepspeed_config", None) is not None:
             fill_deepspeed_config(training_args, model.policy, self.micro_batch, updates, self.accelerator.num_processes)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -159,7 +160,17 @@ class PPOTrainer:
         # weights collectively.
         self.engine = Engine(self.unwrapped.policy, tokenizer, synced=self.zero_stage == 3)
         self.step = 0
-        self.log_history: list[dict[str, Any]] = []
+        # The Trainer stages' lifecycle objects and callbacks: the same progress bar with its ETA, metrics.jsonl,
+        # --report_to integrations (TensorBoard, wandb, ...) and trainer_state.json format.
+        self.state = TrainerState(is_local_process_zero=self.accelerator.is_local_main_process,
+                                  is_world_process_zero=self.accelerator.is_main_process)
+        self.state.max_steps, self.state.logging_steps = self.total_steps, training_args.logging_steps
+        self.state.save_steps = training_args.save_steps
+        self.control = TrainerControl()
+        console = RolloutLinePrinter() if training_args.disable_tqdm else RolloutProgressCallback()
+        self.callbacks = CallbackHandler([*get_reporting_integration_callbacks(training_args.report_to),
+                                          MetricsFileCallback(), console],
+                                         self.unwrapped, tokenizer, self.optimizer, self.scheduler)
         self._perms: dict[Any, torch.Tensor] = {}  # seeded shuffles: prompts by pass, ("ptx", pass) for PPO-ptx
         if resume_from:
             self._load_state(resume_from)
@@ -186,17 +197,17 @@ class PPOTrainer:
     def kl_coef(self) -> float:
         return self.kl_ctl.value
 
+    @property
+    def log_history(self) -> list[dict[str, Any]]:
+        return self.state.log_history
+
     # ------------------------------------------------------------------ loop
 
     def train(self) -> list[dict[str, Any]]:
-        if self.accelerator.is_main_process:
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            atomic_write_jsonl(os.path.join(self.args.output_dir, LOG_FILE), self.log_history)
-        self.accelerator.init_trackers("tunesmith", config=_scalars(vars(self.ppo)))
+        self.control = self.callbacks.on_train_begin(self.args, self.state, self.control)
         while self.step < self.total_steps:
             self.train_step()
-        for tracker in self.accelerator.trackers:  # not end_training(): that also ends the process group
-            tracker.finish()
+        self.control = self.callbacks.on_train_end(self.args, self.state, self.control)
         self.save_model(self.args.output_dir)
         if self.accelerator.is_main_process:
             score_keys = tuple(k for k in (self.log_history[-1] if self.log_history else {}) if k.startswith("score"))
@@ -218,15 +229,19 @@ class PPOTrainer:
         kl_coef_used = self.kl_ctl.value
         self.kl_ctl.update(mean_kl, n_steps=self.global_batch)
         self.step += 1
+        self.state.global_step = self.step
+        self.state.epoch = self.step * self.prompts_per_step / len(self.prompts)
 
         stats = self._rollout_stats(rollout) | update_stats | times
         stats |= {"kl": float(mean_kl), "kl_coef": kl_coef_used, "lr": self.scheduler.get_last_lr()[0]}
         row = {"step": self.step, **{k: round(float(v), 6) for k, v in stats.items()}}
         if self.step % max(1, int(self.args.logging_steps)) == 0 or self.step == self.total_steps:
             self._log(row, rollout)
+        self.control = self.callbacks.on_step_end(self.args, self.state, self.control)
         save_steps = int(self.args.save_steps)
         if self.args.save_strategy == "steps" and save_steps > 0 and self.step % save_steps == 0:
             self.save_checkpoint()
+            self.control = self.callbacks.on_save(self.args, self.state, self.control)
         return row
 
     def batch_prompts(self, step: int) -> list[Prompt]:
@@ -388,22 +403,13 @@ class PPOTrainer:
         return stats
 
     def _log(self, row: dict[str, Any], r: Rollout) -> None:
-        self.log_history.append(row)
-        self.accelerator.log(_scalars(row), step=row["step"])  # the --report_to trackers (main process only)
+        """As the Trainer logs: into the state's log_history, then every callback's on_log (the console line,
+        metrics.jsonl, the --report_to trackers)."""
+        logs = {k: v for k, v in row.items() if k != "step"}
+        self.state.log_history.append(row)
+        self.control = self.callbacks.on_log(self.args, self.state, self.control, logs=logs)
         if not self.accelerator.is_main_process:
             return
-        with open(os.path.join(self.args.output_dir, LOG_FILE), "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-        sources = "".join(f" | {k[6:]} {v:.3f}" for k, v in row.items() if k.startswith("score/"))
-        value = f" | value_loss {row['value_loss']:.4f}" if "value_loss" in row else ""
-        print(
-            f"step {row['step']}/{self.total_steps} | score {row['score']:.3f} ± {row['score_std']:.3f}{sources} | "
-            f"kl {row['kl']:.3f} (coef {row['kl_coef']:.3g}) | entropy {row['entropy']:.2f} | "
-            f"clipfrac {row['clipfrac']:.3f} | approx_kl {row['approx_kl']:.4f}{value} | "
-            f"reply {row['reply_length']:.1f} tok (eos {row['eos_rate']:.2f}) | "
-            f"gen {row['time_generate']:.1f}s score {row['time_score']:.1f}s train {row['time_train']:.1f}s",
-            flush=True,
-        )
         for i in range(min(self.ppo.rollout_log_samples, r.response_ids.size(0))):
             reply = self.tokenizer.decode(reply_tokens(r.response_ids[i:i + 1], r.response_mask[i:i + 1])[0],
                                           skip_special_tokens=True)
@@ -482,8 +488,8 @@ class PPOTrainer:
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             if self.ema is not None:
                 self.ema.save_state(str(tmp))
-            atomic_write_json(tmp / STATE_FILE, {"step": self.step, "total_steps": self.total_steps,
-                                                 "kl_coef": self.kl_ctl.value, "log_history": self.log_history})
+            atomic_write_json(tmp / RL_STATE_FILE, {"kl_coef": self.kl_ctl.value})
+            self.state.save_to_json(str(tmp / STATE_FILE))  # last: a checkpoint is complete once it reads
             publish_checkpoint(tmp, final)
             rotate_checkpoints(self.args.output_dir, self.args.save_total_limit)
         acc.wait_for_everyone()
@@ -502,10 +508,11 @@ class PPOTrainer:
 
     def _load_state(self, checkpoint: str) -> None:
         ckpt = Path(checkpoint)
-        state = read_state(ckpt)
-        self.step = int(state["step"])
-        self.kl_ctl.value = float(state["kl_coef"])
-        self.log_history = list(state["log_history"])
+        read_state(ckpt)  # a PathError naming the file when it does not read
+        saved = TrainerState.load_from_json(str(ckpt / STATE_FILE))
+        self.state.log_history, self.state.global_step, self.state.epoch = saved.log_history, saved.global_step, saved.epoch
+        self.step = saved.global_step
+        self.kl_ctl.value = float(json.loads((ckpt / RL_STATE_FILE).read_text(encoding="utf-8"))["kl_coef"])
         rank = self.accelerator.process_index
         self._load_optimizer_state(ckpt / f"optimizer-rank{rank}.pt")
         self.scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
@@ -530,6 +537,35 @@ def fill_deepspeed_config(training_args: Any, policy: torch.nn.Module, micro_bat
     config["train_batch_size"] = micro_batch * training_args.gradient_accumulation_steps * num_processes
 
 
-def _scalars(values: dict[str, Any]) -> dict[str, int | float | str | bool]:
-    """The plain scalar entries of a dict: what trackers (TensorBoard's hparams, wandb's config) accept."""
-    return {k: v for k, v in values.items() if isinstance(v, int | float | str | bool)}
+def rollout_line(state: TrainerState, logs: dict[str, Any]) -> str:
+    """The console line of a logged RL step: scores, KL, entropy, clipping, lengths and where the time went."""
+    sources = "".join(f" | {k[6:]} {v:.3f}" for k, v in logs.items() if k.startswith("score/"))
+    value = f" | value_loss {logs['value_loss']:.4f}" if "value_loss" in logs else ""
+    ptx = f" | ptx_loss {logs['ptx_loss']:.4f}" if "ptx_loss" in logs else ""
+    return (f"step {state.global_step}/{state.max_steps} | score {logs['score']:.3f} ± {logs['score_std']:.3f}"
+            f"{sources} | kl {logs['kl']:.3f} (coef {logs['kl_coef']:.3g}) | entropy {logs['entropy']:.2f} | "
+            f"clipfrac {logs['clipfrac']:.3f} | approx_kl {logs['approx_kl']:.4f}{value}{ptx} | "
+            f"reply {logs['reply_length']:.1f} tok (eos {logs['eos_rate']:.2f}) | "
+            f"gen {logs['time_generate']:.1f}s score {logs['time_score']:.1f}s train {logs['time_train']:.1f}s")
+
+
+class RolloutProgressCallback(ProgressCallback):
+    """transformers' progress bar (steps, elapsed, ETA), printing each logged RL step as its one line instead of
+    the dict of its ~25 values."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.training_bar is not None:  # a step taken outside train() (train_step() alone) has no bar
+            super().on_step_end(args, state, control, **kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs and "score" in logs:
+            line = rollout_line(state, logs)
+            self.training_bar.write(line) if self.training_bar is not None else print(line, flush=True)
+
+
+class RolloutLinePrinter(TrainerCallback):
+    """With --disable_tqdm: the same line, printed."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs and "score" in logs:
+            print(rollout_line(state, logs), flush=True)
