@@ -521,3 +521,46 @@ def test_ema_averages_the_policy_after_every_update_and_saves_a_loadable_adapter
         torch.testing.assert_close(saved[name], value, atol=1e-6, rtol=1e-5)
         assert not torch.equal(value, weights[name].detach())  # the average lags the policy
     assert (tmp_path / "ema" / "tokenizer_config.json").is_file()
+
+
+def test_a_run_killed_mid_way_resumes_bit_identical(tmp_path, policy_dir):
+    """kill -9 a GRPO run once checkpoint-2 is published; the same command continues from it and every logged
+    value of steps 3 and 4 equals an uninterrupted run's, as the Trainer stages resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {w}.", "answer": w}) + "\n" for w in WORDS), encoding="utf-8")
+
+    def command(out: Path) -> list[str]:
+        return [sys.executable, "-m", "tunesmith", "ppo", "--model_name_or_path", policy_dir, "--data_path", str(data),
+                "--output_dir", str(out), "--advantage", "grpo", "--samples_per_prompt", "2", "--reward_funcs",
+                "exact_answer", "answer_format", "--per_device_train_batch_size", "4", "--max_new_tokens", "4",
+                "--ppo_epochs", "1", "--max_steps", "4", "--save_steps", "2", "--lora_r", "4", "--report_to", "none"]
+
+    from tunesmith.recipes.ppo import run as main
+
+    main(command(tmp_path / "straight")[4:])  # the uninterrupted run, in this process
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.Popen(command(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    published = tmp_path / "killed" / "checkpoint-2" / "trainer_state.json"
+    deadline = time.monotonic() + 600
+    while not published.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert published.exists()
+    resumed = subprocess.run(command(tmp_path / "killed"), env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stderr and "checkpoint-2 (step 2)" in resumed.stderr
+
+    def rows(out: Path) -> list[dict]:
+        logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in row.items() if k not in TIME_KEYS} for row in logged]
+
+    assert [r["step"] for r in rows(tmp_path / "killed")] == [1, 2, 3, 4]
+    assert rows(tmp_path / "killed") == rows(tmp_path / "straight")
