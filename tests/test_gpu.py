@@ -1,0 +1,86 @@
+"""One short run of every stage on CUDA (marker `gpu`, skipped without a GPU; CI stays on CPU). Where a GPU is
+lent: `bash .gpu/run.sh shell python3 -m pytest -q -m gpu` (the kit in ../shared/gpu/). Each stage runs as a user
+runs it, in its own process, on the tiny random model with the default model's tokenizer and the demo data, in
+bf16 where the GPU computes it; the checks are the ones that failed there before: the reward model's float32
+head on a bf16 body, packed rows' logits_to_keep, QLoRA, and a complete save that loads back."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (marker gpu)")]
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "data" / "demo"
+
+
+def run(stage: str, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "tunesmith", stage, *args], capture_output=True, text=True,
+                          timeout=900, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def losses(out: Path, key: str = "loss") -> list[float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    values = [row[key] for row in rows if key in row]
+    assert values and all(math.isfinite(v) for v in values), values
+    return values
+
+
+TRAIN = ("--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+         "--per_device_train_batch_size", "4", "--max_seq_length", "256")
+
+
+@pytest.mark.parametrize("variant", [("--packing", "true"), ("--packing", "false"), ("--quantization_bit", "4"),
+                                     ("--finetuning_type", "full")], ids=["packed", "padded", "qlora", "full"])
+def test_sft(tiny_model_dir, tmp_path, variant):
+    out = tmp_path / "sft"
+    run("sft", "--model_name_or_path", tiny_model_dir, "--data_path", str(DEMO / "sft.jsonl"), "--output_dir",
+        str(out), "--bf16", "true", *TRAIN, *variant)
+    losses(out)
+    if variant[0] != "--finetuning_type":  # the adapter answers on its base (the chat reads no input: it ends)
+        run("chat", "--model_name_or_path", str(out), "--max_new_tokens", "4")
+
+
+def test_reward_then_ppo_from_it(tiny_model_dir, tmp_path):
+    """The crash first seen on an H100: the trained head kept in float32 under a bf16 body."""
+    rm = tmp_path / "rm"
+    run("reward", "--model_name_or_path", tiny_model_dir, "--data_path", str(DEMO / "preference.jsonl"),
+        "--output_dir", str(rm), "--bf16", "true", *TRAIN)
+    losses(rm)
+    out = tmp_path / "ppo"
+    run("ppo", "--model_name_or_path", tiny_model_dir, "--reward_model", str(rm), "--data_path",
+        str(DEMO / "prompts.jsonl"), "--output_dir", str(out), "--max_steps", "2", "--max_new_tokens", "8",
+        "--per_device_train_batch_size", "4", "--save_strategy", "no", "--report_to", "none")
+    losses(out, "score")
+
+
+def test_dpo_and_grpo(tiny_model_dir, tmp_path):
+    out = tmp_path / "dpo"
+    run("dpo", "--model_name_or_path", tiny_model_dir, "--data_path", str(DEMO / "preference.jsonl"),
+        "--output_dir", str(out), "--bf16", "true", *TRAIN)
+    losses(out)
+    grpo = tmp_path / "grpo"
+    run("ppo", "--model_name_or_path", tiny_model_dir, "--data_path", str(DEMO / "grpo_train.jsonl"),
+        "--advantage", "grpo", "--samples_per_prompt", "2", "--reward_funcs", "exact_answer", "--output_dir",
+        str(grpo), "--max_steps", "2", "--max_new_tokens", "8", "--per_device_train_batch_size", "4",
+        "--save_strategy", "no", "--report_to", "none")
+    losses(grpo, "score")
+
+
+def test_merge_and_export(tiny_model_dir, tmp_path):
+    out = tmp_path / "sft"
+    run("sft", "--model_name_or_path", tiny_model_dir, "--data_path", str(DEMO / "sft.jsonl"), "--output_dir",
+        str(out), *TRAIN)
+    run("merge", "--adapter_name_or_path", str(out), "--output_dir", str(tmp_path / "merged"))
+    run("export", "--model_name_or_path", str(tmp_path / "merged"), "--output_file", str(tmp_path / "m.gguf"))
+    assert (tmp_path / "m.gguf").stat().st_size > 0
