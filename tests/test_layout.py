@@ -131,3 +131,48 @@ def test_only_the_generation_engine_generates_or_samples_tokens():
                     "generate", "multinomial") and not ast.unparse(node.func.value).lower().endswith("engine"):
                 offenders.append(f"tunesmith/{relative}:{node.lineno}: .{node.func.attr}(")
     assert not offenders, offenders
+
+
+def is_type_checking_block(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+
+
+def module_imports(relative: Path, modules_by_name: dict[str, Path]) -> set[str]:
+    """The tunesmith modules a module imports when it runs (any depth; not under TYPE_CHECKING or the main guard)."""
+    own = ".".join(["tunesmith", *relative.with_suffix("").parts]).removesuffix(".__init__")
+    package = module_package(relative)
+    found, todo = set(), [ast.parse((PACKAGE / relative).read_text(encoding="utf-8"))]
+    while todo:
+        node = todo.pop()
+        if is_main_guard(node) or is_type_checking_block(node):
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            for alias in node.names:
+                found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules_by_name else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        todo += ast.iter_child_nodes(node)
+    return {name for name in found if name in modules_by_name and name != own}
+
+
+def test_no_two_modules_import_each_other_in_a_circle():
+    by_name = {".".join(["tunesmith", *m.with_suffix("").parts]).removesuffix(".__init__"): m for m in modules()}
+    graph = {name: module_imports(path, by_name) for name, path in by_name.items()}
+    circles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        for target in sorted(graph[name]):
+            if target in path:
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in done:
+                visit(target, [*path, target])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not circles, "import circles:\n" + "\n".join(sorted(set(circles)))

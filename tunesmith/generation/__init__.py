@@ -1,9 +1,10 @@
 """The one generation engine (vLLM's and nanochat's shape): one sampling dataclass (sampling.py), an
 incremental detokenizer and stop matching (detokenizer.py), continuous batching over one KV cache with
-per-row settings, adapters and log-probabilities (engine.py), beam search (beam.py), and the worker thread
+per-row settings, adapters and log-probabilities (engine.py), beam search (beam.py), the completions and events they hand back (results.py), and the worker thread
 the server runs it on (worker.py). Chat, serve, compare, evaluation and RL rollouts all call it."""
 
-from .engine import BASE, Completion, Engine, Event, Request, TokenLogprob, stop_token_ids
+from .engine import Engine, Request, stop_token_ids
+from .results import BASE, Completion, Event, TokenLogprob
 from .sampling import SamplingParams
 
 __all__ = ["BASE", "Completion", "Engine", "Event", "Request", "SamplingParams", "TokenLogprob", "stop_token_ids"]

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from .engine import BASE, Completion
+from .results import BASE, Completion
 from .sampling import SamplingParams
 
 

@@ -11,56 +11,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from ..models import prompt_learning
+from .beam import beam_search
 from .detokenizer import IncrementalDecoder, StopMatcher
+from .results import BASE, Completion, Event, TokenLogprob
 from .sampling import SamplingParams, choose_tokens, token_logprobs
-
-BASE = "__base__"  # a request's adapter: the base model, every adapter off (peft's own name for it)
-
-
-@dataclass
-class TokenLogprob:
-    """One token's log-probability under the model, with the most likely alternatives (most likely first)."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
-
-
-@dataclass
-class Completion:
-    """One finished reply: its tokens (without the token that ended it, `stop_token_id`: an end-of-turn
-    token or one of the request's stop_token_ids),
-    its text (cut before a stop string), why it ended (stop, length, cancelled) and, when asked, each
-    token's log-probability, and the end-of-turn token's in `stop_logprob` (the legacy completions API
-    lists it: a loglikelihood client counts on one generated token after the echoed prompt)."""
-
-    index: int
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    stop_token_id: int | None = None
-    logprobs: list[TokenLogprob] | None = None
-    stop_logprob: TokenLogprob | None = None
-
-
-@dataclass
-class Event:
-    """What a request hears as it runs: text for reply `index` (with the log-probabilities of the tokens
-    since the last event), its finish (with the reply's token count), or an error that ends the request."""
-
-    index: int = 0
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    completion_tokens: int = 0
-    error: str | None = None
 
 
 class Request:
@@ -359,8 +319,6 @@ class Engine:
         Prompts join the batch as rows leave, `max_batch_size` rows at most (default: all at once)."""
         settings = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if any(p.num_beams > 1 for p in settings):
-            from .beam import beam_search
-
             return beam_search(self.model, self.tokenizer, prompts, settings, self.stop_ids, adapter)
         requests = [Request(p, s, (lambda e, i=i: on_event(i, e)) if on_event else None, adapter)
                     for i, (p, s) in enumerate(zip(prompts, settings))]

@@ -10,7 +10,8 @@ import threading
 import time
 from typing import Any
 
-from .engine import Batch, Event, Request
+from .engine import Batch, Request
+from .results import Event
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from .parser import ParsedRun, parse_args
 from .ppo_args import SHIPPED_REWARD_FUNCS_MODULE, PPOArguments, RewardSourceArguments
 from .rules import check, deepspeed_config, zero_stage
 from .run_config import save_run_config
+from .run_kinds import RUN_ARGUMENTS
 from .tool_args import (
     EXPORT_RELATIVE_TOLERANCES,
     MERGE_RELATIVE_TOLERANCES,
@@ -27,23 +28,6 @@ from .tool_args import (
     ScoreArguments,
 )
 from .training_args import SFTTrainingArguments, TrainingArguments
-
-# The dataclasses of each kind of run, in the order tunesmith_config.json records them.
-RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
-    "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
-    "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
-    "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
-    "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, TrainingArguments),
-    "merge": (ModelArguments, MergeArguments),
-    "export": (ExportModelArguments, ExportArguments),
-    "chat": (ModelArguments, ChatArguments, GenerationArguments),
-    "serve": (ModelArguments, ServeArguments, GenerationArguments),
-    "score": (ModelArguments, DataArguments, ScoreArguments),
-    "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
-    "compare": (ModelArguments, PromptDataArguments, CompareArguments),
-    "eval_policy": (PromptDataArguments, EvalArguments),
-    "eval": (ModelArguments, HarnessArguments),
-}
 
 
 def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | None = None,

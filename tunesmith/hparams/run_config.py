@@ -11,6 +11,7 @@ from typing import Any
 
 from ..constants import RUN_CONFIG_FILE
 from ..utils.io import atomic_write_json
+from .run_kinds import RUN_ARGUMENTS
 
 # Settings that do not change what a run computes. Two runs that differ only in these are the same run:
 # continued, extended, logged, saved or evaluated differently, or launched on another machine. Every other
@@ -42,8 +43,6 @@ NEUTRAL_NAMES_OF_TRANSFORMERS = (
 
 def _neutral_keys() -> frozenset[str]:
     from transformers import TrainingArguments as HFTrainingArguments
-
-    from . import RUN_ARGUMENTS
 
     classes = {cls for kinds in RUN_ARGUMENTS.values() for cls in kinds}
     own = {name for cls in classes for name in getattr(cls, "result_neutral", ())}
