@@ -15,14 +15,26 @@ from .runs import COLUMNS
 
 CSS = ".ts-row pre {white-space: pre-wrap; font-size: 0.85em} .ts-row mark {background: #b7f5c0}"
 REFRESH_S = 1.0
+LOSSES = ("loss", "eval_loss")
 
 
-def _frame(points: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(points or [], columns=["step", "value", "series"])
+def _frame(points: list[dict], series: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Plot points, numeric even when there are none yet (an empty frame of objects would make the plot's axes
+    categorical for good), with a blank point (no value: not drawn) for each of the plot's series: the page
+    fixes a plot's colours from the series of its first data, so they must all be there from the start."""
+    first = min((p["step"] for p in points), default=0)  # where the blanks sit: not widening the step axis
+    blanks = [{"step": first, "value": float("nan"), "series": name} for name in series]
+    frame = pd.DataFrame(blanks + list(points or []), columns=["step", "value", "series"])
+    return frame.astype({"step": "int64", "value": "float64", "series": "string"})
 
 
-def _plot(label: str) -> gr.LinePlot:
-    return gr.LinePlot(_frame([]), x="step", y="value", color="series", label=label, show_label=True, height=260,
+# Each plot's series and colours, fixed up front: a plot that starts empty would otherwise have no colour for them.
+SERIES_COLORS = {"loss": "#1f77b4", "eval_loss": "#ff7f0e", "learning_rate": "#2ca02c", "grad_norm": "#d62728"}
+
+
+def _plot(label: str, series: tuple[str, ...]) -> gr.LinePlot:
+    return gr.LinePlot(_frame([], series), x="step", y="value", color="series", label=label, show_label=True, height=260,
+                       color_map={k: SERIES_COLORS[k] for k in series}, y_title=label.lower(),
                        elem_id=f"plot-{label.lower().replace(' ', '-')}")
 
 
@@ -54,27 +66,29 @@ def build(bench: Workbench) -> gr.Blocks:
 def _train_tab(bench: Workbench) -> None:
     with gr.Row():
         stage = gr.Dropdown(list(STAGES), value="sft", label="Stage")
-        model = gr.Textbox(label="Model", placeholder=embedded_model_note(), info=embedded_model_note())
-        dataset = gr.Textbox(label="Dataset", placeholder="data/demo/sft.jsonl", info="a data file (JSONL/JSON)")
-        max_steps = gr.Number(label="Max steps", value=None, precision=0)
+        model = gr.Textbox(label="Model", info=embedded_model_note(), elem_id="ts-model")
+        dataset = gr.Textbox(label="Dataset", placeholder="data/demo/sft.jsonl", info="a data file (JSONL/JSON)",
+                             elem_id="ts-dataset")
+        max_steps = gr.Number(label="Max steps", value=None, precision=0, info="0: the CLI's default (epochs)")
     with gr.Row():
         method = gr.Radio(list(METHODS), value="lora", label="Method")
-        learning_rate = gr.Number(label="Learning rate", value=None)
-        epochs = gr.Number(label="Epochs", value=None)
-        lora_rank = gr.Number(label="LoRA rank", value=None, precision=0)
+        learning_rate = gr.Number(label="Learning rate", value=None, info="0: the stage's default")
+        epochs = gr.Number(label="Epochs", value=None, info="0: the stage's default")
+        lora_rank = gr.Number(label="LoRA rank", value=None, precision=0, info="0: the default (16)")
         output_dir = gr.Textbox(label="Output folder", placeholder=f"{bench.root}/<stage>_N")
-    with gr.Accordion("Advanced: any other flags", open=False):
-        advanced = gr.Textbox(label="Advanced flags", placeholder="--logging_steps 1 --save_steps 10")
-    command = gr.Code(label="Command line", language="shell", interactive=False, elem_id="ts-command")
+    advanced = gr.Textbox(label="Advanced flags", placeholder="--logging_steps 1 --save_steps 10 (any other flag of the stage)",
+                          elem_id="ts-advanced")
+    command = gr.Code(bench.command_line(TrainForm()), label="Command line (copy it to run the same in a shell)",
+                      language="shell", interactive=False, elem_id="ts-command")
     with gr.Row():
         start = gr.Button("Start", variant="primary")
         stop = gr.Button("Stop", variant="stop")
     message = gr.Textbox(label="Status", interactive=False, elem_id="ts-status")
     progress = gr.HTML(progress_html(bench.progress()))
     with gr.Row():
-        loss = _plot("Loss")
-        lr = _plot("Learning rate")
-        grad = _plot("Grad norm")
+        loss = _plot("Loss", LOSSES)
+        lr = _plot("Learning rate", ("learning_rate",))
+        grad = _plot("Grad norm", ("grad_norm",))
     log = gr.Textbox(label="Log", lines=12, max_lines=12, autoscroll=True, interactive=False, elem_id="ts-log")
     with gr.Accordion("Dataset preview", open=True):
         rows = gr.Markdown(elem_id="ts-rowcount")
@@ -93,7 +107,8 @@ def _train_tab(bench: Workbench) -> None:
 
     def refresh():
         p = bench.progress()
-        return (progress_html(p), _frame(p["loss"]), _frame(p["lr"]), _frame(p["grad_norm"]), p["log"],
+        return (progress_html(p), _frame(p["loss"], LOSSES), _frame(p["lr"], ("learning_rate",)),
+                _frame(p["grad_norm"], ("grad_norm",)), p["log"],
                 p["error"] or gr.skip())
 
     gr.Timer(REFRESH_S).tick(refresh, None, [progress, loss, lr, grad, log, message])
@@ -106,7 +121,7 @@ def _runs_tab(bench: Workbench) -> None:
     picked = gr.Dropdown(label="Run", choices=[r[0] for r in bench.runs_table()], allow_custom_value=True)
     with gr.Row():
         config = gr.Code(label="Config", language="json")
-        loss = _plot("Run loss")
+        loss = _plot("Run loss", LOSSES)
     log = gr.Textbox(label="Run log", lines=10, max_lines=10, interactive=False)
 
     def update():
@@ -118,7 +133,7 @@ def _runs_tab(bench: Workbench) -> None:
 
     def details(name):
         text, points, run_log = bench.run_details(name or "")
-        return text, _frame(points), run_log
+        return text, _frame(points, LOSSES), run_log
 
     picked.change(details, picked, [config, loss, log])
 
@@ -135,8 +150,8 @@ def _chat_tab(bench: Workbench) -> None:
         adapter = gr.Dropdown(label="Adapter", choices=[""] + bench.adapters(), value="", allow_custom_value=True,
                               info="a run's adapter, or empty for the model alone")
         compare = gr.Checkbox(label="compare base and tuned", value=False)
-    with gr.Accordion("Sampling", open=False):
-        temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature")
+    with gr.Accordion("Sampling", open=True), gr.Row():
+        temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature", info="0: greedy")
         top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top p")
         max_new_tokens = gr.Slider(1, 1024, value=128, step=1, label="Max new tokens")
         system = gr.Textbox(label="System prompt", placeholder="(the template's default)")

@@ -85,7 +85,7 @@ def train_flags(form: TrainForm) -> tuple[str, list[str]]:
         flags += ["--quantization_bit", "4"]
     for flag, value in (("--max_steps", form.max_steps), ("--learning_rate", form.learning_rate),
                         ("--num_train_epochs", form.epochs), ("--lora_r", form.lora_rank)):
-        if value not in (None, ""):
+        if value not in (None, "", 0):  # empty (a number box shows 0): the CLI's default
             flags += [flag, _number(value)]
     return command, flags + advanced_flags(form.advanced)
 
