@@ -21,7 +21,7 @@ from conftest import save_random_adapter, write_jsonl  # noqa: E402
 from tunesmith.errors import ConfigError, PathError  # noqa: E402
 from tunesmith.hparams import parse_run  # noqa: E402
 from tunesmith.ui import runs  # noqa: E402
-from tunesmith.ui.actions import Workbench, compare_table  # noqa: E402
+from tunesmith.ui.actions import Workbench, check_lines, compare_table  # noqa: E402
 from tunesmith.ui.command import Confinement, TrainForm, advanced_flags, shown, train_flags  # noqa: E402
 from tunesmith.ui.jobs import Job  # noqa: E402
 
@@ -92,18 +92,29 @@ def test_the_command_prints_the_refusal_and_exits_2():
     assert done.stderr.strip().splitlines()[-1].startswith("tunesmith: config error: --host 0.0.0.0 shows the page")
 
 
-def test_a_run_started_from_the_page_trains_plots_and_is_listed(tiny_model_dir, ui_data, tmp_path):
-    bench = bench_for(tmp_path, tiny_model_dir, ui_data)
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir, ui_data, tmp_path_factory):
+    """A page's bench after a 3-step SFT run started from its form: (bench, what was seen while it ran)."""
+    tmp = tmp_path_factory.mktemp("ui-run")
+    bench = bench_for(tmp, tiny_model_dir, ui_data)
     form = TrainForm(model=tiny_model_dir, dataset=ui_data, max_steps=3, learning_rate=1e-2, advanced=QUICK)
-    line = bench.command_line(form)
-    assert line.startswith(f"tunesmith sft --model_name_or_path {tiny_model_dir} --data_path {ui_data} "
-                           f"--output_dir {tmp_path / 'runs' / 'sft_1'} --finetuning_type lora --max_steps 3")
-    assert bench.start(form).startswith("started: tunesmith sft")
-    assert bench.start(form) == "a run is going already: Stop it first"
-    assert bench.runs_table() == [] or bench.runs_table()[0][-1] == "running"
-    assert wait_for(bench.jobs["train"]) == 0, bench.jobs["train"].log()
+    seen = {"command": bench.command_line(form), "start": bench.start(form), "again": bench.start(form),
+            "table": bench.runs_table()}
+    seen["exit"] = wait_for(bench.jobs["train"])
+    return bench, seen
+
+
+def test_a_run_started_from_the_page_trains_plots_and_is_listed(trained, tiny_model_dir, ui_data):
+    bench, seen = trained
+    runs_dir = Path(bench.root)
+    assert seen["command"].startswith(f"tunesmith sft --model_name_or_path {tiny_model_dir} --data_path {ui_data} "
+                                      f"--output_dir {runs_dir / 'sft_1'} --finetuning_type lora --max_steps 3")
+    assert seen["start"].startswith("started: tunesmith sft")
+    assert seen["again"] == "a run is going already: Stop it first"
+    assert seen["table"] == [] or seen["table"][0][-1] == "running"
+    assert seen["exit"] == 0, bench.jobs["train"].log()
     p = bench.progress()
-    assert p["status"] == "finished" and p["step"] == 3 and p["error"] is None
+    assert p["status"] == "finished" and p["step"] == 3 and p["total"] == 3 and p["error"] is None
     assert [pt["step"] for pt in p["loss"] if pt["series"] == "loss"] == [1, 2, 3]
     assert len(p["lr"]) == 3 and len(p["grad_norm"]) == 3
     [row] = bench.runs_table()
@@ -112,7 +123,27 @@ def test_a_run_started_from_the_page_trains_plots_and_is_listed(tiny_model_dir, 
     config, points, log = bench.run_details("sft_1")
     assert json.loads(config)["SFTDataArguments"]["data_path"] == [ui_data]
     assert len(points) == 3 and "$ tunesmith sft" in log
-    assert bench.adapters() == [str(tmp_path / "runs" / "sft_1")]
+    assert bench.adapters() == [str(runs_dir / "sft_1")]
+
+
+def test_export_writes_the_gguf_and_modelfile_and_shows_the_checks(trained):
+    bench, _ = trained
+    argv = bench.export_argv("gguf", bench.adapters()[0], "f32")
+    shown_log = list(bench.follow("export", argv))
+    assert bench.jobs["export"].returncode == 0, shown_log[-1]
+    files = [Path(f).name for f, size in bench.produced_files(argv)]
+    assert files == ["sft_1-f32.gguf", "sft_1-f32.Modelfile"]
+    assert check_lines(bench.jobs["export"].log())
+
+
+def test_evaluate_on_a_file_of_prompts_gives_a_table(trained, ui_data):
+    bench, _ = trained
+    prompts = write_jsonl(Path(ui_data).parent / "prompts.jsonl", [{"messages": r["messages"][:1]} for r in ROWS])
+    argv = bench.eval_argv(bench.adapters()[0], [], prompts=prompts)
+    list(bench.follow("eval", argv))
+    assert bench.jobs["eval"].returncode == 0, bench.jobs["eval"].log()
+    table = bench.eval_results(argv)
+    assert [r["question"] for r in table] == [r["messages"][0]["content"] for r in ROWS]
 
 
 def test_a_bad_flag_or_file_shows_the_cli_one_line_error(tiny_model_dir, ui_data, tmp_path):
@@ -147,6 +178,27 @@ def test_stop_interrupts_the_process_group_as_ctrl_c_would(tmp_path):
                     "print('ready', flush=True); time.sleep(60)"], str(tmp_path / "log2.txt"))
     wait_for_line(stubborn, "ready")
     assert stubborn.stop(grace=1.0) == "stopped" and stubborn.returncode == -15  # SIGTERM after the grace
+
+
+def test_a_stopped_run_resumes_from_its_last_checkpoint(tiny_model_dir, ui_data, tmp_path):
+    bench = bench_for(tmp_path, tiny_model_dir, ui_data)
+    flags = "--per_device_train_batch_size 1 --logging_steps 1 --save_strategy steps --save_steps 2 --plot_loss false"
+    bench.start(TrainForm(model=tiny_model_dir, dataset=ui_data, max_steps=100000, advanced=flags))
+    run_dir = Path(bench.train_dir)
+    until = time.time() + 240
+    while not (run_dir / "checkpoint-4").is_dir():
+        assert bench.jobs["train"].running and time.time() < until, bench.jobs["train"].log()
+        time.sleep(0.2)
+    assert bench.stop().startswith("run stopped; Start again with the same output folder")
+    assert bench.jobs["train"].returncode == 130  # the boundary's status for an interrupted run
+    assert bench.progress()["error"] == "tunesmith: interrupted" and bench.runs_table()[0][-1] == "incomplete"
+    last = max(int(p.name.split("-")[1]) for p in run_dir.glob("checkpoint-*"))
+    bench.start(TrainForm(model=tiny_model_dir, dataset=ui_data, max_steps=last + 2, output_dir=str(run_dir),
+                          advanced=flags))
+    assert wait_for(bench.jobs["train"]) == 0, bench.jobs["train"].log()
+    assert f"resuming from {run_dir / f'checkpoint-{last}'} (step {last})" in bench.jobs["train"].log()
+    assert [r["step"] for r in runs.read_metrics(str(run_dir)) if "loss" in r] == list(range(1, last + 3))
+    assert bench.runs_table()[0][-1] == "finished"
 
 
 def test_the_dataset_preview_marks_the_trained_text(tiny_model_dir, ui_data, tmp_path):

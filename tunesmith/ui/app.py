@@ -103,7 +103,8 @@ def _train_tab(bench: Workbench) -> None:
         field.change(lambda *v: bench.command_line(form(*v)), fields, command)
     dataset.change(lambda d, m: bench.preview(d, m), [dataset, model], [preview, rows])
     start.click(lambda *v: bench.start(form(*v)), fields, message)
-    stop.click(bench.stop, None, message)
+    # after Stop the output folder is the stopped run's, so that Start resumes it from its last checkpoint
+    stop.click(lambda: (bench.stop(), bench.train_dir or ""), None, [message, output_dir])
 
     def refresh():
         p = bench.progress()

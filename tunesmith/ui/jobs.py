@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from .command import shown
 
 STOP_GRACE_S = 30.0  # how long a stopped run may take to leave before SIGTERM (and as long again before SIGKILL)
-ERROR_LINE = re.compile(r"^tunesmith: (?:[a-z ]*error|interrupted)\b.*$", re.M)
+# The boundary's one line; it may follow a progress bar that ended without a newline.
+ERROR_LINE = re.compile(r"tunesmith: (?:[a-z ]*error|interrupted)\b.*$", re.M)
 
 
 class Job:

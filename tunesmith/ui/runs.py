@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..constants import METRICS_FILE, RUN_CONFIG_FILE
@@ -21,8 +22,12 @@ COLUMNS = ["run", "stage", "model", "dataset", "steps", "final loss", "date", "s
 
 @dataclass
 class Run:
+    """A run's folder, its tunesmith_config.json (written when the run saves; empty before) and the command
+    the page started it with (from its log; empty for a run started elsewhere)."""
+
     path: str
     config: dict[str, Any]
+    command: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -30,7 +35,15 @@ class Run:
 
     @property
     def stage(self) -> str:
-        return stage_of(self.config)
+        if self.config or not self.command:
+            return stage_of(self.config)
+        stage = self.command[1] if len(self.command) > 1 else "?"
+        return self.flag("advantage") or stage if stage == "ppo" else stage
+
+    def flag(self, name: str) -> str | None:
+        """A flag's value in the command the page ran (None when absent)."""
+        option = f"--{name}"
+        return self.command[self.command.index(option) + 1] if option in self.command[:-1] else None
 
     def metrics(self) -> list[dict]:
         return read_metrics(self.path)
@@ -81,20 +94,37 @@ def series(rows: list[dict], keys: tuple[str, ...] = SERIES) -> list[dict]:
 
 
 def find_runs(root: str) -> list[Run]:
-    """Every folder under root (two levels deep at most) that holds a tunesmith_config.json, newest first."""
+    """Every folder under root (two levels deep at most) that holds a tunesmith_config.json, or the metrics.jsonl
+    of a run still going or stopped before it saved, newest first."""
     found = []
     if not os.path.isdir(root):
         return found
     for dirpath, dirnames, filenames in os.walk(root):
         depth = os.path.relpath(dirpath, root).count(os.sep) + (dirpath != root)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "checkpoint-"))) if depth < 2 else []
-        if RUN_CONFIG_FILE in filenames:
-            try:
-                with open(os.path.join(dirpath, RUN_CONFIG_FILE), encoding="utf-8") as f:
-                    found.append(Run(dirpath, json.load(f)))
-            except (OSError, json.JSONDecodeError):
-                continue
+        if RUN_CONFIG_FILE not in filenames and METRICS_FILE not in filenames:
+            continue
+        config: dict[str, Any] = {}
+        try:
+            with open(os.path.join(dirpath, RUN_CONFIG_FILE), encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            pass
+        found.append(Run(dirpath, config, started_with(root, dirpath)))
     return sorted(found, key=lambda r: _mtime(r.path), reverse=True)
+
+
+def started_with(root: str, run_dir: str) -> list[str]:
+    """The command line the page ran for run_dir, from the first line of its log (`$ tunesmith ...`)."""
+    try:
+        with open(log_path(root, run_dir), encoding="utf-8") as f:
+            first = f.readline()
+    except OSError:
+        return []
+    try:
+        return shlex.split(first[2:]) if first.startswith("$ ") else []
+    except ValueError:
+        return []
 
 
 def log_path(root: str, run_dir: str) -> str:
@@ -114,8 +144,10 @@ def status(run: Run, running: set[str] | None = None) -> str:
 
 def row(run: Run, running: set[str] | None = None) -> list[Any]:
     config = run.config
-    model = config.get("ModelArguments", {}).get("model_name_or_path") or "(embedded default)"
-    data = next((c.get("data_path") for c in config.values() if isinstance(c, dict) and c.get("data_path")), None)
+    model = config.get("ModelArguments", {}).get("model_name_or_path") or run.flag("model_name_or_path") \
+        or "(embedded default)"
+    data = next((c.get("data_path") for c in config.values() if isinstance(c, dict) and c.get("data_path")),
+                run.flag("data_path"))
     dataset = ", ".join(data) if isinstance(data, list) else (data or "")
     metrics = run.metrics()
     steps = max((r.get("step", 0) for r in metrics), default=0)
