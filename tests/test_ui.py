@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from conftest import save_random_adapter, write_jsonl  # noqa: E402
 
 from tunesmith.errors import ConfigError, PathError  # noqa: E402
 from tunesmith.hparams import parse_run  # noqa: E402
+from tunesmith.train.checkpoints import checkpoint_step, last_complete_checkpoint  # noqa: E402
 from tunesmith.ui import runs  # noqa: E402
 from tunesmith.ui.actions import Workbench, check_lines, compare_table  # noqa: E402
 from tunesmith.ui.command import Confinement, TrainForm, advanced_flags, shown, train_flags  # noqa: E402
@@ -84,12 +84,15 @@ def test_ui_settings_refused_in_one_line():
     assert ui.credentials == ("ann", "s3cret:x") and ui.port == 7860 and ui.root == "outputs"
 
 
-def test_the_command_prints_the_refusal_and_exits_2():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNESMITH_UI_AUTH": ""}
-    done = subprocess.run([sys.executable, "-m", "tunesmith", "ui", "--host", "0.0.0.0"], capture_output=True,
-                          text=True, env=env, timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("tunesmith: config error: --host 0.0.0.0 shows the page")
+def test_the_command_prints_the_refusal_and_exits_2(capsys, monkeypatch):
+    from tunesmith.recipes.ui import main
+
+    monkeypatch.delenv("TUNESMITH_UI_AUTH", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        main(["--host", "0.0.0.0"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "tunesmith: config error: --host 0.0.0.0 shows the page")
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +157,8 @@ def test_a_bad_flag_or_file_shows_the_cli_one_line_error(tiny_model_dir, ui_data
                                          "(did you mean --learning_rate?)")
     assert bench.start(TrainForm(dataset="/etc/passwd")).startswith("tunesmith: path error: Dataset /etc/passwd: "
                                                                     "outside the folders")
-    missing = str(Path(ui_data).parent / "missing.jsonl")
-    bench.start(TrainForm(model=tiny_model_dir, dataset=missing, max_steps=3))
-    assert wait_for(bench.jobs["train"]) == 2
-    assert bench.progress()["error"].startswith("tunesmith: ") and "missing.jsonl" in bench.progress()["error"]
+    missing = str(Path(ui_data).parent / "missing.jsonl")  # the preview says so before any run starts
+    assert bench.preview(missing, tiny_model_dir)[1] == f"tunesmith: data error: data file {missing}: no such file"
 
 
 def wait_for_line(job: Job, line: str, timeout: float = 30) -> None:
@@ -192,11 +193,13 @@ def test_a_stopped_run_resumes_from_its_last_checkpoint(tiny_model_dir, ui_data,
     assert bench.stop().startswith("run stopped; Start again with the same output folder")
     assert bench.jobs["train"].returncode == 130  # the boundary's status for an interrupted run
     assert bench.progress()["error"] == "tunesmith: interrupted" and bench.runs_table()[0][-1] == "incomplete"
-    last = max(int(p.name.split("-")[1]) for p in run_dir.glob("checkpoint-*"))
+    resumed = last_complete_checkpoint(str(run_dir))  # the stop may have cut a later one short
+    last = checkpoint_step(resumed)
+    assert last >= 4
     bench.start(TrainForm(model=tiny_model_dir, dataset=ui_data, max_steps=last + 2, output_dir=str(run_dir),
                           advanced=flags))
     assert wait_for(bench.jobs["train"]) == 0, bench.jobs["train"].log()
-    assert f"resuming from {run_dir / f'checkpoint-{last}'} (step {last})" in bench.jobs["train"].log()
+    assert f"resuming from {resumed} (step {last})" in bench.jobs["train"].log()
     assert [r["step"] for r in runs.read_metrics(str(run_dir)) if "loss" in r] == list(range(1, last + 3))
     assert bench.runs_table()[0][-1] == "finished"
 
