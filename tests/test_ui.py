@@ -80,6 +80,10 @@ def test_ui_settings_refused_in_one_line():
         parse_run("ui", ["--host", "0.0.0.0"])
     with pytest.raises(ConfigError, match="--auth must be user:password"):
         parse_run("ui", ["--auth", "nopassword"])
+    with pytest.raises(ConfigError, match=r"--port must be in 1\.\.65535 \(got 0\)"):
+        parse_run("ui", ["--port", "0"])
+    with pytest.raises(PathError, match=r"--root .*README.md is a file, not a directory"):
+        parse_run("ui", ["--root", str(ROOT / "README.md")])
     ui = parse_run("ui", ["--host", "0.0.0.0", "--auth", "ann:s3cret:x"]).ui
     assert ui.credentials == ("ann", "s3cret:x") and ui.port == 7860 and ui.root == "outputs"
 

@@ -137,7 +137,14 @@ def test_train_watch_list_and_chat_in_a_browser(ui_server, browser, tiny_model_d
     steps = field(browser, "Max steps", "input")
     steps.send_keys(Keys.CONTROL, "a")
     steps.send_keys("3", Keys.TAB)
-    field(browser, "Advanced flags").send_keys(QUICK + " --learning_rate 1e-2", Keys.TAB)
+    advanced = field(browser, "Advanced flags")
+    advanced.send_keys("--lerning_rate 1", Keys.TAB)  # a typo: the CLI's one line shows in the page
+    until(lambda: "--lerning_rate" in browser.find_element(By.ID, "ts-command").text, 30, "the command line")
+    button(browser, "Start").click()
+    until(lambda: field(browser, "Status").get_attribute("value") == "tunesmith: config error: unknown flag "
+          "--lerning_rate (did you mean --learning_rate?)", 120, "the CLI's error in Status")
+    advanced.send_keys(Keys.CONTROL, "a")
+    advanced.send_keys(QUICK + " --learning_rate 1e-2", Keys.TAB)
     until(lambda: "--max_steps 3 --per_device_train_batch_size 4" in browser.find_element(By.ID, "ts-command").text,
           30, "the command line")
     assert browser.find_element(By.ID, "ts-command").text.split("\n")[-1].startswith(
@@ -163,6 +170,11 @@ def test_train_watch_list_and_chat_in_a_browser(ui_server, browser, tiny_model_d
                    "the run in Runs")
     row = listed.split("sft_1", 1)[1].split("\n")[:8]
     assert row[1] == "sft" and row[3].endswith("sft4.jsonl") and row[4] == "3" and row[-1] == "finished", row
+    pick = field(browser, "Run", "input")
+    pick.send_keys("sft_1", Keys.ENTER)
+    pick.send_keys(Keys.ESCAPE)
+    until(lambda: '"SFTDataArguments"' in browser.find_element(By.ID, "ts-run-config").text, 30, "its config")
+    until(lambda: len(plot_points(browser, "plot-run-loss", "loss")) == 3, 30, "its loss plot")
 
     # Chat: the model and its new adapter, base and tuned side by side for one message
     open_tab(browser, "Chat")

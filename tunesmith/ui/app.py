@@ -121,7 +121,7 @@ def _runs_tab(bench: Workbench) -> None:
     refresh = gr.Button("Refresh")
     picked = gr.Dropdown(label="Run", choices=[r[0] for r in bench.runs_table()], allow_custom_value=True)
     with gr.Row():
-        config = gr.Code(label="Config", language="json")
+        config = gr.Code(label="Config", language="json", elem_id="ts-run-config")
         loss = _plot("Run loss", LOSSES)
     log = gr.Textbox(label="Run log", lines=10, max_lines=10, interactive=False)
 
