@@ -54,16 +54,28 @@ def test_the_form_becomes_the_cli_argument_list():
                                            advanced="--reward_funcs exact_answer --system 'a b'"))
     assert command == "ppo"
     assert flags == ["--advantage", "grpo", "--model_name_or_path", "m", "--data_path", "d.jsonl", "--output_dir", "out",
-                     "--finetuning_type", "lora", "--quantization_bit", "4", "--max_steps", "3",
+                     "--quantization_bit", "4", "--max_steps", "3",
                      "--learning_rate", "0.0001", "--lora_r", "8", "--reward_funcs", "exact_answer", "--system", "a b"]
     assert shown([sys.executable, "-m", "tunesmith", "sft", "--system", "a b; rm -rf /"]) == \
         "tunesmith sft --system 'a b; rm -rf /'"
     # the embedded model: no --model_name_or_path at all, as on the command line
     assert "--model_name_or_path" not in train_flags(TrainForm(dataset="d"))[1]
+    assert train_flags(TrainForm(method="full", config="c.yaml"))[1] == ["c.yaml", "--finetuning_type", "full"]
     with pytest.raises(ConfigError, match="not a --flag"):
         advanced_flags("oops --x 1")
     with pytest.raises(ConfigError, match="Stage 'kto' is not one of sft, reward, dpo, ppo, grpo"):
         train_flags(TrainForm(stage="kto"))
+
+
+def test_a_newcomer_starts_from_the_quickstart_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # `tunesmith ui` in the repo: its default --data_dir is data and configs
+    ui = parse_run("ui", ["--root", str(tmp_path / "runs")]).ui
+    bench = Workbench(ui.root, ui.data_dir)
+    assert bench.demo_config == "configs/sft_lora_demo.yaml"
+    form = TrainForm(config=bench.demo_config)
+    assert bench.command_line(form) == f"tunesmith sft configs/sft_lora_demo.yaml --output_dir {tmp_path / 'runs' / 'sft_1'}"
+    run = parse_run("sft", bench.train_argv(form)[4:])  # the command the page would run parses as the CLI's
+    assert run.data.data_path == ["data/demo/sft.jsonl"] and run.training.output_dir == str(tmp_path / "runs" / "sft_1")
 
 
 def test_paths_are_confined_to_the_root_and_data_folders(tmp_path):
@@ -115,7 +127,7 @@ def test_a_run_started_from_the_page_trains_plots_and_is_listed(trained, tiny_mo
     bench, seen = trained
     runs_dir = Path(bench.root)
     assert seen["command"].startswith(f"tunesmith sft --model_name_or_path {tiny_model_dir} --data_path {ui_data} "
-                                      f"--output_dir {runs_dir / 'sft_1'} --finetuning_type lora --max_steps 3")
+                                      f"--output_dir {runs_dir / 'sft_1'} --max_steps 3")
     assert seen["start"].startswith("started: tunesmith sft")
     assert seen["again"] == "a run is going already: Stop it first"
     assert seen["table"] == [] or seen["table"][0][-1] == "running"

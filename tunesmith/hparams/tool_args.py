@@ -224,9 +224,9 @@ class UIArguments:
                                                    "lists it, and every path the page takes is confined to it and "
                                                    "to the --data_dir folders."})
     data_dir: list[str] = field(
-        default_factory=lambda: ["data"],
-        metadata={"nargs": "+", "help": "Folders the page may read data files and models from (besides --root and "
-                  "the embedded default model)."})
+        default_factory=lambda: ["data", "configs"],
+        metadata={"nargs": "+", "help": "Folders the page may read data files, run configs and models from (besides "
+                  "--root and the embedded default model)."})
     auth: str | None = field(
         default=None, metadata={"help": "user:password asked by the page (required with a --host other than this "
                                 "machine's; default: the TUNESMITH_UI_AUTH environment variable when set)."})

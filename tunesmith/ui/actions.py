@@ -24,6 +24,7 @@ from .command import Confinement, TrainForm, shown, train_flags, tunesmith_argv
 from .jobs import Job, tail
 
 PREVIEW_ROWS = 3
+DEMO_CONFIG = os.path.join("configs", "sft_lora_demo.yaml")
 SHIPPED_TASKS = ("tunesmith_identity", "tunesmith_arithmetic", "tunesmith_tool_calls", "tunesmith_knowledge")
 GGUF_DTYPES = ("f16", "q8_0", "f32", "bf16", "q4_k_m", "q5_k_m", "q6_k")
 STEP_PATTERN = re.compile(r"(\d+)/(\d+) \[")  # tqdm's "3/76 [00:10<..."
@@ -37,11 +38,20 @@ class Workbench:
         os.makedirs(root, exist_ok=True)
         self.root = root
         self.confinement = Confinement(root, data_dirs, extra=[str(default_model_dir())])
+        # What a newcomer starts from, where the repo's demo is at hand: the quickstart's run config.
+        self.demo_config = DEMO_CONFIG if os.path.isfile(DEMO_CONFIG) and self.allowed(DEMO_CONFIG) else ""
         self.jobs: dict[str, Job] = {}
         self.train_dir: str | None = None
         self.train_max_steps: int | None = None
         self.models = ModelCache()
         self._tokenizers: dict[str | None, Any] = {}
+
+    def allowed(self, path: str) -> bool:
+        try:
+            self.confinement.check(path)
+        except PathError:
+            return False
+        return True
 
     # -- Train
     def default_output(self, stage: str) -> str:
@@ -54,9 +64,12 @@ class Workbench:
         """The argument list of the run the form describes, its paths checked against the allowed folders."""
         if form.model and form.model.strip():
             self.confinement.check(form.model, "Model")
-        if not form.dataset or not form.dataset.strip():
-            raise PathError("Dataset: empty; give a data file (e.g. data/demo/sft.jsonl)")
-        self.confinement.check(form.dataset, "Dataset")
+        if form.config and form.config.strip():
+            self.confinement.check(form.config, "Run config")
+        if form.dataset and form.dataset.strip():
+            self.confinement.check(form.dataset, "Dataset")
+        elif not (form.config and form.config.strip()):
+            raise PathError("Dataset: empty; give a data file (e.g. data/demo/sft.jsonl), or a Run config that names one")
         output = form.output_dir.strip() if form.output_dir and form.output_dir.strip() else self.default_output(form.stage)
         form = TrainForm(**{**vars(form), "output_dir": self.confinement.under_root(output)})
         command, flags = train_flags(form)

@@ -76,9 +76,12 @@ def _train_tab(bench: Workbench) -> None:
         epochs = gr.Number(label="Epochs", value=None, info="0: the stage's default")
         lora_rank = gr.Number(label="LoRA rank", value=None, precision=0, info="0: the default (16)")
         output_dir = gr.Textbox(label="Output folder", placeholder=f"{bench.root}/<stage>_N")
+    config = gr.Textbox(bench.demo_config, label="Run config", elem_id="ts-config",
+                        info="optional: a YAML/JSON run config read first (the quickstart's: configs/sft_lora_demo.yaml); "
+                        "the fields above override it")
     advanced = gr.Textbox(label="Advanced flags", placeholder="--logging_steps 1 --save_steps 10 (any other flag of the stage)",
                           elem_id="ts-advanced")
-    command = gr.Code(bench.command_line(TrainForm()), label="Command line (copy it to run the same in a shell)",
+    command = gr.Code(bench.command_line(TrainForm(config=bench.demo_config)), label="Command line (copy it to run the same in a shell)",
                       language="shell", interactive=False, elem_id="ts-command")
     with gr.Row():
         start = gr.Button("Start", variant="primary")
@@ -94,7 +97,7 @@ def _train_tab(bench: Workbench) -> None:
         rows = gr.Markdown(elem_id="ts-rowcount")
         preview = gr.HTML()
 
-    fields = [stage, model, dataset, max_steps, method, learning_rate, epochs, lora_rank, output_dir, advanced]
+    fields = [stage, model, dataset, max_steps, method, learning_rate, epochs, lora_rank, output_dir, advanced, config]
 
     def form(*values: Any) -> TrainForm:
         return TrainForm(*values)

@@ -39,6 +39,7 @@ class TrainForm:
     lora_rank: int | None = None
     output_dir: str = ""
     advanced: str = ""
+    config: str = ""  # a run config (YAML/JSON) read first, as `tunesmith sft CONFIG.yaml --flag ...` reads it
 
 
 def tunesmith_argv(command: str, flags: Sequence[str]) -> list[str]:
@@ -73,15 +74,16 @@ def train_flags(form: TrainForm) -> tuple[str, list[str]]:
     if form.method not in METHODS:
         raise ConfigError(f"method {form.method!r} is not one of {', '.join(METHODS)}")
     command, preset = STAGES[form.stage]
-    flags = list(preset)
+    flags = ([form.config.strip()] if form.config and form.config.strip() else []) + list(preset)
     if form.model and form.model.strip():
         flags += ["--model_name_or_path", form.model.strip()]
     if form.dataset and form.dataset.strip():
         flags += ["--data_path", form.dataset.strip()]
     if form.output_dir and form.output_dir.strip():
         flags += ["--output_dir", form.output_dir.strip()]
-    flags += ["--finetuning_type", "full" if form.method == "full" else "lora"]
-    if form.method == "qlora":
+    if form.method == "full":
+        flags += ["--finetuning_type", "full"]
+    elif form.method == "qlora":  # LoRA (the CLI's default) on a base loaded in 4 bits
         flags += ["--quantization_bit", "4"]
     for flag, value in (("--max_steps", form.max_steps), ("--learning_rate", form.learning_rate),
                         ("--num_train_epochs", form.epochs), ("--lora_r", form.lora_rank)):
