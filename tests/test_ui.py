@@ -243,6 +243,8 @@ def test_chat_streams_and_compares_base_with_tuned(tiny_model_dir, tokenizer, ui
     assert len(again) == 4 and len(bench.models) == 2
     refused = list(bench.chat("Hi", [], "/etc"))[-1][0]
     assert refused[-1]["content"].startswith("tunesmith: path error: Model /etc: outside")
+    not_a_model = list(bench.chat("Hi", [], str(tmp_path / "runs")))[-1][0]
+    assert not_a_model[-1]["content"].startswith("tunesmith: path error: ") and "runs" in not_a_model[-1]["content"]
 
 
 def test_eval_and_export_run_the_cli_commands(tmp_path, ui_data):

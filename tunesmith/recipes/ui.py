@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections.abc import Sequence
 
 from ..boundary import entry_point
@@ -28,6 +29,7 @@ def run(argv: Sequence[str] | None = None) -> None:
     if importlib.util.find_spec("gradio") is None:
         raise ConfigError("tunesmith ui needs gradio, which is not installed: pip install -e '.[ui]' "
                           "(or pip install 'gradio>=6,<7')")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the page reports nothing anywhere
     from ..recipes.serve import listen
     from ..ui.actions import Workbench
     from ..ui.app import CSS, build

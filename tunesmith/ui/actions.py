@@ -9,10 +9,10 @@ import html
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..constants import RUN_CONFIG_FILE
 from ..data.inspect import PLAIN_OFF, PLAIN_ON, highlight_trained, inspect_rows
 from ..errors import PathError, UserError
 from ..hparams import GenerationArguments, ModelArguments, SFTDataArguments
@@ -193,17 +193,19 @@ class Workbench:
         if compare and adapter:
             columns.append((base_history, None))
         for conversation, column_adapter in columns:
-            chat = session(self.models, model or None, column_adapter, conversation, generation, system)
             conversation += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
-            for text in stream_reply(chat, message):
-                conversation[-1] = {"role": "assistant", "content": text}
+            try:
+                chat = session(self.models, model or None, column_adapter, conversation[:-2], generation, system)
+                for text in stream_reply(chat, message):
+                    conversation[-1] = {"role": "assistant", "content": text}
+                    yield history, base_history
+            except UserError as e:  # a model or adapter that cannot load: the CLI's one line, in the chat
+                conversation[-1] = {"role": "assistant", "content": f"tunesmith: {e.kind}: {e}"}
                 yield history, base_history
 
     # -- Evaluate and Export: one command each, followed as it runs
     def follow(self, kind: str, argv: list[str]) -> Iterator[str]:
         """Start `argv` as the page's `kind` job and yield its log until it ends."""
-        import time
-
         job = self.jobs.get(kind)
         if job is not None and job.running:
             yield f"a {kind} run is going already"
@@ -288,6 +290,3 @@ def compare_table(log: str) -> list[dict]:
 
 def embedded_model_note() -> str:
     return f"empty: the embedded {DEFAULT_MODEL_NAME}"
-
-
-__all__ = ["Workbench", "TrainForm", "RUN_CONFIG_FILE", "SHIPPED_TASKS", "GGUF_DTYPES", "check_lines", "compare_table"]

@@ -9,6 +9,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from ..errors import UserError
 from .actions import GGUF_DTYPES, SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
 from .command import METHODS, STAGES, TrainForm
 from .runs import COLUMNS
@@ -194,8 +195,8 @@ def _eval_tab(bench: Workbench) -> None:
     def evaluate(adapter, tasks, limit, prompts):
         try:
             argv = bench.eval_argv(adapter or "", tasks, prompts, limit)
-        except Exception as e:  # a user error: its one line in the page
-            yield pd.DataFrame(), f"tunesmith: {getattr(e, 'kind', 'error')}: {e}"
+        except UserError as e:  # its one line in the page
+            yield pd.DataFrame(), f"tunesmith: {e.kind}: {e}"
             return
         for text in bench.follow("eval", argv):
             yield gr.skip(), text
@@ -218,8 +219,8 @@ def _export_tab(bench: Workbench) -> None:
     def export(source, action, dtype):
         try:
             argv = bench.export_argv(action, source or "", dtype)
-        except Exception as e:
-            yield pd.DataFrame(), "", f"tunesmith: {getattr(e, 'kind', 'error')}: {e}"
+        except UserError as e:
+            yield pd.DataFrame(), "", f"tunesmith: {e.kind}: {e}"
             return
         for text in bench.follow("export", argv):
             yield gr.skip(), gr.skip(), text
