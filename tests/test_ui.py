@@ -216,6 +216,8 @@ def test_a_stopped_run_resumes_from_its_last_checkpoint(tiny_model_dir, ui_data,
                           advanced=flags))
     assert wait_for(bench.jobs["train"]) == 0, bench.jobs["train"].log()
     assert f"resuming from {resumed} (step {last})" in bench.jobs["train"].log()
+    assert "tunesmith: interrupted" not in bench.jobs["train"].log() and bench.progress()["error"] is None
+    assert bench.run_details("sft_1")[2].count("$ tunesmith sft") == 2  # the run's log: both parts
     assert [r["step"] for r in runs.read_metrics(str(run_dir)) if "loss" in r] == list(range(1, last + 3))
     assert bench.runs_table()[0][-1] == "finished"
 

@@ -30,7 +30,10 @@ class Job:
         self.ended: float | None = None
         self.stopped = False
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-        with open(log_path, "w", encoding="utf-8") as log:
+        # Appended: a run started again in the same folder (a resume) keeps the log of its first part; this
+        # job's own part starts at `offset`.
+        self.offset = os.path.getsize(log_path) if os.path.isfile(log_path) else 0
+        with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"$ {shown(self.argv)}\n")
             log.flush()
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -80,26 +83,27 @@ class Job:
         return code
 
     def log(self, max_chars: int = 20000) -> str:
-        return tail(self.log_path, max_chars)
+        """The end of this job's part of the log."""
+        return tail(self.log_path, max_chars, self.offset)
 
     def error(self) -> str | None:
         """The CLI's one-line error (`tunesmith: config error: ...`) when the run ended with one."""
         if self.running or self.returncode == 0:
             return None
-        found = ERROR_LINE.findall(tail(self.log_path, 200000))
+        found = ERROR_LINE.findall(self.log(200000))
         return found[-1] if found else None
 
     def elapsed(self) -> float:
         return (self.ended or time.time()) - self.started
 
 
-def tail(path: str, max_chars: int = 20000) -> str:
-    """The end of a text file (the whole of a short one); '' for a missing one."""
+def tail(path: str, max_chars: int = 20000, start: int = 0) -> str:
+    """The end of a text file from byte `start` on (the whole of a short one); '' for a missing one."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - max_chars))
+            f.seek(max(start, size - max_chars))
             text = f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
