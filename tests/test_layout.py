@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"generation"},
     {"ppo"},
-    {"chat", "serve", "evaluation"},  # evaluation: lm-eval tasks (evaluation/tasks/) and their front end
+    {"chat", "serve", "evaluation", "ui"},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end
     {"recipes"},
     {"cli", "__main__"},
 ]

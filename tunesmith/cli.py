@@ -27,6 +27,7 @@ COMMANDS = {
     "serve": "tunesmith.recipes.serve",
     "inspect": "tunesmith.recipes.inspect",
     "compare": "tunesmith.recipes.compare",
+    "ui": "tunesmith.recipes.ui",
 }
 # Earlier names that still work, left out of `tunesmith --help`: the policy evaluation is part of `eval` now.
 HIDDEN_COMMANDS = {

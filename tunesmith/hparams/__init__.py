@@ -26,6 +26,7 @@ from .tool_args import (
     InspectArguments,
     MergeArguments,
     ScoreArguments,
+    UIArguments,
 )
 from .training_args import SFTTrainingArguments, TrainingArguments
 
@@ -42,5 +43,5 @@ __all__ = [
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
     "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "SFTTrainingArguments", "TrainingArguments",
     "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments", "HarnessArguments",
-    "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES",
+    "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES", "UIArguments",
 ]

@@ -32,6 +32,7 @@ from ..utils.paths import (
     run_config_record,
 )
 from .data_args import SPLIT_STAGES, numbers
+from .tool_args import LOOPBACK_HOSTS
 
 
 def deepspeed_config(training_args: Any) -> dict:
@@ -451,6 +452,15 @@ RULES: list[Rule] = [
          "--min_p must be in [0, 1) (got {generation.min_p}); 0 turns it off."),
     Rule("generation_beams", ("generation",), lambda a: a.generation.num_beams < 1,
          "--num_beams must be at least 1 (got {generation.num_beams}); 1 is no beam search."),
+    # -- ui
+    Rule("ui_port", ("ui",), lambda a: not 1 <= a.ui.port <= 65535, "--port must be in 1..65535 (got {ui.port})."),
+    Rule("ui_auth_form", ("ui",), lambda a: a.ui.auth is not None and not re.fullmatch(r"[^:]+:.+", a.ui.auth),
+         "--auth must be user:password, both non-empty (got one without a user or a password)."),
+    Rule("ui_auth_needed", ("ui",), lambda a: a.ui.host not in LOOPBACK_HOSTS and not a.ui.auth,
+         "--host {ui.host} shows the page, and the commands it runs, to every machine that can reach this one: "
+         "give --auth user:password too, or keep the default --host 127.0.0.1."),
+    Rule("ui_root", ("ui",), lambda a: _problem("is a file, not a directory" if os.path.isfile(a.ui.root) else None),
+         "--root {ui.root} {problem}: give the folder of runs (it is created when missing).", PathError),
     # -- serve
     Rule("serve_port", ("serve",), lambda a: not 0 <= a.serve.port <= 65535,
          "--port must be in 0..65535 (got {serve.port}); 0 takes any free port."),

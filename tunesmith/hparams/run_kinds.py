@@ -16,6 +16,7 @@ from .tool_args import (
     InspectArguments,
     MergeArguments,
     ScoreArguments,
+    UIArguments,
 )
 from .training_args import SFTTrainingArguments, TrainingArguments
 
@@ -34,4 +35,5 @@ RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
     "eval_policy": (PromptDataArguments, EvalArguments),
     "eval": (ModelArguments, HarnessArguments),
+    "ui": (UIArguments,),
 }

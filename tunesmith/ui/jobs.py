@@ -1,0 +1,111 @@
+"""The page's runs: one `tunesmith <stage>` process each, started from an argument list (no shell) in a
+process group of its own, its output (stdout and stderr) written to a log file that the page tails.
+Stop sends SIGINT, as Ctrl-C would: the run stops between steps, keeps the checkpoints it saved, and
+the same command started again resumes from the last one. A run that ignores it is sent SIGTERM, then
+SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+
+from .command import shown
+
+STOP_GRACE_S = 30.0  # how long a stopped run may take to leave before SIGTERM (and as long again before SIGKILL)
+# The boundary's one line; it may follow a progress bar that ended without a newline.
+ERROR_LINE = re.compile(r"tunesmith: (?:[a-z ]*error|interrupted)\b.*$", re.M)
+
+
+class Job:
+    """One run of one command: started, followed through its log, stopped."""
+
+    def __init__(self, argv: Sequence[str], log_path: str, cwd: str | None = None, env: dict | None = None) -> None:
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.started = time.time()
+        self.ended: float | None = None
+        self.stopped = False
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        # Appended: a run started again in the same folder (a resume) keeps the log of its first part; this
+        # job's own part starts at `offset`.
+        self.offset = os.path.getsize(log_path) if os.path.isfile(log_path) else 0
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"$ {shown(self.argv)}\n")
+            log.flush()
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            cwd=cwd, env={**os.environ, **(env or {})}, start_new_session=True)
+
+    @property
+    def running(self) -> bool:
+        if self.process.poll() is None:
+            return True
+        if self.ended is None:
+            self.ended = time.time()
+        return False
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def status(self) -> str:
+        """running, finished, stopped or failed (exit status N)."""
+        if self.running:
+            return "running"
+        if self.stopped:
+            return "stopped"
+        return "finished" if self.returncode == 0 else f"failed (exit status {self.returncode})"
+
+    def stop(self, grace: float = STOP_GRACE_S) -> str:
+        """SIGINT to the run's process group, then SIGTERM and SIGKILL for one that does not leave in time."""
+        if not self.running:
+            return self.status()
+        self.stopped = True
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.running  # noqa: B018 (records when it ended)
+        return self.status()
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.process.wait(timeout=timeout)
+        self.running  # noqa: B018
+        return code
+
+    def log(self, max_chars: int = 20000) -> str:
+        """The end of this job's part of the log."""
+        return tail(self.log_path, max_chars, self.offset)
+
+    def error(self) -> str | None:
+        """The CLI's one-line error (`tunesmith: config error: ...`) when the run ended with one."""
+        if self.running or self.returncode == 0:
+            return None
+        found = ERROR_LINE.findall(self.log(200000))
+        return found[-1] if found else None
+
+    def elapsed(self) -> float:
+        return (self.ended or time.time()) - self.started
+
+
+def tail(path: str, max_chars: int = 20000, start: int = 0) -> str:
+    """The end of a text file from byte `start` on (the whole of a short one); '' for a missing one."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(start, size - max_chars))
+            text = f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    # tqdm redraws its bar with carriage returns: keep each line's last state
+    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
