@@ -203,7 +203,7 @@ def test_a_stopped_run_resumes_from_its_last_checkpoint(tiny_model_dir, ui_data,
     bench.start(TrainForm(model=tiny_model_dir, dataset=ui_data, max_steps=100000, advanced=flags))
     run_dir = Path(bench.train_dir)
     until = time.time() + 240
-    while not (run_dir / "checkpoint-4").is_dir():
+    while not (run_dir / "checkpoint-4" / "trainer_state.json").is_file():  # complete: the Trainer writes it last
         assert bench.jobs["train"].running and time.time() < until, bench.jobs["train"].log()
         time.sleep(0.2)
     assert bench.stop().startswith("run stopped; Start again with the same output folder")
