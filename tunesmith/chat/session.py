@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, USER
 from ..data.formats import Message
-from ..data.template import PromptTooLong, encode_prompt, fit_prompt
+from ..data.template import PromptTooLong, fit_prompt
 from ..generation import Engine, SamplingParams
 from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
@@ -69,10 +69,13 @@ class ChatSession:
     def context(self, user_text: str) -> list[Message]:
         """The messages to render for the next reply: system prompt, the newest whole turns that fit
         the token budget together with the new message (data/template.fit_prompt), and the new message."""
-        head = [{"role": SYSTEM, "content": self.system}] if self.system else []
+        return self._fit(user_text)[1]
+
+    def _fit(self, user_text: str) -> tuple[list[int], list[Message]]:
+        """(the prompt's token ids, its messages), as context() describes."""
         try:
-            _, window, first = fit_prompt(self.tokenizer, head + self.messages + [{"role": USER, "content": user_text}],
-                                          self.max_prompt_length, first_turn=self._first_turn)
+            ids, window, first = fit_prompt(self.tokenizer, self.conversation() + [{"role": USER, "content": user_text}],
+                                            self.max_prompt_length, first_turn=self._first_turn)
         except PromptTooLong as e:
             raise PromptTooLong(f"{e}: shorten them or raise --max_prompt_length") from None
         if first > self._first_turn:
@@ -81,12 +84,12 @@ class ChatSession:
                         f"(--max_prompt_length {self.max_prompt_length}); {first} of {len(self.messages) // 2} "
                         "turns are out of it now, and /save still keeps them")
         self._first_turn = first
-        return window
+        return ids, window
 
     def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> Outcome:
         """Generate (streaming each piece of text to on_text) and record the turn. A reply that
         `interrupt()` stopped is not recorded, so the history holds no half turn."""
-        ids = encode_prompt(self.tokenizer, self.context(user_text))
+        ids, _ = self._fit(user_text)
         pieces: list[str] = []
 
         def show(index: int, event: Any) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from ..constants import IGNORE_INDEX
 from ..errors import ConfigError
 from ..hparams import FinetuningArguments, ModelArguments, PPOArguments
 from ..models.loader import load_model, resolve_model_path
-from ..utils.paths import adapter_config, is_adapter_dir, model_architecture
+from ..utils.paths import adapter_config, is_adapter_dir, model_architecture, model_config
 from .core import logprobs_from_logits
 
 logger = logging.getLogger(__name__)
@@ -222,8 +221,9 @@ def critic_mismatch(path: str, base: str, finetuning_type: str) -> str | None:
     if finetuning_type == "lora":
         if not is_adapter_dir(path):
             return "is not a LoRA adapter of the policy's base (a LoRA policy's critic is a second adapter on it)"
-        recorded = adapter_config(path).get("base_model_name_or_path") or ""
-        if adapter_config(path).get("peft_type") != "LORA" or os.path.realpath(recorded) != os.path.realpath(base):
+        record = adapter_config(path)
+        recorded = record.get("base_model_name_or_path") or ""
+        if record.get("peft_type") != "LORA" or os.path.realpath(recorded) != os.path.realpath(base):
             return f"is not a LoRA adapter of the policy's base {base} (it records {recorded or 'no base'})"
         return None
     if is_adapter_dir(path):
@@ -234,11 +234,7 @@ def critic_mismatch(path: str, base: str, finetuning_type: str) -> str | None:
 
 
 def _hidden_size(path: str) -> int | None:
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
+    config = model_config(path)
     return config.get("hidden_size", config.get("text_config", {}).get("hidden_size"))
 
 

@@ -57,14 +57,20 @@ def adapter_base_model(adapter_dir: str) -> str:
     return base
 
 
+def model_config(path: str | None) -> dict:
+    """A local model directory's config.json ({} when there is no readable one there)."""
+    try:
+        with open(os.path.join(str(path), MODEL_CONFIG), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError, TypeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def model_architecture(path: str | None) -> str | None:
     """The class name a local model directory's config.json records (e.g. LlamaForCausalLM), or None when
     there is no readable config.json there."""
-    try:
-        with open(os.path.join(str(path), MODEL_CONFIG), encoding="utf-8") as f:
-            architectures = json.load(f).get("architectures") or []
-    except (OSError, ValueError, TypeError):
-        return None
+    architectures = model_config(path).get("architectures") or []
     return architectures[0] if architectures else None
 
 
