@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..constants import METRICS_FILE, RUN_CONFIG_FILE
+from ..utils.paths import run_config_record
 
 LOG_FOLDER = ".ui_logs"
 SERIES = ("loss", "eval_loss", "learning_rate", "grad_norm", "score", "kl")
@@ -104,13 +105,7 @@ def find_runs(root: str) -> list[Run]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "checkpoint-"))) if depth < 2 else []
         if RUN_CONFIG_FILE not in filenames and METRICS_FILE not in filenames:
             continue
-        config: dict[str, Any] = {}
-        try:
-            with open(os.path.join(dirpath, RUN_CONFIG_FILE), encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, json.JSONDecodeError):
-            pass
-        found.append(Run(dirpath, config, started_with(root, dirpath)))
+        found.append(Run(dirpath, run_config_record(dirpath), started_with(root, dirpath)))
     return sorted(found, key=lambda r: _mtime(r.path), reverse=True)
 
 
