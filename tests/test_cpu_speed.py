@@ -276,3 +276,22 @@ def test_the_fast_path_follows_the_float32_loss_curve(tokenizer, tmp_path, monke
     assert plain_losses[-1] < plain_losses[0] - 0.5  # the curve moves: the comparison means something
     for step, (a, b) in enumerate(zip(fast_losses, plain_losses), 1):
         assert a == pytest.approx(b, rel=LOSS_TOLERANCE), f"step {step}: fast {a:.4f} against float32 {b:.4f}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_lm_head_gets_contiguous_rows_when_logits_are_kept_for_the_last_positions(tiny_model_dir, dtype):
+    """RL log-probs and batched prefills ask for the last k positions' logits (`logits_to_keep=k`), which
+    transformers slices out of the hidden states as a strided view; the loaded model's head must see them
+    contiguous (models/output_head.py: else CPU's linear copies the whole head once per row) and give the
+    same logits as the full forward."""
+    model = load_model(ModelArguments(model_name_or_path=tiny_model_dir, dtype=dtype), FinetuningArguments(),
+                       is_trainable=False)
+    seen = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    ids = torch.randint(5, 500, (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        kept = model(input_ids=ids, logits_to_keep=4).logits
+        full = model(input_ids=ids).logits
+    assert seen == [True, True]
+    assert kept.shape == (3, 4, full.shape[-1])
+    torch.testing.assert_close(kept, full[:, -4:], rtol=0, atol=1e-2 if dtype == "bfloat16" else 1e-5)

@@ -20,6 +20,7 @@ from ..hparams.parser import resolve_adapter_base
 from ..utils.hardware import native_bf16, trains_on_cpu
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
+from .output_head import contiguous_head_inputs
 from .prompt_learning import load_encoder, prompt_learning_config
 from .scoring import cast_head_inputs_to_its_dtype
 
@@ -179,6 +180,7 @@ def load_model(
     else:
         with _path_errors(path):
             model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        contiguous_head_inputs(model)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     if finetuning_args.adapter:
