@@ -1,14 +1,24 @@
-"""GRPO against PPO on the same prompts, reward functions, batch, samples per prompt and steps: rollouts (sampled
-replies) per second of training and the peak memory (RSS) of each run. The only difference is the advantage:
-PPO (--advantage gae, KL in the reward) trains a value adapter and head beside the policy and runs it on
-every rollout; GRPO (--advantage grpo, KL in the loss) has none.
+"""RL rollouts: tunesmith's GRPO against TRL's GRPOTrainer (`--peer trl`), or against tunesmith's PPO, on the same
+model, prompts, reward function, group size, completion length and steps.
 
-    python scripts/bench_rl.py                       # configs/grpo_demo.yaml, 6 steps each
-    python scripts/bench_rl.py --steps 10 --order grpo gae grpo gae
+    python scripts/bench_rl.py --peer trl                 # GRPO vs TRL GRPOTrainer, both bf16, 3 runs each, interleaved
+    python scripts/bench_rl.py --variants grpo_bf16,gae_bf16   # GRPO vs PPO (value adapter and head, KL in the reward)
+    python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16,grpo_fp32,trl_fp32
 
-Each run is its own process (its peak RSS and CPU time come from os.wait4); rollouts/s counts the steps' own
-time from metrics.jsonl (generation, scoring, update), not the model loading before the first step. On a
-shared machine wall time follows the other processes' load; CPU seconds per rollout much less so.
+The work is configs/grpo_demo.yaml's (the embedded SmolLM2-135M-Instruct with a fresh LoRA r 16 on every linear
+layer; a step samples 8 replies of at most 20 tokens to each of 2 prompts at temperature 0.5, rewards each with
+exact_answer, and takes 2 AdamW steps of 8 replies, KL 0.04 to the LoRA-free model in the loss, clip 0.2).
+TRL gets the same as a GRPOConfig: num_generations 8, per_device_train_batch_size 8, steps_per_generation 2,
+beta 0.04, loss_type bnpo (tokens of the mini-batch, as tunesmith's `loss_aggregation: token`), LoRA through
+its peft_config, no gradient checkpointing, and the prompts in tunesmith's seeded order (shuffle_dataset off), so
+step k of both samples the same two prompts. Each side otherwise keeps its own defaults. `_bf16` and `_fp32` name
+the precision: bf16 is TRL's default (autocast over float32 weights) and tunesmith's `--bf16 true` (a bf16 base
+under the float32 LoRA, autocast), float32 is tunesmith's default for RL and TRL's `bf16=False`.
+
+Each run is its own process (benchlib: the variants take turns, each once the cores are idle, with the other
+processes' share of the CPU recorded). completions/s counts the steps' own wall time, first step included
+(tunesmith: the generate/score/update phases it logs; TRL: train begin to end), not the model loading; peak RSS
+is the worker's, loading included. Last line with --peer trl: `completions/s ratio vs TRL GRPOTrainer: X.XX`.
 """
 
 from __future__ import annotations
@@ -16,63 +26,184 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import (  # noqa: E402
+    add_quiet_arguments,
+    benchmark_model,
+    loaded,
+    medians,
+    peak_rss_mb,
+    run_interleaved,
+    spread,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {
-    "gae": ["--advantage", "gae", "--kl_in_loss", "false"],
-    "grpo": ["--advantage", "grpo", "--kl_in_loss", "true"],
+CONFIG = ROOT / "configs/grpo_demo.yaml"
+OURS = {  # variant: tunesmith's flags on top of CONFIG
+    "grpo_bf16": ["--bf16", "true"],
+    "grpo_fp32": ["--bf16", "false"],
+    "gae_bf16": ["--advantage", "gae", "--kl_in_loss", "false", "--bf16", "true"],
 }
+PEERS = {"trl_bf16": True, "trl_fp32": False}  # variant: TRL's bf16 (its default: on)
+VARIANTS = [*OURS, *PEERS]
 
 
-def run(kind: str, config: str, steps: int, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, str(ROOT / "ppo/train.py"), config, *SETTINGS[kind], "--max_steps", str(steps),
-           "--save_strategy", "no", "--rollout_log_samples", "0", "--output_dir", str(out)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status:
-        raise SystemExit(f"{kind} failed:\n{proc.stderr.read()[-3000:]}")
-    log = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    phases = {k: sum(r[k] for r in log) for k in ("time_generate", "time_score", "time_train")}
-    batch = int(config_value(config, "per_device_train_batch_size"))
-    seconds = sum(phases.values())
-    cpu = usage.ru_utime + usage.ru_stime  # the whole process, model loading included: steadier than wall time
-    return {"rollouts_per_s": batch * len(log) / seconds, "seconds": seconds, **phases,  # on a shared machine
-            "cpu_s_per_rollout": cpu / (batch * len(log)), "peak_rss_gb": usage.ru_maxrss / 2**20}  # KiB on Linux
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--peer", choices=["trl"], help="Compare with TRL's GRPOTrainer (variants grpo_bf16,trl_bf16).")
+    p.add_argument("--variants", help=f"Comma-separated, of {', '.join(VARIANTS)} (default: grpo_bf16,trl_bf16 "
+                                      "with --peer trl, else grpo_bf16,gae_bf16).")
+    p.add_argument("--model", default=None, help="Model directory (default: the embedded SmolLM2-135M-Instruct).")
+    p.add_argument("--steps", type=int, default=6, help="Rollout batches (tunesmith steps) per run.")
+    add_quiet_arguments(p)
+    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.variants = (args.variants or ("grpo_bf16,trl_bf16" if args.peer else "grpo_bf16,gae_bf16")).split(",")
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    return args
 
 
-def config_value(config: str, key: str) -> str:
+def demo_config() -> dict[str, Any]:
     import yaml
 
-    return str(yaml.safe_load(Path(config).read_text())[key])
+    return yaml.safe_load(CONFIG.read_text())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(ROOT / "configs/grpo_demo.yaml"))
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--order", nargs="+", default=["grpo", "gae"], choices=sorted(SETTINGS))
-    args = parser.parse_args()
-    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    results: dict[str, list[dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, kind in enumerate(args.order):
-            r = run(kind, args.config, args.steps, Path(tmp) / f"{i}-{kind}")
-            results.setdefault(kind, []).append(r)
-            print(f"{kind:>4}: {r['rollouts_per_s']:.3f} rollouts/s ({r['seconds']:.0f} s for {args.steps} steps: "
-                  f"generate {r['time_generate']:.0f} s, score {r['time_score']:.0f} s, update {r['time_train']:.0f} s)"
-                  f", {r['cpu_s_per_rollout']:.1f} CPU s/rollout, peak RSS {r['peak_rss_gb']:.2f} GB, load "
-                  f"{os.getloadavg()[0]:.2f}", flush=True)
-    if {"gae", "grpo"} <= set(results):
-        mean = {k: {m: sum(r[m] for r in v) / len(v) for m in v[0]} for k, v in results.items()}
-        speed = mean["grpo"]["rollouts_per_s"] / mean["gae"]["rollouts_per_s"]
-        memory = 1 - mean["grpo"]["peak_rss_gb"] / mean["gae"]["peak_rss_gb"]
-        cpu = mean["grpo"]["cpu_s_per_rollout"] / mean["gae"]["cpu_s_per_rollout"]
-        print(f"GRPO / PPO: {speed:.2f}x the rollouts per second, {cpu:.2f}x the CPU time per rollout, {memory:.0%} "
-              "less peak memory")
+# ---------------------------------------------------------------- variants
+
+
+def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
+    from tunesmith.recipes.ppo import run
+
+    argv = [str(CONFIG), "--model_name_or_path", args.model, "--max_steps", str(args.steps), "--save_strategy", "no",
+            "--rollout_log_samples", "0", "--report_to", "none", "--output_dir", str(workdir / args.worker),
+            *OURS[args.worker]]
+    trainer = run(argv)
+    steps = [r for r in trainer.log_history if "time_generate" in r]
+    seconds = [r["time_generate"] + r["time_score"] + r["time_train"] for r in steps]
+    return summarize(seconds, [r["score"] for r in steps], trainer.batch_size, trainer.args.bf16)
+
+
+def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tunesmith.ppo.reward_funcs import exact_answer
+
+    demo = demo_config()
+    rows = [json.loads(line) for line in (ROOT / demo["data_path"]).read_text().splitlines() if line.strip()]
+    prompts_per_step = demo["per_device_train_batch_size"] // demo["samples_per_prompt"]
+    # tunesmith's order (PPOTrainer.batch_prompts: a randperm seeded by seed + epoch), so both sample the same prompts
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(demo["seed"])).tolist()
+    dataset = Dataset.from_list([{"prompt": rows[i]["messages"], "answer": str(rows[i]["answer"])} for i in order])
+
+    def exact(prompts, completions, answer, **_):  # TRL passes conversational completions as message lists
+        return exact_answer(prompts, [c[0]["content"] for c in completions], answer=answer)
+
+    mini_batches = demo["num_mini_batches"]
+    config = GRPOConfig(
+        output_dir=str(workdir / args.worker), max_steps=args.steps * mini_batches, seed=demo["seed"],
+        per_device_train_batch_size=demo["per_device_train_batch_size"] // mini_batches,
+        steps_per_generation=mini_batches, num_generations=demo["samples_per_prompt"], num_iterations=demo["ppo_epochs"],
+        max_completion_length=demo["max_new_tokens"], temperature=demo["temperature"], beta=demo["kl_coef"],
+        epsilon=0.2, loss_type="bnpo", scale_rewards="group", use_bias_correction_kl=False,
+        learning_rate=demo["learning_rate"], lr_scheduler_type="constant", shuffle_dataset=False,
+        gradient_checkpointing=False, bf16=PEERS[args.worker], use_cpu=not torch.cuda.is_available(),
+        disable_dropout=True, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        model_init_kwargs={"dtype": torch.float32},
+    )
+    lora = LoraConfig(r=demo["lora_r"], lora_alpha=demo["lora_alpha"], lora_dropout=0.05, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+    span: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *_, **__):
+            span.append(time.perf_counter())
+
+        def on_train_end(self, *_, **__):
+            span.append(time.perf_counter())
+
+    trainer = GRPOTrainer(model=args.model, reward_funcs=[exact], args=config, train_dataset=dataset,
+                          peft_config=lora, callbacks=[Clock()])
+    assert trainer.args.generation_batch_size == prompts_per_step * demo["samples_per_prompt"]
+    trainer.train()
+    rewards = [r["reward"] for r in trainer.state.log_history if "reward" in r]  # one per generation
+    per_step = (span[1] - span[0]) / args.steps
+    return summarize([per_step] * args.steps, rewards, demo["per_device_train_batch_size"], PEERS[args.worker])
+
+
+def summarize(step_seconds: list[float], rewards: list[float], completions_per_step: int, bf16: bool) -> dict:
+    seconds = sum(step_seconds)
+    return {"completions_per_s": completions_per_step * len(step_seconds) / seconds,
+            "seconds_per_step": seconds / len(step_seconds), "rewards": rewards, "bf16": bool(bf16),
+            "peak_rss_mb": peak_rss_mb()}
+
+
+RUNS = {**dict.fromkeys(OURS, run_ours), **dict.fromkeys(PEERS, run_trl)}
+
+
+# ---------------------------------------------------------------- driver
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if args.worker:
+        result = RUNS[args.worker](args, Path(args.workdir))
+        (Path(args.workdir) / f"{args.worker}.json").write_text(json.dumps(result))
+        return
+    args.model = benchmark_model(args.model)
+    print(f"model {args.model}\n{CONFIG.relative_to(ROOT)}, {args.steps} rollout batches of 16 completions per run, "
+          f"{args.repeats} runs each, interleaved", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_rl.") as tmp:
+        os.environ["TUNESMITH_CACHE"] = str(Path(tmp) / "cache")  # the prompts are encoded alike in every run
+        results = run_interleaved(__file__, args.variants, args.repeats, Path(tmp),
+                                  ["--model", args.model, "--steps", str(args.steps)], args.quiet_share,
+                                  lambda r: f"{r['completions_per_s']:.2f} completions/s, {r['seconds_per_step']:.1f} "
+                                            f"s/step, peak RSS {r['peak_rss_mb']:.0f} MB, rewards "
+                                            + " ".join(f"{x:.2f}" for x in r["rewards"]),
+                                  args.settle)
+    print_table(results, args.quiet_share)
+
+
+def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
+    rows = {name: medians(runs) for name, runs in results.items() if runs}
+    print(f"\n{'variant':<11}{'bf16':>5}{'completions/s':>14}{'spread':>12}{'s/step':>8}{'peak RSS MB':>12}"
+          f"{'other CPU':>10}  mean reward per step (median of runs)")
+    for name, r in rows.items():
+        runs = results[name]
+        curve = [sorted(x["rewards"][i] for x in runs)[len(runs) // 2] for i in range(min(len(x["rewards"]) for x in runs))]
+        print(f"{name:<11}{'yes' if r['bf16'] else 'no':>5}{r['completions_per_s']:>14.2f}"
+              f"{spread(runs, 'completions_per_s', 2):>12}{r['seconds_per_step']:>8.1f}{r['peak_rss_mb']:>12.0f}"
+              f"{max(x['other_cpu'] for x in runs):>10.0%}  {' '.join(f'{x:.2f}' for x in curve)}"
+              f"{loaded(runs, quiet_share)}")
+
+    def ratio(a: str, b: str, key: str) -> str:
+        return f"{rows[a][key] / rows[b][key]:.2f}" if a in rows and b in rows else "n/a"
+
+    if "gae_bf16" in rows and "grpo_bf16" in rows:
+        print(f"GRPO / PPO: {ratio('grpo_bf16', 'gae_bf16', 'completions_per_s')}x the completions/s, "
+              f"{ratio('grpo_bf16', 'gae_bf16', 'peak_rss_mb')}x the peak RSS")
+    if "grpo_fp32" in rows and "trl_fp32" in rows:
+        print(f"float32 both: completions/s ratio {ratio('grpo_fp32', 'trl_fp32', 'completions_per_s')}, "
+              f"peak RSS ratio {ratio('grpo_fp32', 'trl_fp32', 'peak_rss_mb')}")
+    if "grpo_fp32" in rows and "trl_bf16" in rows:
+        print(f"each at its default precision (tunesmith float32, TRL bf16): completions/s ratio "
+              f"{ratio('grpo_fp32', 'trl_bf16', 'completions_per_s')}")
+    if "trl_bf16" in rows:  # both in bf16, TRL's default
+        print(f"peak RSS ratio vs TRL GRPOTrainer: {ratio('grpo_bf16', 'trl_bf16', 'peak_rss_mb')}")
+        print(f"completions/s ratio vs TRL GRPOTrainer: {ratio('grpo_bf16', 'trl_bf16', 'completions_per_s')}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ completions out, optionally streamed through `on_event`) and the server's worker
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from ..models import prompt_learning
+from ..models.kv_cache import cache_argument
 from .beam import beam_search
 from .detokenizer import IncrementalDecoder, StopMatcher
 from .results import BASE, Completion, Event, TokenLogprob
@@ -108,13 +108,6 @@ def _left_pad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     return torch.cat([x.new_zeros(shape), x], dim=dim)
 
 
-def _cache_argument(model: Any) -> str:
-    """The forward's name for the KV cache: `cache` from transformers 5.24 (`past_key_values` before, and
-    deprecated since)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
 def _logprob_records(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:
     chosen, values, ids = token_logprobs(logits, tokens, top)
     alternatives = ([list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, values)] if values is not None
@@ -133,7 +126,7 @@ class Batch:
         self.stop_ids = stop_token_ids(model, tokenizer) if stop_ids is None else stop_ids
         self.device = model.device
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.cache_arg = _cache_argument(model)
+        self.cache_arg = cache_argument(model)
         # What a request's adapter None means: the adapter active when the engine was made (a batch on one
         # adapter switches the model to it, so the active one at a later batch's start may be another).
         self.default_adapter = default_adapter or getattr(model, "active_adapter", None)

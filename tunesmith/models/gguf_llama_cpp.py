@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from ..utils.threads import usable_cores
 from .gguf_arch import ExportError
 from .gguf_vocab import CHECK_TEXT
+from .kv_cache import empty_cache
 
 SETUP_HINT = "bash scripts/setup.sh --with-llama-cpp"
 # llama.cpp's quantizer types (llama_ftype), applied to an f16 file.
@@ -57,11 +56,6 @@ class GreedyReference:
     logits: torch.Tensor  # (len(ids) - prompt_length, vocab)
 
 
-def _cache_argument(model: Any) -> str:
-    """The forward's name for the KV cache: `cache` from transformers 5.24, `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def greedy_references(model: Any, tokenizer: Any, prompts: list[str], new_tokens: int) -> list[GreedyReference]:
     """Greedy continuations by plain forward passes (argmax, through end-of-turn tokens too: both engines
     are compared on the same fixed number of steps)."""
@@ -70,7 +64,7 @@ def greedy_references(model: Any, tokenizer: Any, prompts: list[str], new_tokens
         for prompt in prompts:
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
             full, step, rows = list(ids), ids, []
-            cache = {_cache_argument(model): DynamicCache(config=model.config)}  # filled in place
+            cache = empty_cache(model)  # filled in place
             for _ in range(new_tokens):
                 out = model(input_ids=torch.tensor([step], device=model.device), use_cache=True, **cache)
                 logits = out.logits[0, -1].float().cpu()

@@ -37,6 +37,7 @@ from ..hparams import FinetuningArguments, ModelArguments, PPOArguments
 from ..models.loader import load_model, resolve_model_path
 from ..utils.paths import adapter_config, is_adapter_dir, model_architecture, model_config
 from .core import logprobs_from_logits
+from .shared_prompts import prompt_groups, shared_prompt_logits
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,11 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 def response_logits(causal_lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     position_ids: torch.Tensor, context_length: int) -> torch.Tensor:
     """Logits that predict the response tokens (positions context_length ... end), without
-    computing the vocabulary projection for the prompt."""
+    computing the vocabulary projection for the prompt; each distinct prompt runs once when the
+    rows repeat prompts (GRPO's groups: shared_prompts.py)."""
+    groups = prompt_groups(input_ids[:, :context_length], attention_mask[:, :context_length])
+    if groups is not None:
+        return shared_prompt_logits(causal_lm, input_ids, attention_mask, position_ids, context_length, groups)
     response_length = input_ids.size(1) - context_length
     out = causal_lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     logits_to_keep=response_length + 1, use_cache=False)

@@ -292,7 +292,8 @@ class PPOTrainer:
                     logprobs=None, ref_logprobs=None, values=None, entropy=None,
                     generate_seconds=time.perf_counter() - start, scores=scores.to(device),
                     source_scores=source_scores.to(device))
-        stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.mini_batch)
+        with self.accelerator.autocast():  # the precision of the update's forward, so an unchanged policy's ratio is 1
+            stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.mini_batch)
         r.logprobs, r.ref_logprobs, r.values, r.entropy = (stats.get(k) for k in ("logprobs", "ref_logprobs",
                                                                                    "values", "entropy"))
         # Replies that hit max_new_tokens lose missing_eos_penalty: otherwise the policy may learn to
