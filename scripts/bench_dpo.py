@@ -13,6 +13,7 @@ steps at the same learning rate, without gradient checkpointing:
   trl               TRL's DPOTrainer (padded batches; its chunked LM head over every position)
   ours_precomputed  tunesmith with --precompute_ref_logps: the reference scored once before training
                     (its pass is not timed; TRL has the same option)
+  ours_bf16         tunesmith with --bf16 true (a bf16 base under the float32 LoRA, autocast)
 Each run is its own subprocess (peak RSS is its own); the variants take turns, --repeats times, and
 the table gives the median of each column with the spread (min-max) of pairs/s. The first step is
 a warm-up: pairs/s counts the pairs of steps 2.. over the time from the end of step 1 to the end of
@@ -23,7 +24,6 @@ ran; a run over --quiet_share is flagged with '!' and its variant's row with '(l
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -40,6 +40,7 @@ from benchlib import (  # one driver and step clock for every benchmark
     medians,
     peak_rss_mb,
     run_interleaved,
+    run_worker,
     spread,
     trainer_clock,
 )
@@ -49,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-VARIANTS = ("ours", "trl", "ours_precomputed")
+VARIANTS = ("ours", "trl", "ours_precomputed", "ours_bf16")
 PAIRS = ROOT / "data" / "demo" / "preference.jsonl"
 
 
@@ -99,7 +100,8 @@ class CountingCollator:
         return batch
 
 
-def load(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, Any]:
+def load(args: argparse.Namespace, workdir: Path, training_args: Any = None) -> tuple[Any, Any, Any]:
+    """(pairs, tokenizer, LoRA model); with training_args.bf16 the base loads in bf16, as tunesmith's stages do."""
     from datasets import load_from_disk
     from transformers import set_seed
 
@@ -108,7 +110,8 @@ def load(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, Any]:
 
     model_args = ModelArguments(model_name_or_path=args.model)
     set_seed(0)
-    model = load_model(model_args, FinetuningArguments(lora_r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0))
+    model = load_model(model_args, FinetuningArguments(lora_r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0),
+                       training_args)
     return load_from_disk(str(workdir / "pairs")), load_tokenizer(model_args), model
 
 
@@ -122,18 +125,18 @@ def summarize(clock: StepClock, positions: list[int], trainer: Any, args: argpar
             "peak_rss_mb": peak_rss_mb(), "first_loss": losses[0], "last_loss": losses[-1]}
 
 
-def run_ours(args: argparse.Namespace, workdir: Path, precompute: bool) -> dict:
+def run_ours(args: argparse.Namespace, workdir: Path, precompute: bool, bf16: bool = False) -> dict:
     from tunesmith.data.collator import PreferencePackingCollator
     from tunesmith.hparams import DPOArguments, TrainingArguments
     from tunesmith.models.attention import use_varlen_attention
     from tunesmith.train.dpo_trainer import DPOTrainer
 
-    dataset, tokenizer, model = load(args, workdir)
-    use_varlen_attention(model)
     training_args = TrainingArguments(
         output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
-        report_to="none", logging_steps=1, disable_tqdm=True, use_cpu=True)
+        report_to="none", logging_steps=1, disable_tqdm=True, use_cpu=True, bf16=bf16)
+    dataset, tokenizer, model = load(args, workdir, training_args)
+    use_varlen_attention(model)
     clock, callback = trainer_clock()
     collator = CountingCollator(PreferencePackingCollator())
     trainer = DPOTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
@@ -171,17 +174,15 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
     return summarize(clock, collator.positions, trainer, args)
 
 
-def worker(args: argparse.Namespace) -> None:
-    workdir = Path(args.workdir)
-    runs = {"ours": lambda a, w: run_ours(a, w, precompute=False), "trl": run_trl,
-            "ours_precomputed": lambda a, w: run_ours(a, w, precompute=True)}
-    (workdir / f"{args.worker}.json").write_text(json.dumps(runs[args.worker](args, workdir)))
+RUNS = {"ours": lambda a, w: run_ours(a, w, precompute=False), "trl": run_trl,
+        "ours_precomputed": lambda a, w: run_ours(a, w, precompute=True),
+        "ours_bf16": lambda a, w: run_ours(a, w, precompute=False, bf16=True)}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if args.worker:
-        return worker(args)
+    if run_worker(args, RUNS):
+        return
     args.model = benchmark_model(args.model)
     variants = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="bench_dpo.") as tmp:
@@ -209,6 +210,9 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
         losses = f"{m['first_loss']:.4f} -> {m['last_loss']:.4f}"
         print(f"{name:<18}{m['pairs_per_s']:>9.2f}{spread(runs, 'pairs_per_s', 2):>14}{m['positions_per_step']:>16.0f}"
               f"{m['peak_rss_mb']:>13.0f}{losses:>21}{max(r['other_cpu'] for r in runs):>10.0%}{loaded(runs, quiet_share)}")
+    if "ours" in rows and "ours_bf16" in rows:
+        print(f"bf16 against float32: pairs/s x{rows['ours_bf16']['pairs_per_s'] / rows['ours']['pairs_per_s']:.2f}, "
+              f"peak RSS x{rows['ours_bf16']['peak_rss_mb'] / rows['ours']['peak_rss_mb']:.2f}")
     if "ours" in rows and "trl" in rows:
         print(f"pairs/s ratio vs TRL: {rows['ours']['pairs_per_s'] / rows['trl']['pairs_per_s']:.2f}; "
               f"peak RSS ratio vs TRL: {rows['ours']['peak_rss_mb'] / rows['trl']['peak_rss_mb']:.2f}")

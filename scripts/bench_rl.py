@@ -40,6 +40,7 @@ from benchlib import (  # noqa: E402
     medians,
     peak_rss_mb,
     run_interleaved,
+    run_worker,
     spread,
 )
 
@@ -49,6 +50,7 @@ OURS = {  # variant: tunesmith's flags on top of CONFIG
     "grpo_bf16": ["--bf16", "true"],
     "grpo_fp32": ["--bf16", "false"],
     "gae_bf16": ["--advantage", "gae", "--kl_in_loss", "false", "--bf16", "true"],
+    "gae_fp32": ["--advantage", "gae", "--kl_in_loss", "false", "--bf16", "false"],
 }
 PEERS = {"trl_bf16": True, "trl_fp32": False}  # variant: TRL's bf16 (its default: on)
 VARIANTS = [*OURS, *PEERS]
@@ -145,10 +147,15 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def summarize(step_seconds: list[float], rewards: list[float], completions_per_step: int, bf16: bool) -> dict:
+    import torch
+
     seconds = sum(step_seconds)
-    return {"completions_per_s": completions_per_step * len(step_seconds) / seconds,
-            "seconds_per_step": seconds / len(step_seconds), "rewards": rewards, "bf16": bool(bf16),
-            "peak_rss_mb": peak_rss_mb()}
+    result = {"completions_per_s": completions_per_step * len(step_seconds) / seconds,
+              "seconds_per_step": seconds / len(step_seconds), "rewards": rewards, "bf16": bool(bf16),
+              "peak_rss_mb": peak_rss_mb()}
+    if torch.cuda.is_available():  # both sides train on the GPU when there is one
+        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
 
 
 RUNS = {**dict.fromkeys(OURS, run_ours), **dict.fromkeys(PEERS, run_trl)}
@@ -159,9 +166,7 @@ RUNS = {**dict.fromkeys(OURS, run_ours), **dict.fromkeys(PEERS, run_trl)}
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if args.worker:
-        result = RUNS[args.worker](args, Path(args.workdir))
-        (Path(args.workdir) / f"{args.worker}.json").write_text(json.dumps(result))
+    if run_worker(args, RUNS):
         return
     args.model = benchmark_model(args.model)
     print(f"model {args.model}\n{CONFIG.relative_to(ROOT)}, {args.steps} rollout batches of 16 completions per run, "
@@ -187,14 +192,16 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
         print(f"{name:<11}{'yes' if r['bf16'] else 'no':>5}{r['completions_per_s']:>14.2f}"
               f"{spread(runs, 'completions_per_s', 2):>12}{r['seconds_per_step']:>8.1f}{r['peak_rss_mb']:>12.0f}"
               f"{max(x['other_cpu'] for x in runs):>10.0%}  {' '.join(f'{x:.2f}' for x in curve)}"
-              f"{loaded(runs, quiet_share)}")
+              f"{loaded(runs, quiet_share)}" + (f", peak GPU {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else ""))
 
     def ratio(a: str, b: str, key: str) -> str:
         return f"{rows[a][key] / rows[b][key]:.2f}" if a in rows and b in rows else "n/a"
 
-    if "gae_bf16" in rows and "grpo_bf16" in rows:
-        print(f"GRPO / PPO: {ratio('grpo_bf16', 'gae_bf16', 'completions_per_s')}x the completions/s, "
-              f"{ratio('grpo_bf16', 'gae_bf16', 'peak_rss_mb')}x the peak RSS")
+    for precision in ("bf16", "fp32"):
+        if f"gae_{precision}" in rows and f"grpo_{precision}" in rows:
+            grpo, gae = f"grpo_{precision}", f"gae_{precision}"
+            print(f"GRPO / PPO ({precision}): {ratio(grpo, gae, 'completions_per_s')}x the completions/s, "
+                  f"{ratio(grpo, gae, 'peak_rss_mb')}x the peak RSS")
     if "grpo_fp32" in rows and "trl_fp32" in rows:
         print(f"float32 both: completions/s ratio {ratio('grpo_fp32', 'trl_fp32', 'completions_per_s')}, "
               f"peak RSS ratio {ratio('grpo_fp32', 'trl_fp32', 'peak_rss_mb')}")

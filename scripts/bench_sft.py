@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
-import json
 import math
 import os
 import random
@@ -66,6 +65,7 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
     medians,
     peak_rss_mb,
     run_interleaved,
+    run_worker,
     spread,
     trainer_clock,
 )
@@ -341,9 +341,7 @@ RUNS = {
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if args.worker:
-        result = RUNS[args.worker](args, Path(args.workdir))
-        (Path(args.workdir) / f"{args.worker}.json").write_text(json.dumps(result))
+    if run_worker(args, RUNS):
         return
     args.model = benchmark_model(args.model)
     variants = args.variants.split(",")

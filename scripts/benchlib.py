@@ -133,6 +133,16 @@ def run_interleaved(script: str, variants: Sequence[str], repeats: int, workdir:
     return results
 
 
+def run_worker(args: Any, runs: dict[str, Callable[[Any, Path], dict]]) -> bool:
+    """In a worker process (`--worker V --workdir W`, started by run_interleaved): runs variant V and writes
+    its result to W/V.json. False in the driver, which has no --worker."""
+    if not args.worker:
+        return False
+    result = runs[args.worker](args, Path(args.workdir))
+    (Path(args.workdir) / f"{args.worker}.json").write_text(json.dumps(result))
+    return True
+
+
 def medians(runs: list[dict]) -> dict[str, Any]:
     """The median of every numeric field over a variant's runs (lists and others: the first run's)."""
     out: dict[str, Any] = {}

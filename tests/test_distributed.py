@@ -50,10 +50,14 @@ LAUNCHERS = {
 
 def launch(script: str, ranks: int, *args: str, launcher: str = "torchrun", env: dict[str, str] | None = None) -> str:
     """Run a stage script under a distributed launcher (env: added to this process's environment); its stderr."""
-    cmd = [*LAUNCHERS[launcher](ranks, free_port()), str(ROOT / script), *args]
+    port = free_port()
+    cmd = [*LAUNCHERS[launcher](ranks, port), str(ROOT / script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # DeepSpeed's CPU allreduce maps a 66 MB shared-memory segment per rank, which each rank unlinks at exit
+    # (boundary.release_allreduce_buffer): none of this run's may stay behind in /dev/shm
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     return proc.stderr
 
 

@@ -56,6 +56,20 @@ def leave_process_group() -> None:
     dist = sys.modules.get("torch.distributed")  # a run that never imported torch has no group to leave
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    if "deepspeed" in sys.modules:
+        release_allreduce_buffer()
+
+
+def release_allreduce_buffer() -> None:
+    """DeepSpeed's CPU allreduce (its shm_comm op) maps a 66 MB shared-memory segment per rank, named
+    deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>, and never unlinks it: every
+    multi-rank CPU run left 132 MB of memory in /dev/shm until the machine restarted (218 files, 15 GB, on
+    this project's test machine). Each rank unlinks its own once its process group is gone."""
+    env = os.environ
+    path = os.path.join("/dev/shm", f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR')}_"
+                                    f"{env.get('MASTER_PORT')}_{env.get('RANK')}")
+    if os.path.exists(path):
+        os.unlink(path)
 
 
 def exit_without_teardown() -> None:
