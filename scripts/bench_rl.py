@@ -106,7 +106,6 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
 
     demo = demo_config()
     rows = [json.loads(line) for line in (ROOT / demo["data_path"]).read_text().splitlines() if line.strip()]
-    prompts_per_step = demo["per_device_train_batch_size"] // demo["samples_per_prompt"]
     # tunesmith's order (PPOTrainer.batch_prompts: a randperm seeded by seed + epoch), so both sample the same prompts
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(demo["seed"])).tolist()
     dataset = Dataset.from_list([{"prompt": rows[i]["messages"], "answer": str(rows[i]["answer"])} for i in order])
@@ -139,7 +138,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
 
     trainer = GRPOTrainer(model=args.model, reward_funcs=[exact], args=config, train_dataset=dataset,
                           peft_config=lora, callbacks=[Clock()])
-    assert trainer.args.generation_batch_size == prompts_per_step * demo["samples_per_prompt"]
+    assert trainer.args.generation_batch_size == demo["per_device_train_batch_size"]  # one rollout batch a step
     trainer.train()
     rewards = [r["reward"] for r in trainer.state.log_history if "reward" in r]  # one per generation
     per_step = (span[1] - span[0]) / args.steps

@@ -55,8 +55,8 @@ def launch(script: str, ranks: int, *args: str, launcher: str = "torchrun", env:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    # DeepSpeed's CPU allreduce maps a 66 MB shared-memory segment per rank, which each rank unlinks at exit
-    # (boundary.release_allreduce_buffer): none of this run's may stay behind in /dev/shm
+    # DeepSpeed's CPU allreduce maps a 66 MB shared-memory segment per rank, which each rank unlinks once its
+    # process group is gone (boundary.release_allreduce_buffer): none of this run's may stay behind in /dev/shm
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     return proc.stderr
 

@@ -1,17 +1,17 @@
 """Log-prob forwards that run each distinct prompt once.
 
-GRPO and RLOO sample several replies to every prompt (`--samples_per_prompt`), and every forward that
-scores them (the rollout's policy and reference log-probs, the update's policy logits) would otherwise
-run the same prompt once per reply: with configs/grpo_demo.yaml's 8 replies of about 13 tokens to
-prompts of about 55, three quarters of those forwards' tokens were copies of a prompt. Here each group
-of rows with the same prompt runs the prompt once (all distinct prompts in one forward), and the replies
-(all rows in a second forward) continue from their prompt's KV cache, repeated for the group's rows. The maths is the one forward's: attention sees the same keys and values
-at the same positions (`position_ids` counting real tokens, as the rollout generated them), so the
-logits agree up to floating-point summation order, and gradients flow through the repeated cache into
-the shared prompt, summed over its replies, as they would into the copies.
+GRPO and RLOO sample several replies to every prompt (`--samples_per_prompt`), and every forward that scores
+them (the rollout's policy and reference log-probs, the update's policy logits) would otherwise run the same
+prompt once per reply: with configs/grpo_demo.yaml's 8 replies of about 13 tokens to prompts of about 55,
+three quarters of those forwards' tokens were copies of a prompt. Here each group of rows with the same prompt
+runs the prompt once (all distinct prompts in one forward), and the replies (all rows in a second forward)
+continue from their prompt's KV cache, repeated for the group's rows. The maths is the one forward's:
+attention sees the same keys and values at the same positions (`position_ids` counting real tokens, as the
+rollout generated them), so the logits agree up to floating-point summation order, and gradients flow through
+the repeated cache into the shared prompt, summed over its replies, as they would into the copies.
 
-Used when the rows average at least two per prompt (`MIN_ROWS_PER_PROMPT`); PPO's one reply per prompt
-keeps the single batched forward, which one prompt per forward would only slow down.
+Used when the rows average at least two per prompt (`MIN_ROWS_PER_PROMPT`); PPO's one reply per prompt keeps
+the single batched forward, which one prompt per forward would only slow down.
 """
 
 from __future__ import annotations
