@@ -23,6 +23,9 @@ same number of optimizer steps with AdamW at the same learning rate and no gradi
                       picked so a step trains about as many tokens as the others
   plain               a bare float32 loop: each example forward/backward alone (no padding, no mask),
                       one AdamW step per batch, the Trainer's linear decay; the loss reference
+  ours_sdpa_loop      ours with packed attention as SDPA once per example (the CPU kernel) where CUDA would
+                      take torch's flash varlen kernel (what that kernel adds, alone; models/attention.py)
+  ours_liger          ours with --use_liger_kernel (Liger's fused linear cross-entropy and kernels; CUDA)
   ours_qlora          ours on a 4-bit NF4 base (QLoRA)
   trl_packed_qlora    trl_packed on the same 4-bit base (bf16 compute, as TRL's QLoRA docs set it)
 Each run is its own subprocess (peak RSS is its own); the variants take turns, --repeats times; the
@@ -31,6 +34,9 @@ throughput is trained tokens (targets of the loss) from step 2 on, over the time
 to the end of the last step (data loading included). Each run waits for idle cores and reports the share
 other processes took while it ran (`other CPU`; see benchlib). `loss vs plain` is the largest difference of a step's loss from the plain loop's at the same
 step (the same conversations; dropout draws differ), for the variants that train the same batches.
+On CUDA the table adds peak GPU memory and MFU: 6 x parameters x tokens computed per second over the GPU's
+dense bf16 peak (the usual convention; a LoRA run skips the frozen weights' gradients, about a third of
+that). --profile DIR writes each variant's torch.profiler table of steps 3-4 to DIR/<variant>.txt.
 
 The conversations are built here, deterministically and offline: user/assistant pairs from
 data/demo/sft.jsonl (when present) and questions about standard-library functions answered with their
@@ -70,11 +76,11 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
     trainer_clock,
 )
 
-VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "trl_padded", "trl_packed",
-            "plain", "ours_qlora", "trl_packed_qlora")
+VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_sdpa_loop",
+            "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora", "trl_packed_qlora")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
-SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "trl_padded", "plain",
-                "ours_qlora")
+SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_sdpa_loop",
+                "ours_liger", "trl_padded", "plain", "ours_qlora")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
                   "itertools", "json", "logging", "math", "os", "pathlib", "random", "re", "shutil", "statistics",
@@ -96,6 +102,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add_quiet_arguments(p)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                    help=f"Comma-separated subset of {', '.join(VARIANTS)}.")
+    p.add_argument("--profile", metavar="DIR", help="Write each variant's profile of steps 3-4 to DIR/<variant>.txt.")
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -190,6 +197,7 @@ def summarize(clock: StepClock, batches: list[dict], steps: int, losses: list[fl
     positions = sum(b["positions"] for b in timed)
     result = {
         "steps": len(clock.ends), "seconds": seconds, "trained_tokens": trained, "tokens_per_s": trained / seconds,
+        "positions_per_s": positions / seconds,
         # CPU seconds are less sensitive than wall time to other jobs sharing the cores
         "tokens_per_cpu_s": trained / (clock.cpu[steps - 1] - clock.cpu[0]),
         "padded_share": 1 - sum(b["real"] for b in timed) / positions, "peak_rss_mb": peak_rss_mb(),
@@ -200,6 +208,44 @@ def summarize(clock: StepClock, batches: list[dict], steps: int, losses: list[fl
     if torch.cuda.is_available():
         result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return result
+
+
+def step_profiler(args: argparse.Namespace) -> list:
+    """With --profile: a Trainer callback that profiles steps 3-4 and writes the table of ops by their own
+    device time (CPU time without CUDA) to DIR/<variant>.txt, headed by the share of wall time the GPU was busy."""
+    if not args.profile:
+        return []
+    import time
+
+    import torch
+    from transformers import TrainerCallback
+
+    cuda = torch.cuda.is_available()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+
+    class Profile(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kwargs):
+            if state.global_step == 2:
+                if cuda:
+                    torch.cuda.synchronize()
+                self.prof, self.start = torch.profiler.profile(activities=activities), time.perf_counter()
+                self.prof.__enter__()
+
+        def on_step_end(self, a, state, control, **kwargs):
+            if state.global_step == 4 and hasattr(self, "prof"):
+                if cuda:
+                    torch.cuda.synchronize()
+                wall = time.perf_counter() - self.start
+                self.prof.__exit__(None, None, None)
+                events = self.prof.key_averages()
+                key = "self_device_time_total" if cuda else "self_cpu_time_total"
+                busy = sum(getattr(e, key) for e in events if e.device_type == torch.autograd.DeviceType.CUDA) if cuda else 0
+                Path(args.profile).mkdir(parents=True, exist_ok=True)
+                Path(args.profile, f"{args.worker}.txt").write_text(
+                    f"{args.worker}: steps 3-4, {wall:.3f} s wall, GPU kernels {busy / 1e6:.3f} s "
+                    f"({busy / 1e6 / wall:.0%} busy)\n" + events.table(sort_by=key, row_limit=30))
+
+    return [Profile()]
 
 
 # ---------------------------------------------------------------- variants
@@ -249,22 +295,34 @@ def stock_peft_layers(model: Any) -> None:
 
 
 def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, quantize: bool = False,
-             torch_dropout: bool = False, torch_loss: bool = False, max_forward_tokens: int | None = None) -> dict:
+             torch_dropout: bool = False, torch_loss: bool = False, max_forward_tokens: int | None = None,
+             sdpa_loop: bool = False, liger: bool = False) -> dict:
     from tunesmith.hparams import SFTDataArguments as DataArguments
     from tunesmith.train.sft_trainer import LoraTrainer, sft_collator
 
     dataset, tokenizer, model, training_args = load(args, workdir, True, bf16=bf16, quantize=quantize)
     if torch_dropout:
         stock_peft_layers(model)
+    if sdpa_loop:  # the per-example kernel wherever the flash varlen kernel would run
+        import tunesmith.models.attention as attention
+
+        attention.packed_kernel = lambda query, key: attention.SDPA_PER_EXAMPLE
+    training_args.use_liger_kernel = liger
     data_args = DataArguments(max_seq_length=args.max_seq_length, packing=True, max_forward_tokens=max_forward_tokens)
     clock, callback = trainer_clock()
     collator = BatchCounts(sft_collator(model, tokenizer, data_args, training_args))
     trainer = LoraTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
-                          data_collator=collator, callbacks=[callback])
+                          data_collator=collator, callbacks=[callback, *step_profiler(args)])
     if torch_loss:
         del model.get_base_model()._loss_function  # back to the class's ForCausalLMLoss
     trainer.train()
-    return summarize(clock, collator.batches, args.steps, logged_losses(trainer))
+    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer)), "parameters": parameters(model)}
+
+
+def parameters(model: Any) -> int:
+    from tunesmith.models.loader import log_parameter_counts
+
+    return log_parameter_counts(model)[1]
 
 
 def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bool = False) -> dict:
@@ -284,10 +342,11 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bo
     )
     clock, callback = trainer_clock()
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=[callback])
+                         callbacks=[callback, *step_profiler(args)])
     trainer.data_collator = collator = BatchCounts(trainer.data_collator)
     trainer.train()
-    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer)), "rows_per_step": batch_size}
+    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer)), "rows_per_step": batch_size,
+            "parameters": parameters(model)}
 
 
 def run_plain(args: argparse.Namespace, workdir: Path) -> dict:
@@ -328,6 +387,8 @@ RUNS = {
     "ours_torch_dropout": lambda a, w: run_ours(a, w, torch_dropout=True),
     "ours_torch_loss": lambda a, w: run_ours(a, w, torch_loss=True),
     "ours_one_forward": lambda a, w: run_ours(a, w, max_forward_tokens=0),
+    "ours_sdpa_loop": lambda a, w: run_ours(a, w, sdpa_loop=True),
+    "ours_liger": lambda a, w: run_ours(a, w, liger=True),
     "trl_padded": lambda a, w: run_trl(a, w, packing=False),
     "trl_packed": lambda a, w: run_trl(a, w, packing=True),
     "plain": run_plain,
@@ -358,6 +419,8 @@ def main(argv: list[str] | None = None) -> None:
         worker_args = ["--model", args.model, "--steps", str(args.steps), "--batch_size", str(args.batch_size),
                        "--max_seq_length", str(args.max_seq_length), "--lora_r", str(args.lora_r),
                        "--lora_dropout", str(args.lora_dropout), "--learning_rate", str(args.learning_rate)]
+        if args.profile:
+            worker_args += ["--profile", str(Path(args.profile).resolve())]
         results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
                                   lambda r: f"{r['tokens_per_s']:.1f} trained tokens/s, peak RSS "
                                             f"{r['peak_rss_mb']:.0f} MB", args.settle)
@@ -367,10 +430,11 @@ def main(argv: list[str] | None = None) -> None:
 def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
     rows = {name: medians(runs) for name, runs in results.items() if runs}
     gpu = any("peak_gpu_mb" in r for r in rows.values())
+    peak = gpu_peak_flops() if gpu else None
     reference = rows.get("plain", {}).get("losses")
-    print(f"\n{'variant':<20}{'tokens/s':>9}{'spread':>13}{'tok/CPU-s':>10}{'trained':>8}{'padded':>7}"
+    print(f"\n{'variant':<20}{'tokens/s':>9}{'spread':>15}{'tok/CPU-s':>10}{'trained':>8}{'padded':>7}"
           f"{'peak RSS MB':>12}{'loss first -> last':>19}{'loss vs plain':>14}{'other CPU':>10}"
-          + (f"{'peak GPU MB':>12}" if gpu else ""))
+          + (f"{'peak GPU MB':>12}{'MFU':>6}" if gpu else ""))
     for name, r in rows.items():
         runs = results[name]
         losses = f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}"
@@ -378,9 +442,9 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
         if reference and name in SAME_BATCHES and len(r["losses"]) == len(reference):
             versus = f"{max(abs(a - b) for a, b in zip(r['losses'], reference)):.4f}"
         other = max(x["other_cpu"] for x in runs)
-        print(f"{name:<20}{r['tokens_per_s']:>9.1f}{spread(runs, 'tokens_per_s', 1):>13}{r['tokens_per_cpu_s']:>10.1f}"
+        print(f"{name:<20}{r['tokens_per_s']:>9.1f}{spread(runs, 'tokens_per_s', 1):>15}{r['tokens_per_cpu_s']:>10.1f}"
               f"{int(r['trained_tokens']):>8}{r['padded_share']:>7.0%}{r['peak_rss_mb']:>12.0f}{losses:>19}{versus:>14}"
-              f"{other:>10.0%}{loaded(runs, quiet_share)}" + (f"{r.get('peak_gpu_mb', 0):>12.0f}" if gpu else ""))
+              f"{other:>10.0%}{loaded(runs, quiet_share)}" + (f"{r.get('peak_gpu_mb', 0):>12.0f}{mfu(r, peak):>6}" if gpu else ""))
 
     def ratio(a: str, b: str, key: str = "tokens_per_s") -> str:
         return f"{rows[a][key] / rows[b][key]:.2f}" if a in rows and b in rows else "n/a"
@@ -391,11 +455,36 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
     print(f"peak RSS ratio vs plain loop: {ratio('ours', 'plain', 'peak_rss_mb')}")
     if "ours_qlora" in rows:
         print(f"QLoRA tokens/s ratio vs TRL (packed): {ratio('ours_qlora', 'trl_packed_qlora')}")
+    if gpu:
+        print(f"peak GPU memory ratio vs TRL (packed): {ratio('ours', 'trl_packed', 'peak_gpu_mb')}")
+        if "ours_qlora" in rows:
+            print(f"QLoRA peak GPU memory ratio vs TRL (packed): {ratio('ours_qlora', 'trl_packed_qlora', 'peak_gpu_mb')}")
     for ablation, what in (("ours_fp32", "bf16"), ("ours_torch_dropout", "the fast LoRA dropout"),
                            ("ours_torch_loss", "the chunked loss"),
-                           ("ours_one_forward", "forwards of at most 2,048 tokens")):
+                           ("ours_one_forward", "forwards of at most 2,048 tokens"),
+                           ("ours_sdpa_loop", "the flash varlen kernel")):
         if ablation in rows and "ours" in rows:
             print(f"{what} alone: tokens/s x{ratio('ours', ablation)}, peak RSS x{ratio('ours', ablation, 'peak_rss_mb')}")
+    if "ours_liger" in rows and "ours" in rows:
+        print(f"Liger alone: tokens/s x{ratio('ours_liger', 'ours')}")
+
+
+def gpu_peak_flops() -> float | None:
+    """The dense bf16 peak of this GPU in FLOP/s (datasheet figures, without sparsity); None if unknown."""
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    for marker, flops in (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12),
+                          ("A100", 312e12), ("L40S", 362e12)):
+        if marker in name:
+            return flops
+    return None
+
+
+def mfu(result: dict, peak: float | None) -> str:
+    if not peak or "parameters" not in result:
+        return "-"
+    return f"{6 * result['parameters'] * result['positions_per_s'] / peak:.1%}"
 
 
 if __name__ == "__main__":

@@ -20,6 +20,52 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (marker gpu)")]
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data" / "demo"
+GPU_KIT_TOKENIZER = ROOT / ".gpu" / "tok"  # the default model's tokenizer, where ../shared/gpu/prepare.sh put it
+
+
+@pytest.fixture(scope="session")
+def default_model_path(request) -> str:
+    """The GPU machine has no embedded model (its GGUF is too big to carry): the kit's copy of its tokenizer
+    and config stands in for the tokenizer fixtures; elsewhere, the embedded model."""
+    if (GPU_KIT_TOKENIZER / "tokenizer.json").is_file():
+        return str(GPU_KIT_TOKENIZER)
+    from tunesmith.models.default_model import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_varlen_matches_attention_per_example(dtype):
+    """torch's flash varlen kernel on a packed row (grouped key/value heads, examples of uneven lengths, one of
+    a single token) gives each example's own causal attention, forward and backward, as SDPA per example in
+    float32 does; and the model switch picks it on CUDA."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from tunesmith.models.attention import FLASH_VARLEN, flash_varlen, packed_kernel
+
+    torch.manual_seed(0)
+    lengths, heads, kv_heads, dim = [5, 1, 130, 64, 300], 8, 2, 64
+    bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    total = int(bounds[-1])
+    q, k, v = (torch.randn(1, h, total, dim, device="cuda", dtype=dtype, requires_grad=True)
+               for h in (heads, kv_heads, kv_heads))
+    assert packed_kernel(q, k) == FLASH_VARLEN
+    assert packed_kernel(q.float(), k.float()) != FLASH_VARLEN
+    out = flash_varlen(q, k, v, bounds, max(lengths), 0.0, dim ** -0.5)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    got = [out.float(), q.grad.float(), k.grad.float(), v.grad.float()]
+
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    parts = []
+    for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        parts.append(sdpa(qf[:, :, s:e], kf[:, :, s:e], vf[:, :, s:e], is_causal=True, enable_gqa=True).transpose(1, 2))
+    want = torch.cat(parts, dim=1)
+    want.backward(grad.float())
+    for name, a, b in zip(("output", "dq", "dk", "dv"), got, [want, qf.grad, kf.grad, vf.grad]):
+        assert a.shape == b.shape, name
+        assert (a - b).abs().max() <= 2e-2 * max(b.abs().max().item(), 1.0), name
+
 
 
 def run(stage: str, *args: str) -> subprocess.CompletedProcess:

@@ -189,9 +189,10 @@ def load_model(
             _upcast_trainable(model, training_args)
             if task == "reward":
                 cast_head_inputs_to_its_dtype(model)
-            if trains_on_cpu(training_args) and not finetuning_args.prompt_learning:
-                use_fast_lora_dropout(model)
+            if not finetuning_args.prompt_learning:
                 skip_input_casts_under_autocast(model)
+                if trains_on_cpu(training_args):  # torch's CUDA dropout is already fast
+                    use_fast_lora_dropout(model)
     elif not is_trainable:
         model.requires_grad_(False)
     if not is_trainable:

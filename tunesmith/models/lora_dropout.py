@@ -75,11 +75,11 @@ def use_fast_lora_dropout(model: nn.Module) -> int:
 
 class _CastOutsideAutocast:
     """PEFT casts a LoRA layer's input to the adapter's float32 when `cast_input_dtype_enabled` is
-    truthy. Under CPU autocast that copy (and its backward) is wasted: autocast casts it back to bf16 for
-    the product. This flag is truthy only outside autocast, where the cast is needed."""
+    truthy. Under autocast (CPU or CUDA) that copy (and its backward) is wasted: autocast casts it back to
+    bf16 for the product. This flag is truthy only outside autocast, where the cast is needed."""
 
     def __bool__(self) -> bool:
-        return not torch.is_autocast_enabled("cpu")
+        return not (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"))
 
 
 def skip_input_casts_under_autocast(model: nn.Module) -> None:

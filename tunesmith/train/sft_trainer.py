@@ -100,8 +100,9 @@ class LoraTrainer(Trainer):
         inputs.pop(FORWARD_SPLITS, None)  # evaluation runs a batch in one forward: no backward to free
         if not model.training:
             return self.evaluation_loss(model, inputs, return_outputs)
-        if "labels" in inputs:
-            self._trained_tokens += (inputs["labels"] != IGNORE_INDEX).sum().cpu()
+        if "labels" in inputs:  # counted where the labels are: no host-device sync per step
+            count = (inputs["labels"] != IGNORE_INDEX).sum()
+            self._trained_tokens = self._trained_tokens.to(count.device) + count
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def evaluation_loss(self, model, inputs, return_outputs=False):
