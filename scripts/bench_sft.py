@@ -198,6 +198,7 @@ def summarize(clock: StepClock, batches: list[dict], steps: int, losses: list[fl
     result = {
         "steps": len(clock.ends), "seconds": seconds, "trained_tokens": trained, "tokens_per_s": trained / seconds,
         "positions_per_s": positions / seconds,
+        "largest_step": max(b["positions"] for b in batches[:steps]),  # tokens: what peak memory follows
         # CPU seconds are less sensitive than wall time to other jobs sharing the cores
         "tokens_per_cpu_s": trained / (clock.cpu[steps - 1] - clock.cpu[0]),
         "padded_share": 1 - sum(b["real"] for b in timed) / positions, "peak_rss_mb": peak_rss_mb(),
@@ -434,7 +435,7 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
     reference = rows.get("plain", {}).get("losses")
     print(f"\n{'variant':<20}{'tokens/s':>9}{'spread':>15}{'tok/CPU-s':>10}{'trained':>8}{'padded':>7}"
           f"{'peak RSS MB':>12}{'loss first -> last':>19}{'loss vs plain':>14}{'other CPU':>10}"
-          + (f"{'peak GPU MB':>12}{'MFU':>6}" if gpu else ""))
+          + (f"{'peak GPU MB':>12}{'MFU':>6}{'largest step':>13}" if gpu else ""))
     for name, r in rows.items():
         runs = results[name]
         losses = f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}"
@@ -444,7 +445,7 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
         other = max(x["other_cpu"] for x in runs)
         print(f"{name:<20}{r['tokens_per_s']:>9.1f}{spread(runs, 'tokens_per_s', 1):>15}{r['tokens_per_cpu_s']:>10.1f}"
               f"{int(r['trained_tokens']):>8}{r['padded_share']:>7.0%}{r['peak_rss_mb']:>12.0f}{losses:>19}{versus:>14}"
-              f"{other:>10.0%}{loaded(runs, quiet_share)}" + (f"{r.get('peak_gpu_mb', 0):>12.0f}{mfu(r, peak):>6}" if gpu else ""))
+              f"{other:>10.0%}{loaded(runs, quiet_share)}" + (f"{r.get('peak_gpu_mb', 0):>12.0f}{mfu(r, peak):>6}{r['largest_step']:>13}" if gpu else ""))
 
     def ratio(a: str, b: str, key: str = "tokens_per_s") -> str:
         return f"{rows[a][key] / rows[b][key]:.2f}" if a in rows and b in rows else "n/a"

@@ -51,6 +51,9 @@ def test_flash_varlen_matches_attention_per_example(dtype):
                for h in (heads, kv_heads, kv_heads))
     assert packed_kernel(q, k) == FLASH_VARLEN
     assert packed_kernel(q.float(), k.float()) != FLASH_VARLEN
+    with torch.autocast("cuda", dtype=dtype):  # float32 inputs under autocast (QLoRA's 4-bit layers return float32)
+        assert packed_kernel(q.float(), k.float()) == FLASH_VARLEN
+        assert flash_varlen(q.float(), k.float(), v.float(), bounds, max(lengths), 0.0, None).dtype == dtype
     out = flash_varlen(q, k, v, bounds, max(lengths), 0.0, dim ** -0.5)
     grad = torch.randn_like(out)
     out.backward(grad)

@@ -255,3 +255,24 @@ def test_real_model_packed_lora_loss_equals_padded(default_model_path, examples)
         loss_packed = model(**packed, num_items_in_batch=num_items).loss
     assert model.get_base_model().config._attn_implementation == VARLEN_SDPA
     assert loss_packed.item() == pytest.approx(loss_padded.item(), rel=1e-5)
+
+
+def test_packed_kernel_is_chosen_by_device_and_logged_once(tiny_models, examples, caplog, monkeypatch):
+    """The CPU keeps SDPA per example in every precision, autocast included (torch's flash varlen kernel is
+    CUDA's; tests/test_gpu.py checks it there); the kernel a run's packed rows use is logged once."""
+    import logging
+
+    from tunesmith.models import attention
+
+    q, k = torch.randn(1, 4, 10, 16, dtype=torch.bfloat16), torch.randn(1, 2, 10, 16, dtype=torch.bfloat16)
+    assert attention.packed_kernel(q, k) == attention.SDPA_PER_EXAMPLE
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attention.attention_dtype(q.float()) == torch.float32  # CPU autocast: not CUDA's cast
+        assert attention.packed_kernel(q.float(), k.float()) == attention.SDPA_PER_EXAMPLE
+    monkeypatch.setattr(attention, "_reported", set())
+    batch = PackingCollator(trained_logits_only=False)(examples)
+    with caplog.at_level(logging.INFO, logger="tunesmith.models.attention"), torch.no_grad():
+        tiny_models[VARLEN_SDPA](**batch)
+        tiny_models[VARLEN_SDPA](**batch)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tunesmith.models.attention"]
+    assert lines == ["packed rows attend with SDPA per example"]

@@ -25,12 +25,21 @@ FLASH_VARLEN, SDPA_PER_EXAMPLE = "torch flash-attention varlen kernel (one call 
 _reported: set[str] = set()
 
 
+def attention_dtype(query: torch.Tensor) -> torch.dtype:
+    """The precision attention computes in: under CUDA autocast, float32 inputs go to the autocast dtype, as
+    torch's SDPA casts them there (a QLoRA model's 4-bit layers return float32, and its upcast norms keep the
+    residual stream there); otherwise the inputs' own."""
+    if query.is_cuda and query.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return query.dtype
+
+
 def packed_kernel(query: torch.Tensor, key: torch.Tensor) -> str:
     """The kernel a packed row's attention runs on: FLASH_VARLEN where torch's flash kernel takes these
-    tensors (CUDA, float16/bfloat16, head size a multiple of 8 up to 256, heads a multiple of the key's),
-    else SDPA_PER_EXAMPLE."""
+    tensors (CUDA, float16/bfloat16 inputs or autocast to them, head size a multiple of 8 up to 256, heads a
+    multiple of the key's), else SDPA_PER_EXAMPLE."""
     head_dim = query.shape[-1]
-    fits = (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and key.dtype == query.dtype
+    fits = (query.is_cuda and attention_dtype(query) in (torch.float16, torch.bfloat16) and key.dtype == query.dtype
             and head_dim % 8 == 0 and head_dim <= 256 and query.shape[1] % key.shape[1] == 0
             and torch.backends.cuda.is_flash_attention_available() and torch.backends.cuda.flash_sdp_enabled())
     return FLASH_VARLEN if fits else SDPA_PER_EXAMPLE
@@ -42,7 +51,8 @@ def flash_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu
     heads as they are), [1, tokens, heads, dim] out. torch's kernel takes [tokens, heads, dim] and the
     examples' cumulative lengths (int32), as flash-attn's flash_attn_varlen_func does; autograd has its
     backward."""
-    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    dtype = attention_dtype(query)
+    q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))
     cu = cu_seq_lens.to(device=q.device, dtype=torch.int32)
     out = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_length, max_length, dropout, True, False,
                                                   scale=scaling)[0]
