@@ -138,7 +138,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def running_server(log: Path, *flags: str, timeout: float = 120) -> Iterator[str]:
     """A `chat/serve.py` process with these flags on a free port (`--port 0`) and one thread; yields its
     address once /health answers, stops it afterwards, and fails if its log holds a traceback."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # the repository first, then whatever the caller's path holds (the GPU kit's wheels live there)
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": python_path, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, str(ROOT / "chat" / "serve.py"), "--port", "0", *flags],
                                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

@@ -228,10 +228,19 @@ class _Terminal:
         self.master, slave = pty.openpty()
         self.proc = subprocess.Popen(
             [sys.executable, str(REPO / "chat" / "cli.py"), *argv], stdin=slave, stdout=slave, stderr=slave,
-            start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+            start_new_session=True, preexec_fn=lambda: self._as_a_terminal_session(fcntl, termios),
             env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
         os.close(slave)
         self.screen, self.read = "", 0  # all output so far; how much of it read_until has passed
+
+    @staticmethod
+    def _as_a_terminal_session(fcntl, termios) -> None:
+        """In the child: the pty becomes its controlling terminal, and SIGINT is at its default as in a shell's
+        foreground job (a test run started in the background would pass on an ignored SIGINT)."""
+        import signal
+
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     def read_until(self, text: str, timeout: float = 60) -> None:
         """Wait for `text` to appear after what the last call found."""

@@ -78,7 +78,9 @@ def train(model_dir: str, data: str, out: Path, ranks: int, *extra: str, launche
      ("ds_zero3.json", "torchrun", ("--quantization_bit", "4")),
      # Offload on a CPU machine: the Trainer's own AdamW steps in CPU memory (transformers sets
      # zero_force_ds_cpu_optimizer false), so DeepSpeed's CPU Adam op need not be compiled.
-     ("ds_zero2_offload.json", "torchrun", ()), ("ds_zero3_offload.json", "deepspeed", ())],
+     # zero2-offload takes about a minute on 2 cores, three times zero3-offload: the opt-in tier (-m heavy).
+     pytest.param("ds_zero2_offload.json", "torchrun", (), marks=pytest.mark.heavy),
+     ("ds_zero3_offload.json", "deepspeed", ())],
     ids=["zero2-torchrun", "zero3-deepspeed-launcher", "zero3-qlora4", "zero2-offload", "zero3-offload"],
 )
 def test_two_rank_lora_saves_complete_adapter(tiny_model_dir, data, tmp_path, config, launcher, quantization):

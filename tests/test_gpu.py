@@ -133,3 +133,20 @@ def test_merge_and_export(tiny_model_dir, tmp_path):
     run("merge", "--adapter_name_or_path", str(out), "--output_dir", str(tmp_path / "merged"))
     run("export", "--model_name_or_path", str(tmp_path / "merged"), "--output_file", str(tmp_path / "m.gguf"))
     assert (tmp_path / "m.gguf").stat().st_size > 0
+
+
+def test_serve_answers_on_cuda(tiny_model_dir, tmp_path):
+    """The server's generation engine on CUDA: one chat completion, then the same streamed, through the
+    official openai client; both stop at max_tokens with the same greedy text."""
+    from conftest import running_server
+    from openai import OpenAI
+
+    with running_server(tmp_path / "serve.log", "--model_name_or_path", tiny_model_dir) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="none")
+        ask = {"model": client.models.list().data[0].id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+        reply = client.chat.completions.create(**ask)
+        assert reply.usage.completion_tokens == 6 and reply.choices[0].finish_reason == "length"
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
+                           client.chat.completions.create(**ask, stream=True) if chunk.choices)
+        assert streamed == reply.choices[0].message.content
+

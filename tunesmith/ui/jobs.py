@@ -20,6 +20,13 @@ STOP_GRACE_S = 30.0  # how long a stopped run may take to leave before SIGTERM (
 ERROR_LINE = re.compile(r"tunesmith: (?:[a-z ]*error|interrupted)\b.*$", re.M)
 
 
+def _interruptible() -> None:
+    """In the child, before exec: SIGINT back to its default. A UI started in the background (`nohup ... &`)
+    ignores SIGINT and its children inherit that, so Stop's SIGINT would be lost and the run killed by
+    SIGTERM after the grace instead of leaving as an interrupted run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Job:
     """One run of one command: started, followed through its log, stopped."""
 
@@ -37,7 +44,8 @@ class Job:
             log.write(f"$ {shown(self.argv)}\n")
             log.flush()
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            cwd=cwd, env={**os.environ, **(env or {})}, start_new_session=True)
+                                            cwd=cwd, env={**os.environ, **(env or {})}, start_new_session=True,
+                                            preexec_fn=_interruptible)
 
     @property
     def running(self) -> bool:
