@@ -23,6 +23,8 @@ same number of optimizer steps with AdamW at the same learning rate and no gradi
                       picked so a step trains about as many tokens as the others
   plain               a bare float32 loop: each example forward/backward alone (no padding, no mask),
                       one AdamW step per batch, the Trainer's linear decay; the loss reference
+  ours_row_capped     ours with --max_forward_tokens max_seq_length: forwards no longer than TRL's packed rows, so
+                      peak memory compares like with like (the GPU default runs a step as one forward)
   ours_sdpa_loop      ours with packed attention as SDPA once per example (the CPU kernel) where CUDA would
                       take torch's flash varlen kernel (what that kernel adds, alone; models/attention.py)
   ours_liger          ours with --use_liger_kernel (Liger's fused linear cross-entropy and kernels; CUDA)
@@ -76,10 +78,11 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
     trainer_clock,
 )
 
-VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_sdpa_loop",
+VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped", "ours_sdpa_loop",
             "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora", "trl_packed_qlora")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
-SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_sdpa_loop",
+SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
+                "ours_sdpa_loop",
                 "ours_liger", "trl_padded", "plain", "ours_qlora")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
@@ -388,6 +391,7 @@ RUNS = {
     "ours_torch_dropout": lambda a, w: run_ours(a, w, torch_dropout=True),
     "ours_torch_loss": lambda a, w: run_ours(a, w, torch_loss=True),
     "ours_one_forward": lambda a, w: run_ours(a, w, max_forward_tokens=0),
+    "ours_row_capped": lambda a, w: run_ours(a, w, max_forward_tokens=a.max_seq_length),
     "ours_sdpa_loop": lambda a, w: run_ours(a, w, sdpa_loop=True),
     "ours_liger": lambda a, w: run_ours(a, w, liger=True),
     "trl_padded": lambda a, w: run_trl(a, w, packing=False),
@@ -458,6 +462,9 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
         print(f"QLoRA tokens/s ratio vs TRL (packed): {ratio('ours_qlora', 'trl_packed_qlora')}")
     if gpu:
         print(f"peak GPU memory ratio vs TRL (packed): {ratio('ours', 'trl_packed', 'peak_gpu_mb')}")
+        if "ours_row_capped" in rows:
+            print(f"rows capped at max_seq_length: tokens/s ratio vs TRL (packed) {ratio('ours_row_capped', 'trl_packed')}, "
+                  f"peak GPU memory ratio {ratio('ours_row_capped', 'trl_packed', 'peak_gpu_mb')}")
         if "ours_qlora" in rows:
             print(f"QLoRA peak GPU memory ratio vs TRL (packed): {ratio('ours_qlora', 'trl_packed_qlora', 'peak_gpu_mb')}")
     for ablation, what in (("ours_fp32", "bf16"), ("ours_torch_dropout", "the fast LoRA dropout"),
