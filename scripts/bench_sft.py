@@ -27,6 +27,8 @@ same number of optimizer steps with AdamW at the same learning rate and no gradi
                       peak memory compares like with like (the GPU default runs a step as one forward)
   ours_sdpa_loop      ours with packed attention as SDPA once per example (the CPU kernel) where CUDA would
                       take torch's flash varlen kernel (what that kernel adds, alone; models/attention.py)
+  ours_compiled       ours with --torch_compile true (inductor fuses the small elementwise kernels that leave
+                      a GPU waiting on the host; the first steps compile)
   ours_liger          ours with --use_liger_kernel (Liger's fused linear cross-entropy and kernels; CUDA)
   ours_qlora          ours on a 4-bit NF4 base (QLoRA)
   trl_packed_qlora    trl_packed on the same 4-bit base (bf16 compute, as TRL's QLoRA docs set it)
@@ -79,10 +81,10 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
 )
 
 VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped", "ours_sdpa_loop",
-            "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora", "trl_packed_qlora")
+            "ours_compiled", "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora", "trl_packed_qlora")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
 SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
-                "ours_sdpa_loop",
+                "ours_sdpa_loop", "ours_compiled",
                 "ours_liger", "trl_padded", "plain", "ours_qlora")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
@@ -300,7 +302,7 @@ def stock_peft_layers(model: Any) -> None:
 
 def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, quantize: bool = False,
              torch_dropout: bool = False, torch_loss: bool = False, max_forward_tokens: int | None = None,
-             sdpa_loop: bool = False, liger: bool = False) -> dict:
+             sdpa_loop: bool = False, liger: bool = False, compiled: bool = False) -> dict:
     from tunesmith.hparams import SFTDataArguments as DataArguments
     from tunesmith.train.sft_trainer import LoraTrainer, sft_collator
 
@@ -312,6 +314,7 @@ def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, 
 
         attention.packed_kernel = lambda query, key: attention.SDPA_PER_EXAMPLE
     training_args.use_liger_kernel = liger
+    training_args.torch_compile = compiled
     data_args = DataArguments(max_seq_length=args.max_seq_length, packing=True, max_forward_tokens=max_forward_tokens)
     clock, callback = trainer_clock()
     collator = BatchCounts(sft_collator(model, tokenizer, data_args, training_args))
@@ -394,6 +397,7 @@ RUNS = {
     "ours_row_capped": lambda a, w: run_ours(a, w, max_forward_tokens=a.max_seq_length),
     "ours_sdpa_loop": lambda a, w: run_ours(a, w, sdpa_loop=True),
     "ours_liger": lambda a, w: run_ours(a, w, liger=True),
+    "ours_compiled": lambda a, w: run_ours(a, w, compiled=True),
     "trl_padded": lambda a, w: run_trl(a, w, packing=False),
     "trl_packed": lambda a, w: run_trl(a, w, packing=True),
     "plain": run_plain,
@@ -473,6 +477,8 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
                            ("ours_sdpa_loop", "the flash varlen kernel")):
         if ablation in rows and "ours" in rows:
             print(f"{what} alone: tokens/s x{ratio('ours', ablation)}, peak RSS x{ratio('ours', ablation, 'peak_rss_mb')}")
+    if "ours_compiled" in rows and "ours" in rows:
+        print(f"torch.compile alone: tokens/s x{ratio('ours_compiled', 'ours')}")
     if "ours_liger" in rows and "ours" in rows:
         print(f"Liger alone: tokens/s x{ratio('ours_liger', 'ours')}")
 
