@@ -38,6 +38,7 @@ from benchlib import (  # noqa: E402
     benchmark_model,
     loaded,
     medians,
+    peak_gpu_memory,
     peak_rss_mb,
     run_interleaved,
     run_worker,
@@ -146,15 +147,10 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def summarize(step_seconds: list[float], rewards: list[float], completions_per_step: int, bf16: bool) -> dict:
-    import torch
-
     seconds = sum(step_seconds)
-    result = {"completions_per_s": completions_per_step * len(step_seconds) / seconds,
-              "seconds_per_step": seconds / len(step_seconds), "rewards": rewards, "bf16": bool(bf16),
-              "peak_rss_mb": peak_rss_mb()}
-    if torch.cuda.is_available():  # both sides train on the GPU when there is one
-        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    return result
+    return {"completions_per_s": completions_per_step * len(step_seconds) / seconds,
+            "seconds_per_step": seconds / len(step_seconds), "rewards": rewards, "bf16": bool(bf16),
+            "peak_rss_mb": peak_rss_mb(), **peak_gpu_memory()}  # both sides train on the GPU when there is one
 
 
 RUNS = {**dict.fromkeys(OURS, run_ours), **dict.fromkeys(PEERS, run_trl)}

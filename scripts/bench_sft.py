@@ -73,6 +73,7 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
     loaded,
     logged_losses,
     medians,
+    peak_gpu_memory,
     peak_rss_mb,
     run_interleaved,
     run_worker,
@@ -84,8 +85,7 @@ VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_
             "ours_compiled", "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora", "trl_packed_qlora")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
 SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
-                "ours_sdpa_loop", "ours_compiled",
-                "ours_liger", "trl_padded", "plain", "ours_qlora")
+                "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "plain", "ours_qlora")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
                   "itertools", "json", "logging", "math", "os", "pathlib", "random", "re", "shutil", "statistics",
@@ -200,25 +200,21 @@ def summarize(clock: StepClock, batches: list[dict], steps: int, losses: list[fl
     seconds = clock.ends[steps - 1] - clock.ends[0]
     trained = sum(b["trained"] for b in timed)
     positions = sum(b["positions"] for b in timed)
-    result = {
+    return {
         "steps": len(clock.ends), "seconds": seconds, "trained_tokens": trained, "tokens_per_s": trained / seconds,
         "positions_per_s": positions / seconds,
         "largest_step": max(b["positions"] for b in batches[:steps]),  # tokens: what peak memory follows
         # CPU seconds are less sensitive than wall time to other jobs sharing the cores
         "tokens_per_cpu_s": trained / (clock.cpu[steps - 1] - clock.cpu[0]),
         "padded_share": 1 - sum(b["real"] for b in timed) / positions, "peak_rss_mb": peak_rss_mb(),
-        "losses": losses,
+        "losses": losses, **peak_gpu_memory(),
     }
-    import torch
-
-    if torch.cuda.is_available():
-        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    return result
 
 
 def step_profiler(args: argparse.Namespace) -> list:
     """With --profile: a Trainer callback that profiles steps 3-4 and writes the table of ops by their own
-    device time (CPU time without CUDA) to DIR/<variant>.txt, headed by the share of wall time the GPU was busy."""
+    device time (CPU time without CUDA) to DIR/<variant>.txt, headed by the wall time and, on CUDA, the share
+    of it the GPU was busy."""
     if not args.profile:
         return []
     import time
@@ -245,11 +241,13 @@ def step_profiler(args: argparse.Namespace) -> list:
                 self.prof.__exit__(None, None, None)
                 events = self.prof.key_averages()
                 key = "self_device_time_total" if cuda else "self_cpu_time_total"
-                busy = sum(getattr(e, key) for e in events if e.device_type == torch.autograd.DeviceType.CUDA) if cuda else 0
+                head = f"{args.worker}: steps 3-4, {wall:.3f} s wall"
+                if cuda:
+                    busy = sum(e.self_device_time_total for e in events
+                               if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
+                    head += f", GPU kernels {busy:.3f} s ({busy / wall:.0%} busy)"
                 Path(args.profile).mkdir(parents=True, exist_ok=True)
-                Path(args.profile, f"{args.worker}.txt").write_text(
-                    f"{args.worker}: steps 3-4, {wall:.3f} s wall, GPU kernels {busy / 1e6:.3f} s "
-                    f"({busy / 1e6 / wall:.0%} busy)\n" + events.table(sort_by=key, row_limit=30))
+                Path(args.profile, f"{args.worker}.txt").write_text(head + "\n" + events.table(sort_by=key, row_limit=30))
 
     return [Profile()]
 
@@ -477,10 +475,9 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
                            ("ours_sdpa_loop", "the flash varlen kernel")):
         if ablation in rows and "ours" in rows:
             print(f"{what} alone: tokens/s x{ratio('ours', ablation)}, peak RSS x{ratio('ours', ablation, 'peak_rss_mb')}")
-    if "ours_compiled" in rows and "ours" in rows:
-        print(f"torch.compile alone: tokens/s x{ratio('ours_compiled', 'ours')}")
-    if "ours_liger" in rows and "ours" in rows:
-        print(f"Liger alone: tokens/s x{ratio('ours_liger', 'ours')}")
+    for addition, what in (("ours_compiled", "torch.compile"), ("ours_liger", "Liger")):  # on top of ours
+        if addition in rows and "ours" in rows:
+            print(f"{what} alone: tokens/s x{ratio(addition, 'ours')}")
 
 
 def gpu_peak_flops() -> float | None:

@@ -72,6 +72,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def peak_gpu_memory() -> dict[str, float]:
+    """{"peak_gpu_mb": this process's peak of allocated CUDA memory} for a result, or {} without CUDA."""
+    import torch
+
+    return {"peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20} if torch.cuda.is_available() else {}
+
+
 def logged_losses(trainer: Any) -> list[float]:
     """The loss of every step (logging_steps 1), from the Trainer's log history."""
     return [r["loss"] for r in trainer.state.log_history if "loss" in r]

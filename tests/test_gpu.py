@@ -70,7 +70,6 @@ def test_flash_varlen_matches_attention_per_example(dtype):
         assert (a - b).abs().max() <= 2e-2 * max(b.abs().max().item(), 1.0), name
 
 
-
 def run(stage: str, *args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "tunesmith", stage, *args], capture_output=True, text=True,
                           timeout=900, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -143,10 +142,10 @@ def test_serve_answers_on_cuda(tiny_model_dir, tmp_path):
 
     with running_server(tmp_path / "serve.log", "--model_name_or_path", tiny_model_dir) as url:
         client = OpenAI(base_url=url + "/v1", api_key="none")
-        ask = {"model": client.models.list().data[0].id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+        ask = {"model": client.models.list().data[0].id, "messages": [{"role": "user", "content": "Hi"}],
+               "max_tokens": 6, "temperature": 0}
         reply = client.chat.completions.create(**ask)
         assert reply.usage.completion_tokens == 6 and reply.choices[0].finish_reason == "length"
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
                            client.chat.completions.create(**ask, stream=True) if chunk.choices)
         assert streamed == reply.choices[0].message.content
-
