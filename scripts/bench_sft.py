@@ -40,7 +40,8 @@ other processes took while it ran (`other CPU`; see benchlib). `loss vs plain` i
 step (the same conversations; dropout draws differ), for the variants that train the same batches.
 On CUDA the table adds peak GPU memory and MFU: 6 x parameters x tokens computed per second over the GPU's
 dense bf16 peak (the usual convention; a LoRA run skips the frozen weights' gradients, about a third of
-that). --profile DIR writes each variant's torch.profiler table of steps 3-4 to DIR/<variant>.txt.
+that). --profile DIR writes each variant's torch.profiler table of steps 3-4 to DIR/<variant>.txt; steps 3-5 (the
+profiled ones and the one that builds the table) are then left out of the throughput.
 
 The conversations are built here, deterministically and offline: user/assistant pairs from
 data/demo/sft.jsonl (when present) and questions about standard-library functions answered with their
@@ -195,18 +196,26 @@ def count_tokens(batch: dict) -> dict:
     return {"positions": ids.numel(), "real": real, "trained": int((targets != -100).sum())}
 
 
-def summarize(clock: StepClock, batches: list[dict], steps: int, losses: list[float]) -> dict:
-    timed = batches[1:steps]  # batch i is step i's (one batch per step); step 1 is the warm-up
-    seconds = clock.ends[steps - 1] - clock.ends[0]
-    trained = sum(b["trained"] for b in timed)
-    positions = sum(b["positions"] for b in timed)
+# With --profile, steps 3-4 run under torch.profiler (slower launches) and step 5's interval holds the building of
+# its table (seconds): their intervals and tokens stay out of the measured throughput.
+PROFILED_STEPS = range(3, 6)
+
+
+def summarize(clock: StepClock, batches: list[dict], steps: int, losses: list[float], profiled: bool = False) -> dict:
+    # batch i is step i+1's (one batch per step); step 1 is the warm-up, so step s is timed from the end of s-1
+    timed = [s for s in range(2, steps + 1) if not (profiled and s in PROFILED_STEPS)]
+    seconds = sum(clock.ends[s - 1] - clock.ends[s - 2] for s in timed)
+    cpu_seconds = sum(clock.cpu[s - 1] - clock.cpu[s - 2] for s in timed)
+    trained = sum(batches[s - 1]["trained"] for s in timed)
+    positions = sum(batches[s - 1]["positions"] for s in timed)
+    real = sum(batches[s - 1]["real"] for s in timed)
     return {
         "steps": len(clock.ends), "seconds": seconds, "trained_tokens": trained, "tokens_per_s": trained / seconds,
         "positions_per_s": positions / seconds,
         "largest_step": max(b["positions"] for b in batches[:steps]),  # tokens: what peak memory follows
         # CPU seconds are less sensitive than wall time to other jobs sharing the cores
-        "tokens_per_cpu_s": trained / (clock.cpu[steps - 1] - clock.cpu[0]),
-        "padded_share": 1 - sum(b["real"] for b in timed) / positions, "peak_rss_mb": peak_rss_mb(),
+        "tokens_per_cpu_s": trained / cpu_seconds,
+        "padded_share": 1 - real / positions, "peak_rss_mb": peak_rss_mb(),
         "losses": losses, **peak_gpu_memory(),
     }
 
@@ -321,7 +330,7 @@ def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, 
     if torch_loss:
         del model.get_base_model()._loss_function  # back to the class's ForCausalLMLoss
     trainer.train()
-    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer)), "parameters": parameters(model)}
+    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)), "parameters": parameters(model)}
 
 
 def parameters(model: Any) -> int:
@@ -350,7 +359,7 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bo
                          callbacks=[callback, *step_profiler(args)])
     trainer.data_collator = collator = BatchCounts(trainer.data_collator)
     trainer.train()
-    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer)), "rows_per_step": batch_size,
+    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)), "rows_per_step": batch_size,
             "parameters": parameters(model)}
 
 
