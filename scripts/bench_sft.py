@@ -31,7 +31,8 @@ same number of optimizer steps with AdamW at the same learning rate and no gradi
                       a GPU waiting on the host; the first steps compile)
   ours_liger          ours with --use_liger_kernel (Liger's fused linear cross-entropy and kernels; CUDA)
   ours_qlora          ours on a 4-bit NF4 base (QLoRA)
-  trl_packed_qlora    trl_packed on the same 4-bit base (bf16 compute, as TRL's QLoRA docs set it)
+  trl_packed_qlora    trl_packed on the same 4-bit base (bf16 compute, as TRL's QLoRA docs set it), given to
+                      SFTTrainer with a peft_config: TRL attaches the same LoRA itself, in bf16
 Each run is its own subprocess (peak RSS is its own); the variants take turns, --repeats times; the
 table gives medians with the spread (min-max) of tokens/s. The first step is a warm-up and is not timed:
 throughput is trained tokens (targets of the loss) from step 2 on, over the time from the end of step 1
@@ -267,8 +268,8 @@ def step_profiler(args: argparse.Namespace) -> list:
 def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16: bool | None = None,
          quantize: bool = False) -> tuple[Any, Any, Any, Any]:
     """(tokenized dataset, tokenizer, LoRA model, tunesmith TrainingArguments). tunesmith_defaults=False
-    loads as a user of TRL or plain PyTorch would: a float32 model (bf16 compute for a 4-bit one) with
-    PEFT's own LoRA layers as they come."""
+    loads as a user of TRL or plain PyTorch would: a float32 model with PEFT's own LoRA layers as they come, or
+    for a 4-bit one the quantized base alone (bf16 compute), to which TRL attaches the adapter."""
     from datasets import load_from_disk
     from transformers import set_seed
 
@@ -285,9 +286,21 @@ def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16
     model_args = ModelArguments(model_name_or_path=args.model, dtype=dtype, quantization_bit=4 if quantize else None)
     set_seed(0)
     lora = FinetuningArguments(lora_r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=args.lora_dropout)
-    model = load_model(model_args, lora, training_args)
-    if not tunesmith_defaults:
-        stock_peft_layers(model)
+    if quantize and not tunesmith_defaults:
+        # TRL's QLoRA: the 4-bit base alone, which SFTTrainer gets with a peft_config (run_trl). TRL does not call
+        # PEFT's prepare_model_for_kbit_training, so embeddings and norms stay bf16, and it casts the adapter to bf16.
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from tunesmith.models.loader import quantization_config
+
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=torch.bfloat16, quantization_config=quantization_config(model_args, torch.bfloat16),
+            device_map={"": 0 if torch.cuda.is_available() else "cpu"})
+    else:
+        model = load_model(model_args, lora, training_args)
+        if not tunesmith_defaults:
+            stock_peft_layers(model)
     return load_from_disk(str(workdir / "tokenized")), load_tokenizer(model_args), model, training_args
 
 
@@ -344,6 +357,14 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bo
     from trl import SFTConfig, SFTTrainer
 
     dataset, tokenizer, model, training_args = load(args, workdir, False, quantize=quantize)
+    peft_config = None
+    if quantize:  # as TRL's QLoRA docs: the 4-bit base and a LoraConfig, which TRL attaches (casting it to bf16)
+        from peft import LoraConfig
+
+        from tunesmith.models.loader import find_lora_targets
+
+        peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=args.lora_dropout,
+                                 target_modules=find_lora_targets(model), task_type="CAUSAL_LM")
     batch_size = args.batch_size
     if packing:  # rows of max_seq_length; enough of them to train about as many tokens per step
         per_step = sum(len(ids) for ids in dataset["input_ids"][: args.steps * args.batch_size]) / args.steps
@@ -356,11 +377,11 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bo
     )
     clock, callback = trainer_clock()
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=[callback, *step_profiler(args)])
+                         peft_config=peft_config, callbacks=[callback, *step_profiler(args)])
     trainer.data_collator = collator = BatchCounts(trainer.data_collator)
     trainer.train()
     return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)), "rows_per_step": batch_size,
-            "parameters": parameters(model)}
+            "parameters": parameters(trainer.model)}
 
 
 def run_plain(args: argparse.Namespace, workdir: Path) -> dict:

@@ -89,6 +89,34 @@ def test_qlora_trains_adapters_on_quantized_base(tiny_model_dir, sft_data, tmp_p
     assert all(v.abs().sum() > 0 for k, v in trainer.model.state_dict().items() if "lora_B" in k)
 
 
+@pytest.mark.parametrize("bf16", ["true", "false"])
+def test_qlora_under_bf16_keeps_the_frozen_weights_and_activations_in_bf16(tiny_model_dir, sft_data, tmp_path, bf16):
+    """PEFT's prepare_model_for_kbit_training upcasts embeddings and norms to float32; under bf16 autocast that
+    makes every 4-bit layer's output (and what backward saves) float32. With --bf16 they stay bf16; without,
+    PEFT's upcast stands. LoRA's own weights are float32 either way."""
+    import bitsandbytes as bnb
+
+    outputs = []
+
+    def record_output_dtype(trainer):
+        layer = next(m for m in trainer.model.modules() if isinstance(m, bnb.nn.Linear4bit))
+        layer.register_forward_hook(lambda module, args, out: outputs.append(out.dtype))
+
+    from tunesmith.train.sft_trainer import LoraTrainer
+    original = LoraTrainer.train
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LoraTrainer, "train", lambda self, *a, **k: record_output_dtype(self) or original(self, *a, **k))
+        trainer = run_sft(tiny_model_dir, sft_data, tmp_path / "out", "--quantization_bit", "4", "--bf16", bf16)
+    frozen = torch.bfloat16 if bf16 == "true" else torch.float32
+    named = dict(trainer.model.named_parameters())
+    assert named["base_model.model.model.embed_tokens.weight"].dtype == frozen
+    assert named["base_model.model.model.norm.weight"].dtype == frozen
+    assert {p.dtype for n, p in named.items() if "lora_" in n} == {torch.float32}
+    assert outputs and set(outputs) == {frozen}
+    assert all(math.isfinite(x) for x in losses(trainer))
+    assert all(v.abs().sum() > 0 for k, v in trainer.model.state_dict().items() if "lora_B" in k)
+
+
 def trained_tokens(trainer) -> list[int]:
     return [r["trained_tokens"] for r in trainer.state.log_history if "loss" in r]
 
