@@ -117,6 +117,40 @@ def test_qlora_under_bf16_keeps_the_frozen_weights_and_activations_in_bf16(tiny_
     assert all(v.abs().sum() > 0 for k, v in trainer.model.state_dict().items() if "lora_B" in k)
 
 
+def test_steps_skip_the_train_mode_walk_yet_train_every_module_after_an_evaluation(tiny_model_dir, sft_data, tmp_path):
+    """The Trainer calls model.train() at every step; tunesmith's returns at once while every module trains. After
+    an evaluation (model.eval()) the next step still trains every module. total_flos is transformers' own count."""
+    from transformers import Trainer
+
+    from tunesmith.train.sft_trainer import LoraTrainer
+
+    every_module_training, walks = [], []
+    original_loss, full_train = LoraTrainer.compute_loss, torch.nn.Module.train
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        if model.training:
+            every_module_training.append(all(m.training for m in model.modules()))
+        return original_loss(self, model, inputs, *args, **kwargs)
+
+    def counted_train(self, mode=True):
+        if type(self).__name__.startswith("Peft"):
+            walks.append(mode)
+        return full_train(self, mode)
+
+    flags = ("--max_steps", "4", "--eval_data_path", sft_data, "--eval_strategy", "steps", "--eval_steps", "2")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LoraTrainer, "compute_loss", compute_loss)
+        patch.setattr(torch.nn.Module, "train", counted_train)
+        trainer = run_sft(tiny_model_dir, sft_data, tmp_path / "out", *flags)
+    assert every_module_training == [True] * 4
+    assert False in walks  # evaluations set eval mode ...
+    assert walks.count(True) <= 2  # ... and only the start and the step after one walked back (without: every step)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LoraTrainer, "floating_point_ops", Trainer.floating_point_ops)
+        recounted = run_sft(tiny_model_dir, sft_data, tmp_path / "recounted", *flags)
+    assert trainer.state.total_flos == recounted.state.total_flos > 0
+
+
 def trained_tokens(trainer) -> list[int]:
     return [r["trained_tokens"] for r in trainer.state.log_history if "loss" in r]
 
