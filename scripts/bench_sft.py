@@ -83,8 +83,9 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
     trainer_clock,
 )
 
-VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped", "ours_sdpa_loop",
-            "ours_compiled", "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora", "trl_packed_qlora")
+VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
+            "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora",
+            "trl_packed_qlora")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
 SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
                 "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "plain", "ours_qlora")
@@ -257,7 +258,8 @@ def step_profiler(args: argparse.Namespace) -> list:
                                if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
                     head += f", GPU kernels {busy:.3f} s ({busy / wall:.0%} busy)"
                 Path(args.profile).mkdir(parents=True, exist_ok=True)
-                Path(args.profile, f"{args.worker}.txt").write_text(head + "\n" + events.table(sort_by=key, row_limit=30))
+                table = events.table(sort_by=key, row_limit=30)
+                Path(args.profile, f"{args.worker}.txt").write_text(head + "\n" + table)
 
     return [Profile()]
 
@@ -343,7 +345,8 @@ def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, 
     if torch_loss:
         del model.get_base_model()._loss_function  # back to the class's ForCausalLMLoss
     trainer.train()
-    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)), "parameters": parameters(model)}
+    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)),
+            "parameters": parameters(model)}
 
 
 def parameters(model: Any) -> int:
@@ -380,8 +383,8 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bo
                          peft_config=peft_config, callbacks=[callback, *step_profiler(args)])
     trainer.data_collator = collator = BatchCounts(trainer.data_collator)
     trainer.train()
-    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)), "rows_per_step": batch_size,
-            "parameters": parameters(trainer.model)}
+    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)),
+            "rows_per_step": batch_size, "parameters": parameters(trainer.model)}
 
 
 def run_plain(args: argparse.Namespace, workdir: Path) -> dict:
@@ -495,7 +498,8 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
     if gpu:
         print(f"peak GPU memory ratio vs TRL (packed): {ratio('ours', 'trl_packed', 'peak_gpu_mb')}")
         if "ours_row_capped" in rows:
-            print(f"rows capped at max_seq_length: tokens/s ratio vs TRL (packed) {ratio('ours_row_capped', 'trl_packed')}, "
+            print("rows capped at max_seq_length: tokens/s ratio vs TRL (packed) "
+                  f"{ratio('ours_row_capped', 'trl_packed')}, "
                   f"peak GPU memory ratio {ratio('ours_row_capped', 'trl_packed', 'peak_gpu_mb')}")
         if "ours_qlora" in rows:
             print(f"QLoRA peak GPU memory ratio vs TRL (packed): {ratio('ours_qlora', 'trl_packed_qlora', 'peak_gpu_mb')}")

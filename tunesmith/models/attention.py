@@ -3,8 +3,8 @@
 examples' attention rather than the square of its length. Which kernel does that depends on the device and is
 chosen in one place (`packed_kernel`):
 
-- on CUDA, in half precision (float32 inputs under autocast included): torch's own flash-attention varlen kernel (the one behind its nested-tensor
-  SDPA), one call for the whole row from `cu_seq_lens_q`, with `max_length_q` from the collator, so no
+- on CUDA, in half precision (float32 inputs under autocast included): torch's own flash-attention varlen
+  kernel (the one behind its nested-tensor SDPA), one call for the whole row from `cu_seq_lens_q`, with `max_length_q` from the collator, so no
   host-device synchronisation; no flash-attn package needed;
 - elsewhere (CPU, float32): torch's SDPA once per example, a Python loop whose per-call overhead is small next
   to a CPU's maths (measured in docs/benchmark.md) but which leaves a GPU waiting on the host.

@@ -62,6 +62,8 @@ class LoraTrainer(Trainer):
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
         self._tokens_before = 0  # all processes, up to the resumed checkpoint
         self._eval_totals = torch.zeros(2, dtype=torch.float64)  # this process, this evaluation: summed loss, tokens
+        self._modules_of: tuple[torch.nn.Module | None, list[torch.nn.Module]] = (None, [])  # _train_mode_kept's
+        self._flops_per_token: int | None = None  # floating_point_ops's parameter count, taken once
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -124,7 +126,7 @@ class LoraTrainer(Trainer):
         FSDP, DDP) keep their own train()."""
         if model is not self.model:
             return contextlib.nullcontext()
-        if getattr(self, "_modules_of", (None,))[0] is not model:
+        if self._modules_of[0] is not model:
             self._modules_of = (model, list(model.modules()))
         return train_returns_when_training(model, self._modules_of[1])
 
@@ -135,7 +137,7 @@ class LoraTrainer(Trainer):
         main = getattr(self.model, "main_input_name", "input_ids")
         if main not in inputs:
             return super().floating_point_ops(inputs)
-        if getattr(self, "_flops_per_token", None) is None:
+        if self._flops_per_token is None:
             self._flops_per_token = super().floating_point_ops({main: torch.empty(1, 1)})
         return self._flops_per_token * inputs[main].numel()
 
