@@ -94,8 +94,8 @@ def test_phi_end_of_text_only_when_not_generating_does_not_refuse_multi_turn(tok
     tok = family(tokenizer, PHI_LIKE, "<|user|>", "<|assistant|>", "<|end|>")
     examples, expanded = encode_examples(tok, TWO_TURNS)
     assert not expanded and len(examples) == 1
-    pieces = trained_pieces(tok, examples[0])
-    assert pieces == "2+2 is 4.<|end|>That makes 12.<|end|>\n" + tok.eos_token
+    # The end-of-text printed once after the last turn is the conversation's, not the last reply's.
+    assert trained_pieces(tok, examples[0]) == "2+2 is 4.<|end|>That makes 12.<|end|>"
 
 
 def test_qwen3_history_rewrite_expands_into_one_example_per_reply(tokenizer):

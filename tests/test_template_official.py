@@ -2,7 +2,9 @@
 user would with `--chat_template FILE` on the real SmolLM2 tokenizer, in conversations whose earlier
 assistant turn carries reasoning. Each reply trains from where the model's generation begins at
 inference: the first character after the generation prompt, or after the turn header where the
-generation prompt pre-fills a block (Gemma 4's empty thought channel) the reply renders differently."""
+generation prompt pre-fills a block (Gemma 4's empty thought channel) the reply renders differently.
+Each reply ends with its own end marker, never with text the template prints once after the whole
+conversation (Phi's end-of-text)."""
 
 from __future__ import annotations
 
@@ -68,3 +70,40 @@ def test_gemma4_reasoning_turns_train_from_the_reply_header(tokenizer, template)
     assert not expanded
     assert trained(tok, whole) == ("<think>Add two and two.</think>2+2 is 4.<turn|>"
                                    "<think>Multiply 4 by 3.</think>That makes 12.<turn|>")
+
+
+# Phi-3.5's and Phi-4-mini's tokenizers: the role and end markers are special tokens, eos is <|endoftext|>.
+PHI_SPECIAL = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+THREE_TURNS = [{"role": "system", "content": "Be brief."},
+               {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "2+2 is 4."},
+               {"role": "user", "content": "And times 3?"}, {"role": "assistant", "content": "That makes 12."},
+               {"role": "user", "content": "Minus 2?"}, {"role": "assistant", "content": "Ten."}]
+
+
+def trained_runs(tok, enc) -> list[str]:
+    """The trained tokens, one decoded text per run of consecutive trained tokens."""
+    runs, run = [], []
+    for token, label in [*zip(enc.input_ids, enc.labels), (None, IGNORE_INDEX)]:
+        if label != IGNORE_INDEX:
+            run.append(token)
+        elif run:
+            runs.append(tok.decode(run))
+            run = []
+    return runs
+
+
+@pytest.mark.parametrize("template, closing", [("phi3_5.jinja", "<|end|>\n<|endoftext|>"),
+                                               ("phi4_mini.jinja", "<|end|><|endoftext|>")])
+def test_phi_replies_train_to_their_end_marker_not_the_closing_end_of_text(tokenizer, template, closing):
+    """Phi prints `{{ eos_token }}` once, after the last turn: every reply, first, middle and last,
+    trains its text and `<|end|>`, and the closing `<|endoftext|>` trains in none."""
+    tok = with_template(tokenizer, template)
+    tok.add_special_tokens({"eos_token": "<|endoftext|>", "additional_special_tokens": PHI_SPECIAL})
+    assert render_text(tok, THREE_TURNS).endswith("Ten." + closing)
+    (whole,), expanded = encode_examples(tok, THREE_TURNS)
+    assert not expanded
+    assert trained_runs(tok, whole) == ["2+2 is 4.<|end|>", "That makes 12.<|end|>", "Ten.<|end|>"]
+    assert whole.input_ids[-1] == tok.eos_token_id and whole.labels[-1] == IGNORE_INDEX
+    assert whole.replies_without_end_marker == 0
+    (last,), _ = encode_examples(tok, THREE_TURNS, train_on="last_assistant")
+    assert trained_runs(tok, last) == ["Ten.<|end|>"]

@@ -13,9 +13,15 @@ whole, never from inside a tag where the two renders happen to part. A template 
 markers says it itself (transformers' assistant mask). A token is trained when it overlaps a reply's
 characters, so a token the tokenizer merged across the header/reply boundary trains too.
 
+Text a template prints only where the conversation ends is no reply's: every reply, first, middle or
+last, ends with its own end-of-turn marker. Phi-3.5 and Phi-4-mini print `{{ eos_token }}` once after
+the last turn: their replies train `...<|end|>`, never the `<|endoftext|>` that follows the last one.
+For an earlier reply that text shows where `render(messages[:i + 1])` parts from the whole render; for
+the last, by rendering one more turn: what the conversation's render has after the point where the two
+part, and the longer render ends with too, is closing text (see `_closing_text_start`).
+
 A template that renders an earlier reply differently once more turns follow (Qwen3 drops the
-`<think>` block of earlier replies, Phi adds its end-of-text only at the end) is handled: trailing
-differences outside the reply are ignored, and where the reply itself changes, the conversation is
+`<think>` block of earlier replies) is handled: where the reply itself changes, the conversation is
 expanded into one example per assistant turn, each rendered exactly as inference renders it."""
 
 from __future__ import annotations
@@ -226,6 +232,25 @@ def _reply_start(tokenizer: Any, messages: list[Message], i: int, prompt: str, u
     return parted
 
 
+# Content of the probe turn rendered after a conversation to find its closing text.
+PROBE_TURN = "tunesmith probe turn"
+
+
+def _closing_text_start(tokenizer: Any, messages: list[Message], full: str, tools: list[dict] | None) -> int:
+    """Where the text the template prints once after the whole conversation (Phi's `{{ eos_token }}`)
+    begins in `full`, its render; len(full) where there is none. Found by rendering one more turn: what
+    `full` has after the point where the two renders part is closing text when the longer render ends
+    with it too (it moved to the new end). Any other difference (a template that rewrites the last
+    reply, or moves the system prompt, once a turn follows) is no closing text, and nothing is cut."""
+    try:
+        longer = render_text(tokenizer, [*messages, {"role": USER, "content": PROBE_TURN}], tools=tools)
+    except TemplateError:
+        return len(full)
+    parted = common_prefix_length(full, longer)
+    closing = full[parted:]
+    return parted if closing and longer.endswith(closing) else len(full)
+
+
 def _reply_spans(tokenizer: Any, messages: list[Message], indices: list[int], full: str,
                  token_starts: list[int], tools: list[dict] | None) -> list[tuple[int, int]]:
     """(start, end) characters in `full` of each assistant message in `indices`. Where two renders
@@ -237,12 +262,15 @@ def _reply_spans(tokenizer: Any, messages: list[Message], indices: list[int], fu
     spans = []
     for i in indices:
         prompt = render_text(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
-        upto = full if i == len(messages) - 1 else render_text(tokenizer, messages[: i + 1], tools=tools)
+        if i == len(messages) - 1:
+            upto, parted = full, _closing_text_start(tokenizer, messages, full, tools)
+        else:
+            # What the render of messages[:i + 1] has where `full` goes on (Phi's end-of-text) is no reply text.
+            upto = render_text(tokenizer, messages[: i + 1], tools=tools)
+            parted = common_prefix_length(upto, full)
         start = token_start(_reply_start(tokenizer, messages, i, prompt, upto, tools))
-        end = len(upto.rstrip())
-        if upto is not full:
-            end = min(end, token_start(common_prefix_length(upto, full)))
-            end = start + len(upto[start:end].rstrip())
+        end = min(len(upto.rstrip()), token_start(parted))
+        end = start + len(upto[start:end].rstrip())
         if full[:start] != upto[:start]:
             raise RewrittenHistory(f"the template renders the turns before reply {i} differently once it follows")
         reply = upto[start:end]
