@@ -3,13 +3,16 @@ cannot work stop before any weight is loaded with a message that says what to ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pytest
 
 from tunesmith.errors import ConfigError
-from tunesmith.hparams import parse_run
+from tunesmith.hparams import RUN_ARGUMENTS, parse_run
+from tunesmith.hparams.parser import Parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,3 +169,44 @@ def test_missing_data_path():
 
 def test_qlora_4bit_with_zero3_is_allowed():
     parse_sft("--data_path", "x.jsonl", "--quantization_bit", "4", "--deepspeed", str(ROOT / "configs/ds_zero3.json"))
+
+
+def boolean_fields(kind: str) -> list[str]:
+    """Every boolean field (bool, bool | None) of a run kind's dataclasses, TrainingArguments' own included."""
+    names = []
+    for dtype in RUN_ARGUMENTS[kind]:
+        hints = get_type_hints(dtype)
+        names += [f.name for f in dataclasses.fields(dtype)
+                  if f.init and (hints[f.name] is bool or bool in get_args(hints[f.name]))]
+    return names
+
+
+def test_boolean_fields_are_found():
+    assert {"disable_dropout", "bf16", "packing", "gradient_checkpointing"} <= set(boolean_fields("sft"))
+
+
+@pytest.mark.parametrize("kind", RUN_ARGUMENTS)
+def test_every_boolean_flag_works_bare_and_with_a_value(kind):
+    """`--flag` alone means true, as HfArgumentParser and DeepSpeed-Chat users type it; `bool | None` fields
+    (None: the stage decides) stopped with argparse's "expected one argument"."""
+    parser = Parser(RUN_ARGUMENTS[kind])
+    for name in boolean_fields(kind):
+        for argv, value in (([f"--{name}"], True), ([f"--{name}", "false"], False), ([f"--{name}", "1"], True),
+                            ([f"--{name}", "no"], False)):
+            assert getattr(parser.parse_known_args(argv)[0], name) is value, f"{kind}: {' '.join(argv)}"
+
+
+def test_a_bare_flag_before_another_flag_and_in_a_run_config(tmp_path):
+    args = parse_sft("--data_path", "x.jsonl", "--disable_dropout", "--max_steps", "2")
+    assert args["finetuning"].disable_dropout is True and args["training"].max_steps == 2
+    assert parse_sft("--data_path", "x.jsonl", "--disable_dropout", "false")["finetuning"].disable_dropout is False
+    assert parse_sft("--data_path", "x.jsonl")["finetuning"].disable_dropout is None  # the stage decides
+    config = tmp_path / "run.yaml"
+    config.write_text("data_path: x.jsonl\ndisable_dropout: false\n")
+    assert parse_sft(str(config))["finetuning"].disable_dropout is False
+    assert parse_sft(str(config), "--disable_dropout")["finetuning"].disable_dropout is True
+
+
+def test_an_unknown_flag_after_a_bare_one_is_still_named():
+    with pytest.raises(ConfigError, match=r"unknown flag --max_step \(did you mean --max_steps\?\)"):
+        parse_sft("--data_path", "x.jsonl", "--disable_dropout", "--max_step", "2")

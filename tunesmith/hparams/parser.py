@@ -2,7 +2,8 @@
 `--flag value` overrides, into the stage's dataclasses; old flag spellings mapped to new ones with a
 deprecation line; unknown flags and keys refused with a suggestion; then every row of the rules
 table (hparams/rules.py), before any weight loads. `--help` opens with what the stage does and how
-to pass a run config, and lists tunesmith's own flags before the Trainer's."""
+to pass a run config, and lists tunesmith's own flags before the Trainer's. A boolean flag given bare
+means true (`--disable_dropout`), or takes a value (`--disable_dropout false`, yes/no, 1/0)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any, get_type_hints
 import yaml
 from transformers import HfArgumentParser
 from transformers import TrainingArguments as HFTrainingArguments
+from transformers.hf_argparser import string_to_bool
 
 from ..errors import ConfigError
 from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
@@ -83,6 +85,15 @@ class Parser(HfArgumentParser):
             allow_abbrev=False,  # a prefix like --learning must not silently mean --learning_rate
         )
         self.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
+        self._allow_bare_booleans()
+
+    def _allow_bare_booleans(self) -> None:
+        """Every boolean flag works bare (`--disable_dropout` means true), as DeepSpeed-Chat's users type
+        them and as HfArgumentParser already parses a plain `bool`: it asks a value of a `bool | None` field
+        (None: the stage decides), where argparse then stops with "expected one argument"."""
+        for action in self._actions:
+            if action.type is string_to_bool and action.nargs is None:
+                action.nargs, action.const = "?", True
 
     def _add_dataclass_arguments(self, dtype: type) -> None:
         if not issubclass(dtype, HFTrainingArguments):
