@@ -38,10 +38,22 @@ class FinetuningArguments:
     )
     lora_target: list[str] = field(
         default_factory=lambda: ["all"],
-        metadata={"help": "Module names to adapt; `all` means every linear layer except the output head."},
+        metadata={"help": "Module names to adapt; `all` means every linear layer except the output head and a "
+                  "mixture-of-experts model's routers, plus the experts' fused 3-D weights (gate_up_proj, down_proj) "
+                  "when --lora_dropout is 0: PEFT's LoRA on a parameter takes no dropout, so with one they stay "
+                  "untrained and the log names them."},
+    )
+    router_aux_loss_coef: float | None = field(
+        default=None,
+        metadata={"help": "SFT of a mixture-of-experts model (Qwen3-MoE, Mixtral, gpt-oss, OLMoE, ...): the weight of "
+                  "the routers' load-balancing loss in the objective, added once per optimizer step whatever the "
+                  "accumulation or packing. Default: the model's own router_aux_loss_coef; 0 leaves it out. Logged "
+                  "as aux_loss (unweighted; about top-k when the experts are evenly loaded) beside loss, which stays "
+                  "the language-model loss."},
     )
     num_virtual_tokens: int = field(
-        default=20,  # the rules table reads this default: another value needs a prompt-based method metadata={"help": "prompt_tuning, p_tuning, prefix_tuning: how many virtual tokens to train."}
+        default=20,  # the rules table reads this default: another value needs a prompt-based method
+        metadata={"help": "prompt_tuning, p_tuning, prefix_tuning: how many virtual tokens to train."},
     )
     prompt_tuning_init_text: str | None = field(
         default=None,

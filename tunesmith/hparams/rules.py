@@ -147,6 +147,12 @@ _NOTHING_TO_MERGE = ("{path} is a {kind} adapter: its virtual tokens go in front
                      "compare, or train a LoRA adapter (--finetuning_type lora) to merge.")
 
 
+def _non_sft_stage(a: SimpleNamespace) -> dict | None:
+    """{"stage": ...} for a training run of another stage than SFT (whose own arguments are among its roles)."""
+    stage = next((role for role in ("reward", "dpo", "ppo") if getattr(a, role, None) is not None), None)
+    return {"stage": stage} if stage else None
+
+
 def _batch(a: SimpleNamespace) -> int:
     return a.training.per_device_train_batch_size
 
@@ -343,6 +349,13 @@ RULES: list[Rule] = [
     Rule("lora_learning_rate", ("finetuning",),
          lambda a: a.finetuning.lora_learning_rate is not None and not a.finetuning.lora_learning_rate > 0,
          "--lora_learning_rate must be > 0 (got {finetuning.lora_learning_rate})."),
+    Rule("router_aux_loss_coef", ("finetuning",),
+         lambda a: a.finetuning.router_aux_loss_coef is not None and not a.finetuning.router_aux_loss_coef >= 0,
+         "--router_aux_loss_coef must be >= 0 (got {finetuning.router_aux_loss_coef}); 0 leaves the router loss out."),
+    Rule("router_aux_loss_coef_sft_only", ("finetuning",),
+         lambda a: a.finetuning.router_aux_loss_coef is not None and _non_sft_stage(a),
+         "--router_aux_loss_coef weighs a mixture-of-experts router loss that only SFT adds, and this is a {stage} "
+         "run: drop it."),
     Rule("center_rewards", ("reward",),
          lambda a: a.reward.center_rewards_coefficient is not None and a.reward.center_rewards_coefficient < 0,
          "--center_rewards_coefficient must be >= 0 (got {reward.center_rewards_coefficient}); leave it unset to "

@@ -20,6 +20,7 @@ from ..hparams.parser import resolve_adapter_base
 from ..utils.hardware import native_bf16, trains_on_cpu
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
+from .moe import expert_count, expert_lora_parameters, is_router
 from .output_head import contiguous_head_inputs
 from .prompt_learning import load_encoder, prompt_learning_config
 from .scoring import cast_head_inputs_to_its_dtype
@@ -120,15 +121,21 @@ def linear_module_types() -> tuple[type, ...]:
 
 
 def find_lora_targets(model: nn.Module) -> list[str]:
-    """Names of every linear layer (plain or bitsandbytes) except output heads."""
+    """Names of every linear layer (plain or bitsandbytes) except output heads and a MoE model's routers. A router
+    stays frozen: it is a [experts, hidden] matrix, which a rank-16 LoRA does not make smaller, and moving it
+    re-routes tokens away from the experts their pretrained routing (and the adapters on them) were made for;
+    unsloth leaves it out by default too. Full fine-tuning trains it, with the load-balancing loss
+    (train/router_loss.py)."""
     heads = {"lm_head", "score", "v_head", "classifier"}
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    experts = expert_count(model.config) if hasattr(model, "config") else None
     names = set()
     for full_name, module in model.named_modules():
-        if isinstance(module, linear_module_types()) and module is not output:
-            leaf = full_name.rsplit(".", 1)[-1]
-            if leaf not in heads:
-                names.add(leaf)
+        if not isinstance(module, linear_module_types()) or module is output or is_router(full_name, module, experts):
+            continue
+        leaf = full_name.rsplit(".", 1)[-1]
+        if leaf not in heads:
+            names.add(leaf)
     return sorted(names)
 
 
@@ -249,14 +256,16 @@ def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_arg
         return model
     if finetuning_args.prompt_learning:
         return get_peft_model(model, prompt_learning_config(finetuning_args, model_args.model_name_or_path))
-    targets = finetuning_args.lora_target
+    targets, parameters = finetuning_args.lora_target, []
     if targets == ["all"]:
         targets = find_lora_targets(model)
+        parameters = expert_lora_parameters(model, finetuning_args.lora_dropout)  # MoE experts stored fused
     config = LoraConfig(
         r=finetuning_args.lora_r,
         lora_alpha=finetuning_args.lora_alpha,
         lora_dropout=finetuning_args.lora_dropout,
         target_modules=targets,
+        target_parameters=parameters or None,
         task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
     )
     return get_peft_model(model, config)

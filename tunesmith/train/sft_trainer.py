@@ -23,6 +23,7 @@ from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
 from .losses import use_chunked_loss
 from .param_groups import split_lora_groups
+from .router_loss import OUTPUT_ROUTER_LOGITS, routed_tokens, router_loss_for
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,13 @@ class LoraTrainer(Trainer):
     beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
 
     def __init__(self, *args: Any, run_configs: tuple = (), lora_learning_rate: float | None = None,
-                 **kwargs: Any) -> None:
+                 router_aux_loss_coef: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lora_learning_rate = lora_learning_rate
+        self.router_loss = router_loss_for(self.model, router_aux_loss_coef)  # None for a model without one
+        self._step_tokens: torch.Tensor | int = 0  # routed tokens of this optimizer step's batches, this process
+        self._aux_in_step = torch.zeros(())  # the aux terms added in this training_step (left out of its loss)
+        self._aux_summed, self._aux_steps = torch.zeros(()), 0  # since the last log: per-step aux losses, steps
         self.add_callback(MetricsFileCallback())  # every Trainer stage keeps output_dir/metrics.jsonl
         if trains_on_cpu(self.args):
             use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)
@@ -77,6 +82,7 @@ class LoraTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
         self._trained_tokens.zero_()
+        self._aux_summed, self._aux_steps = torch.zeros(()), 0
         self._tokens_before = 0
         if isinstance(resume_from_checkpoint, str):
             self._tokens_before = trained_tokens_at(resume_from_checkpoint)
@@ -99,7 +105,24 @@ class LoraTrainer(Trainer):
                                                           self.args.learning_rate, self.lora_learning_rate)
         return optimizer
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.router_loss is not None and self.router_loss.active and batches:
+            # each forward's aux loss is weighed by its share of the step's tokens (train/router_loss.py)
+            self._step_tokens = sum(routed_tokens(batch) for batch in batches)
+            self._aux_steps += 1
+        return batches, num_items_in_batch
+
     def training_step(self, model, inputs, num_items_in_batch=None):
+        """The loss it returns (which the Trainer logs) is the language-model loss; the router's aux loss, in the
+        objective, is logged apart (train/router_loss.py)."""
+        if self.router_loss is None or not self.router_loss.active:
+            return self._training_step_parts(model, inputs, num_items_in_batch)
+        self._aux_in_step = torch.zeros(())
+        loss = self._training_step_parts(model, inputs, num_items_in_batch)
+        return loss - self._aux_in_step.to(loss.device)
+
+    def _training_step_parts(self, model, inputs, num_items_in_batch=None):
         """A packed row with `forward_splits` runs as several forward/backward passes of whole examples
         before the optimizer step. Each part's loss is its summed token losses over the whole batch's
         num_items_in_batch, so the gradients add up to the one-forward gradients; only the last part
@@ -143,12 +166,40 @@ class LoraTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs.pop(FORWARD_SPLITS, None)  # evaluation runs a batch in one forward: no backward to free
+        if self.router_loss is not None:  # eval_loss is the language-model loss alone, whatever the config says
+            inputs[OUTPUT_ROUTER_LOGITS] = model.training and self.router_loss.active
         if not model.training:
             return self.evaluation_loss(model, inputs, return_outputs)
         if "labels" in inputs:  # counted where the labels are: no host-device sync per step
             count = (inputs["labels"] != IGNORE_INDEX).sum()
             self._trained_tokens = self._trained_tokens.to(count.device) + count
-        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if not inputs.get(OUTPUT_ROUTER_LOGITS):
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        return self._loss_with_router_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _loss_with_router_loss(self, model, inputs, return_outputs, num_items_in_batch):
+        """The loss plus the forward's share of the router's aux loss (train/router_loss.py). Where the Trainer
+        divides a forward's loss by the accumulation steps (a loss not normalised over the step), the term is
+        multiplied by them first, so it reaches the gradients with its share as it is."""
+        share = routed_tokens(inputs) / self._step_tokens if self._step_tokens else 1.0
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        term, aux = self.router_loss.term(outputs, share)
+        # kept where the loss is: no host-device sync per forward
+        self._aux_summed = self._aux_summed.to(aux.device) + aux.float()
+        self._aux_in_step = self._aux_in_step.to(term.device) + term.detach().float()
+        if not self._loss_scaled_for_accumulation(num_items_in_batch):
+            term = term * self.current_gradient_accumulation_steps
+        loss = loss + term.to(loss.device)
+        return (loss, outputs) if return_outputs else loss
+
+    def _loss_scaled_for_accumulation(self, num_items_in_batch) -> bool:
+        """Whether training_step leaves the loss as it is (normalised over the step by num_items_in_batch) rather
+        than divide it by the accumulation steps: transformers' own rule."""
+        scaled = getattr(self, "loss_is_scaled_for_ga", None)
+        if scaled is not None:
+            return scaled
+        return bool(self.model_accepts_loss_kwargs and num_items_in_batch is not None) or self.compute_loss_func is not None
 
     def evaluation_loss(self, model, inputs, return_outputs=False):
         """An evaluation batch's mean loss over its predicted tokens; their summed loss and count are added to
@@ -185,7 +236,16 @@ class LoraTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
             logs["trained_tokens"] = self.trained_tokens()
+            if self.router_loss is not None and self.router_loss.active:
+                logs["aux_loss"] = self.logged_aux_loss()
         super().log(logs, start_time)
+
+    def logged_aux_loss(self) -> float:
+        """The router's aux loss per optimizer step since the last log, averaged over the steps and processes as
+        `loss` is (a collective: every process calls it); the count starts again."""
+        mean = self._aux_summed.to(self.accelerator.device) / max(self._aux_steps, 1)
+        self._aux_summed, self._aux_steps = torch.zeros(()), 0
+        return self.accelerator.reduce(mean, reduction="mean").item()
 
     def _save_checkpoint(self, model, trial) -> None:
         # A resume continues the count from the checkpoint's log history: record it there at the
