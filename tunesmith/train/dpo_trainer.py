@@ -98,6 +98,7 @@ class DPOTrainer(PairTrainer):
 
     # The loss is a mean over the pairs of one batch; the Trainer divides it for gradient accumulation.
     loss_is_scaled_for_ga = False
+    adds_router_loss = False  # the preference loss alone (no MoE router loss: --router_aux_loss_coef is SFT's)
 
     def __init__(self, *args: Any, dpo_args: DPOArguments, reference_model: Any = None, **kwargs: Any) -> None:
         kwargs.setdefault("compute_metrics", dpo_metrics)

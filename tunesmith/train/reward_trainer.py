@@ -52,6 +52,7 @@ class RewardTrainer(PairTrainer):
 
     # The loss is a mean over the pairs of one batch; the Trainer divides it for gradient accumulation.
     loss_is_scaled_for_ga = False
+    adds_router_loss = False  # the pairwise loss alone (no MoE router loss: --router_aux_loss_coef is SFT's)
 
     def __init__(self, *args: Any, center_rewards_coefficient: float | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("compute_metrics", preference_metrics)

@@ -52,11 +52,16 @@ class LoraTrainer(Trainer):
     resume), eval_loss per predicted token and eval_perplexity (evaluation_loop), the resolved run config
     beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
 
+    # Its compute_loss adds a mixture-of-experts model's router loss (train/router_loss.py); a stage whose
+    # compute_loss computes a loss of its own sets False, and its MoE runs train without one.
+    adds_router_loss = True
+
     def __init__(self, *args: Any, run_configs: tuple = (), lora_learning_rate: float | None = None,
                  router_aux_loss_coef: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lora_learning_rate = lora_learning_rate
-        self.router_loss = router_loss_for(self.model, router_aux_loss_coef)  # None for a model without one
+        # None for a model without one
+        self.router_loss = router_loss_for(self.model, router_aux_loss_coef) if self.adds_router_loss else None
         self._step_tokens: torch.Tensor | int = 0  # routed tokens of this optimizer step's batches, this process
         self._aux_in_step = torch.zeros(())  # the aux terms added in this training_step (left out of its loss)
         self._aux_summed, self._aux_steps = torch.zeros(()), 0  # since the last log: per-step aux losses, steps
