@@ -15,9 +15,14 @@ from tunesmith.data.collator import PackingCollator, PaddingCollator
 from tunesmith.data.template import encode_conversation
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import TrainingArguments, check
-from tunesmith.models.attention import VARLEN_SDPA, register_varlen_attention, use_varlen_attention
+from tunesmith.models.attention import (
+    VARLEN_EAGER,
+    VARLEN_SDPA,
+    register_varlen_attention,
+    use_varlen_attention,
+)
 
-ATTENTIONS = ["sdpa", VARLEN_SDPA, "eager"]
+ATTENTIONS = ["sdpa", VARLEN_SDPA, "eager", VARLEN_EAGER]
 
 
 def conversation(i: int) -> list[dict]:
@@ -176,7 +181,7 @@ def test_varlen_attention_leaves_padded_batches_to_sdpa(tiny_models, examples):
     torch.testing.assert_close(varlen[mask], sdpa[mask])
 
 
-def test_use_varlen_attention_switches_sdpa_only(tiny_model_dir):
+def test_use_varlen_attention_switches_sdpa_and_eager(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -185,7 +190,7 @@ def test_use_varlen_attention_switches_sdpa_only(tiny_model_dir):
     assert use_varlen_attention(sdpa) == VARLEN_SDPA
     assert sdpa.get_base_model().config._attn_implementation == VARLEN_SDPA
     eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager")
-    assert use_varlen_attention(eager) == "eager"
+    assert use_varlen_attention(eager) == VARLEN_EAGER  # transformers' eager finds no packed rows in gpt-oss
 
 
 def write_conversations(path, n: int) -> str:

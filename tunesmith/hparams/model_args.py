@@ -34,7 +34,9 @@ class ModelArguments:
     )
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = field(
         default="auto",
-        metadata={"help": "auto: flash_attention_2 when flash-attn is importable on CUDA, else sdpa."},
+        metadata={"help": "auto: flash_attention_2 when flash-attn is importable on CUDA and the model takes it, else "
+                  "sdpa where the model takes it, else eager (Gemma 2, gpt-oss). Packed rows attend through "
+                  "tunesmith's kernels either way (models/attention.py)."},
     )
     quantization_bit: int | None = field(
         default=None, metadata={"help": "4 or 8: load the base with bitsandbytes (QLoRA). Needs LoRA."}

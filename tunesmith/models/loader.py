@@ -18,6 +18,7 @@ from ..errors import PathError
 from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
 from ..utils.hardware import native_bf16, trains_on_cpu
+from .attention import choose_attn_implementation
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
 from .moe import expert_count, expert_lora_parameters, is_router
@@ -51,12 +52,15 @@ def resolve_dtype(model_args: ModelArguments, training_args: Any = None, trains_
     return torch.float32
 
 
-def resolve_attn_implementation(model_args: ModelArguments) -> str:
-    if model_args.attn_implementation != "auto":
-        return model_args.attn_implementation
-    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
+def resolve_attn_implementation(model_args: ModelArguments, task: str = "causal_lm") -> str:
+    """--attn_implementation for this model (models/attention.py decides: auto takes what the class supports)."""
+    from transformers import AutoConfig
+
+    path = resolve_model_path(model_args)
+    with _path_errors(path):
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+    flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+    return choose_attn_implementation(model_args.attn_implementation, config, task, flash_installed=flash)
 
 
 def load_tokenizer(model_args: ModelArguments) -> Any:
@@ -165,7 +169,7 @@ def load_model(
     dtype = resolve_dtype(model_args, training_args, trains_base=is_trainable and finetuning_args.finetuning_type == "full")
     kwargs: dict[str, Any] = {
         "dtype": dtype,
-        "attn_implementation": resolve_attn_implementation(model_args),
+        "attn_implementation": resolve_attn_implementation(model_args, task),
         "trust_remote_code": model_args.trust_remote_code,
     }
     if finetuning_args.disable_dropout:

@@ -1,0 +1,61 @@
+"""Tiny random models of real architectures, built from transformers' own config classes: hidden 64, 2 layers, the
+default model's tokenizer, and a sliding window of WINDOW tokens (shorter than the test conversations) on every
+architecture that has one, with one sliding and one full layer where the architecture mixes them. The initializer's
+range is 0.2 (not 0.02): with near-zero weights every attention pattern gives the same outputs and a dropped window
+would not show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WINDOW = 16
+MIXED = ["sliding_attention", "full_attention"]
+# Per architecture: what its config needs beyond the common shape to have its distinctive attention.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {"sliding_window": WINDOW},
+    "qwen2": {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+    "qwen3": {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1},
+    "mixtral": {"sliding_window": WINDOW, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "gemma": {},
+    "gemma2": {"sliding_window": WINDOW, "layer_types": MIXED},
+    "gemma3_text": {"sliding_window": WINDOW, "layer_types": MIXED},
+    "phi3": {"sliding_window": WINDOW},
+    "olmo2": {},
+    "gpt_oss": {"sliding_window": WINDOW, "layer_types": MIXED, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "smollm3": {},
+    "granite": {},
+    "cohere2": {"sliding_window": WINDOW, "layer_types": MIXED, "logit_scale": 1.0},
+}
+
+
+def architecture_config(name: str, tokenizer: Any, **overrides: Any) -> Any:
+    """The config of a tiny `name` model (a key of transformers' CONFIG_MAPPING); KeyError if this transformers
+    lacks the architecture."""
+    from transformers import CONFIG_MAPPING
+
+    shape = {"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 1024,
+             "initializer_range": 0.2, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+             "pad_token_id": tokenizer.pad_token_id, "tie_word_embeddings": False}
+    return CONFIG_MAPPING[name](**shape, **ARCHITECTURES.get(name, {}), **overrides)
+
+
+def build_architecture(path: Path, name: str, tokenizer: Any, seed: int = 0, **overrides: Any) -> str:
+    """A tiny random `name` model saved in float32 with the tokenizer beside it, as a normal model folder."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = architecture_config(name, tokenizer, **overrides)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():  # some parameters start at zero or one in from_config (sinks, norms); random makes them count
+        for pname, param in model.named_parameters():
+            if pname.endswith("sinks"):
+                param.normal_(0, 1)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
