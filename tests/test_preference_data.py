@@ -3,12 +3,15 @@ through the SFT chat-template path, and truncation that keeps both replies."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
 
 import pytest
+import trl
 
+from tunesmith.constants import IGNORE_INDEX
 from tunesmith.data.dataset import build_sft_datasets, encode_items
 from tunesmith.data.formats import DataError, Row
 from tunesmith.data.preference import (
@@ -20,7 +23,7 @@ from tunesmith.data.preference import (
     load_pairs,
     pair_from_row,
 )
-from tunesmith.data.template import render_text
+from tunesmith.data.template import apply_chat_template_override, encode_examples, render_text
 from tunesmith.hparams import SFTDataArguments, TrainDataArguments
 
 USER_HI = {"role": "user", "content": "Hi"}
@@ -114,10 +117,11 @@ def test_load_pairs_reads_mixed_formats_and_reports_the_bad_line(tmp_path):
 
 def test_a_reply_is_rendered_by_the_chat_template_and_located(tokenizer):
     context = [USER_HI]
-    ids, start = encode_reply(tokenizer, context, GOOD)
+    ids, start, end = encode_reply(tokenizer, context, GOOD)
     assert ids == tokenizer(render_text(tokenizer, context + GOOD), add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids[:start]) == render_text(tokenizer, context, add_generation_prompt=True)
     assert tokenizer.decode(ids[start:]) == "Hello! How can I help?<|im_end|>\n"
+    assert tokenizer.decode(ids[start:end]) == "Hello! How can I help?<|im_end|>"  # not the newline after it
 
 
 LONG_CONTEXT = [
@@ -129,15 +133,14 @@ LONG_CONTEXT = [
 
 
 def _reply_tokens(tokenizer, context, reply):
-    ids, start = encode_reply(tokenizer, context, reply)
+    ids, start, _ = encode_reply(tokenizer, context, reply)
     return ids[start:]
 
 
 def test_long_context_loses_whole_early_turns_first_and_keeps_the_system_prompt(tokenizer):
-    full_c, _ = encode_reply(tokenizer, LONG_CONTEXT, GOOD)
+    full_c = encode_reply(tokenizer, LONG_CONTEXT, GOOD)[0]
     short_context = [LONG_CONTEXT[0], LONG_CONTEXT[3]]
-    short_c, _ = encode_reply(tokenizer, short_context, GOOD)
-    short_r, _ = encode_reply(tokenizer, short_context, BAD)
+    short_c, short_r = encode_reply(tokenizer, short_context, GOOD)[0], encode_reply(tokenizer, short_context, BAD)[0]
     enc = encode_pair(tokenizer, LONG_CONTEXT, GOOD, BAD, max_length=len(full_c) - 1)
     assert enc.truncated
     assert (enc.chosen_ids, enc.rejected_ids) == (short_c, short_r)
@@ -291,11 +294,8 @@ OPENAI_PREFERENCE = {
 def test_openai_preference_rows_work_in_every_stage(tokenizer, tmp_path):
     """OpenAI's preference fine-tuning rows: reward/DPO take the two outputs, SFT trains the preferred one,
     PPO the input as its prompt; the tools in `input` reach the template in all three."""
-    import copy
-
     from tunesmith.data.formats import conversation_from_row
     from tunesmith.data.prompts import encode_prompt_record, prompt_from_row
-    from tunesmith.data.template import apply_chat_template_override
 
     tokenizer = copy.deepcopy(tokenizer)
     apply_chat_template_override(tokenizer, "chatml_tools")  # SmolLM2's own template shows no tools
@@ -329,3 +329,67 @@ def test_a_preference_reply_with_weight_zero_is_refused():
     data = {"prompt": "Hi", "chosen": [{"role": "assistant", "content": "Hello!", "loss_weight": 0}], "rejected": "No."}
     with pytest.raises(DataError, match=r"field `chosen\[0\]`: a preference reply is what the pair compares"):
         pair_from_row(row(data))
+
+
+# --------------------------------------------------------------------------- where a reply ends
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+# Phi-3.5's and Phi-4-mini's tokenizers: the role and end markers are special tokens, eos is <|endoftext|>.
+PHI_SPECIAL = {"eos_token": "<|endoftext|>", "additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>",
+                                                                          "<|end|>"]}
+SYSTEM_2_PLUS_2 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+FOUR, FIVE = [{"role": "assistant", "content": "2+2 is 4."}], [{"role": "assistant", "content": "Five."}]
+
+
+def with_template(tokenizer, template: Path | None, special: dict | None = None):
+    tok = copy.deepcopy(tokenizer)
+    if template:
+        apply_chat_template_override(tok, str(template))
+    if special:
+        tok.add_special_tokens(special)
+    return tok
+
+
+def span_text(tok, ids: list[int], span: tuple[int, int]) -> str:
+    return tok.decode(ids[span[0]:span[1]])
+
+
+@pytest.mark.parametrize("template, closing", [("phi3_5.jinja", "<|end|>\n<|endoftext|>"),
+                                               ("phi4_mini.jinja", "<|end|><|endoftext|>")])
+def test_phi_replies_end_with_their_end_marker_not_the_closing_end_of_text(tokenizer, template, closing):
+    """Phi prints `{{ eos_token }}` once, after the last turn: DPO scores each reply up to its `<|end|>`, as SFT
+    trains it, while the reward model still reads the template's render whole, `<|endoftext|>` last, in
+    training and in scoring alike (one encode_pair serves both)."""
+    tok = with_template(tokenizer, TEMPLATES / template, PHI_SPECIAL)
+    enc = encode_pair(tok, SYSTEM_2_PLUS_2, FOUR, FIVE, max_length=None)
+    assert (span_text(tok, enc.chosen_ids, enc.chosen_span), span_text(tok, enc.rejected_ids, enc.rejected_span)) == (
+        "2+2 is 4.<|end|>", "Five.<|end|>")
+    assert enc.chosen_ids == tok(render_text(tok, SYSTEM_2_PLUS_2 + FOUR), add_special_tokens=False)["input_ids"]
+    assert tok.decode(enc.chosen_ids).endswith("2+2 is 4." + closing)
+    assert enc.chosen_ids[-1] == enc.rejected_ids[-1] == tok.eos_token_id
+    # A context cut from the left keeps the same spans, shifted.
+    cut = encode_pair(tok, SYSTEM_2_PLUS_2, FOUR, FIVE, max_length=len(enc.chosen_ids) - 3)
+    assert cut.truncated and len(cut.chosen_ids) == len(enc.chosen_ids) - 3
+    assert (span_text(tok, cut.chosen_ids, cut.chosen_span), span_text(tok, cut.rejected_ids, cut.rejected_span)) == (
+        "2+2 is 4.<|end|>", "Five.<|end|>")
+
+
+@pytest.mark.parametrize("template, special, reply", [
+    (None, None, "2+2 is 4.<|im_end|>"),  # SmolLM2's own template (ChatML)
+    ("llama3", None, "2+2 is 4.<|eot_id|>"),
+    ("qwen2_5", None, "2+2 is 4.<|im_end|>"),
+    ("gemma3", None, "2+2 is 4.<end_of_turn>"),
+    ("gemma4.jinja", None, "2+2 is 4.<turn|>"),
+    ("phi3_5.jinja", PHI_SPECIAL, "2+2 is 4.<|end|>"),
+    ("phi4_mini.jinja", PHI_SPECIAL, "2+2 is 4.<|end|>"),
+])
+def test_a_reply_span_is_what_sft_trains_of_the_same_reply(tokenizer, template, special, reply):
+    """One rule for where a reply ends: a pair's chosen span is the tokens SFT trains of the same conversation."""
+    path = template and (TEMPLATES / template if template.endswith(".jinja") else TRL_TEMPLATES / f"{template}.jinja")
+    tok = with_template(tokenizer, path, special)
+    enc = encode_pair(tok, SYSTEM_2_PLUS_2, FOUR, FIVE, max_length=None)
+    (sft,), _ = encode_examples(tok, SYSTEM_2_PLUS_2 + FOUR, train_on="last_assistant")
+    assert sft.input_ids == enc.chosen_ids
+    assert [k for k, label in enumerate(sft.labels) if label != IGNORE_INDEX] == list(range(*enc.chosen_span))
+    assert span_text(tok, enc.chosen_ids, enc.chosen_span) == reply

@@ -10,9 +10,12 @@ Row formats, detected per row (a file may mix them); each may carry a numeric `m
 A reply is a string, one `{from, value}` / `{role, content}` message, or a list of messages.
 
 A pair becomes two token sequences, context + chosen and context + rejected, rendered by
-template.render_text exactly as SFT renders a conversation. Too-long pairs keep both replies
-whole: the shared context loses whole early turns first (a leading system message stays), then
-its oldest tokens; a pair whose replies cannot fit is dropped and counted."""
+template.render_text exactly as SFT renders a conversation. The reward model reads each sequence
+whole, as the template renders it (as trl's RewardTrainer does), in training, `tunesmith score` and
+PPO alike; DPO scores each reply's span, which ends with its end-of-turn marker as an SFT reply does
+(not with Phi's closing `<|endoftext|>`). Too-long pairs keep both replies whole: the shared context
+loses whole early turns first (a leading system message stays), then its oldest tokens; a pair whose
+replies cannot fit is dropped and counted."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from .formats import (
     sharegpt_messages,
 )
 from .hh import DAHOAS, hh_kind, hh_pair
-from .template import common_prefix_length, render_text
+from .template import closing_text_start, common_prefix_length, render_text
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
 # OpenAI's preference fine-tuning rows: the context in `input`, the two replies in these.
@@ -149,23 +152,30 @@ def load_pairs(paths: Sequence[str], max_samples: int | None = None) -> list[Pre
 
 
 def encode_reply(tokenizer: Any, context: list[Message], reply: list[Message],
-                 tools: list[dict] | None = None) -> tuple[list[int], int]:
-    """Token ids of the template render of context + reply, and the index of the first token of the
-    reply's own text: where the render parts from the generation prompt (which may open a block,
-    e.g. `<think>`, that the rendered reply lacks), as SFT locates replies."""
+                 tools: list[dict] | None = None) -> tuple[list[int], int, int]:
+    """Token ids of the template render of context + reply, and [start, end) of the reply's tokens, located
+    as SFT locates a conversation's last reply. It starts where the render parts from the generation prompt
+    (which may open a block, e.g. `<think>`, that the rendered reply lacks) and ends with its end-of-turn
+    marker: not the newline some templates render after it, nor text the template prints once after the
+    whole conversation (Phi's `<|endoftext|>`, template.closing_text_start). The ids keep both: the
+    reward model reads the template's render whole."""
     prompt = render_text(tokenizer, context, add_generation_prompt=True, tools=tools)
     full = render_text(tokenizer, context + reply, tools=tools)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    parted = common_prefix_length(prompt, full)
-    start = next((k for k, (_, e) in enumerate(offsets) if e > parted), len(ids))
+
+    def token_at(char: int) -> int:  # the first token that ends after `char`: the one holding it, or the next
+        return next((k for k, (_, e) in enumerate(offsets) if e > char), len(ids))
+
+    start = token_at(common_prefix_length(prompt, full))
     if start == len(ids):
         raise TemplateError("check `reply located` failed: the reply renders no text after its generation prompt")
-    return ids, start
+    closing = token_at(closing_text_start(tokenizer, context + reply, full, tools))
+    return ids, start, reply_end(tokenizer, ids[:closing])
 
 
 def reply_end(tokenizer: Any, ids: list[int]) -> int:
-    """The index just past the reply's last token that is not whitespace: its end-of-turn marker
+    """The index just past the last token of `ids` that is not whitespace: the reply's end-of-turn marker
     (`<|im_end|>`), not the newline some templates render after it, which generation never produces."""
     end = len(ids)
     while end > 1 and not tokenizer.decode(ids[end - 1:end]).strip():
@@ -199,18 +209,16 @@ def encode_pair(
     starts = [i for i, m in enumerate(context) if m["role"] == USER] if max_length is not None else [len(system)]
     for k, i in enumerate(starts):
         kept = system + context[i:]
-        (c_ids, c_start), (r_ids, r_start) = (encode_reply(tokenizer, kept, chosen, tools),
-                                              encode_reply(tokenizer, kept, rejected, tools))
+        (c_ids, c_start, c_end), (r_ids, r_start, r_end) = (encode_reply(tokenizer, kept, chosen, tools),
+                                                            encode_reply(tokenizer, kept, rejected, tools))
         if max_length is None or max(len(c_ids), len(r_ids)) <= max_length:
-            return EncodedPair(c_ids, r_ids, k > 0, (c_start, reply_end(tokenizer, c_ids)),
-                               (r_start, reply_end(tokenizer, r_ids)))
+            return EncodedPair(c_ids, r_ids, k > 0, (c_start, c_end), (r_start, r_end))
     # The last user turn alone is too long: keep its end, the same number of tokens on both sides.
     budget = max_length - max(len(c_ids) - c_start, len(r_ids) - r_start)
     if budget < 1:
         return None
     (c_kept, c_cut), (r_kept, r_cut) = _left_cut(c_ids, c_start, budget), _left_cut(r_ids, r_start, budget)
-    return EncodedPair(c_kept, r_kept, True, (c_start - c_cut, reply_end(tokenizer, c_kept)),
-                       (r_start - r_cut, reply_end(tokenizer, r_kept)))
+    return EncodedPair(c_kept, r_kept, True, (c_start - c_cut, c_end - c_cut), (r_start - r_cut, r_end - r_cut))
 
 
 def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> ItemEncoding | None:
@@ -230,8 +238,9 @@ def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | N
 
 PREFERENCE_PAIRS = DataKind(
     name="preference",
-    version="5",  # 3: the reply spans; 4: a `prompt` in HH form is read as its turns (hh.py); 5: OpenAI's
-    # preference rows, and a reply right after the system prompt in a context
+    version="6",  # 3: the reply spans; 4: a `prompt` in HH form is read as its turns (hh.py); 5: OpenAI's
+    # preference rows, and a reply right after the system prompt in a context; 6: a reply's span ends before
+    # text the template prints once after the whole conversation (Phi's end-of-text)
     from_row=pair_from_row,
     settings=lambda data_args: {"max_length": data_args.max_seq_length},
     encode_one=encode_pair_record,

@@ -18,7 +18,7 @@ last, ends with its own end-of-turn marker. Phi-3.5 and Phi-4-mini print `{{ eos
 the last turn: their replies train `...<|end|>`, never the `<|endoftext|>` that follows the last one.
 For an earlier reply that text shows where `render(messages[:i + 1])` parts from the whole render; for
 the last, by rendering one more turn: what the conversation's render has after the point where the two
-part, and the longer render ends with too, is closing text (see `_closing_text_start`).
+part, and the longer render ends with too, is closing text (see `closing_text_start`).
 
 A template that renders an earlier reply differently once more turns follow (Qwen3 drops the
 `<think>` block of earlier replies) is handled: where the reply itself changes, the conversation is
@@ -236,7 +236,7 @@ def _reply_start(tokenizer: Any, messages: list[Message], i: int, prompt: str, u
 PROBE_TURN = "tunesmith probe turn"
 
 
-def _closing_text_start(tokenizer: Any, messages: list[Message], full: str, tools: list[dict] | None) -> int:
+def closing_text_start(tokenizer: Any, messages: list[Message], full: str, tools: list[dict] | None) -> int:
     """Where the text the template prints once after the whole conversation (Phi's `{{ eos_token }}`)
     begins in `full`, its render; len(full) where there is none. Found by rendering one more turn: what
     `full` has after the point where the two renders part is closing text when the longer render ends
@@ -263,7 +263,7 @@ def _reply_spans(tokenizer: Any, messages: list[Message], indices: list[int], fu
     for i in indices:
         prompt = render_text(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
         if i == len(messages) - 1:
-            upto, parted = full, _closing_text_start(tokenizer, messages, full, tools)
+            upto, parted = full, closing_text_start(tokenizer, messages, full, tools)
         else:
             # What the render of messages[:i + 1] has where `full` goes on (Phi's end-of-text) is no reply text.
             upto = render_text(tokenizer, messages[: i + 1], tools=tools)
