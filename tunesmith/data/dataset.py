@@ -250,7 +250,7 @@ def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_s
 
 SFT_CONVERSATIONS = DataKind(
     name="sft",
-    version="3",  # 3: a reply after the system prompt trains; OpenAI preference rows; weight 0 under train_on all
+    version="4",  # 4: closing text (Phi) trains in no reply; 3: a reply after the system prompt trains; OpenAI preference rows; weight 0 under train_on all
     from_row=conversation_from_row,
     settings=lambda data_args: {"max_seq_length": data_args.max_seq_length, "train_on": data_args.train_on,
                                 "truncation": data_args.truncation, "multi_turn": data_args.multi_turn},
