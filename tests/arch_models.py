@@ -59,3 +59,32 @@ def build_architecture(path: Path, name: str, tokenizer: Any, seed: int = 0, **o
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def packed_vs_eager(name: str, tokenizer: Any, device: str, dtype: torch.dtype,
+                    lengths: tuple[int, ...] = (23, 40, 9, 31)) -> tuple[float, float, str]:
+    """(max |logit difference| between a packed row of examples of these lengths through tunesmith's packed
+    attention in `dtype` and each example alone through transformers' eager attention in float32, the largest
+    |logit|, the packed implementation used). Forward only, no training: the kernel on its own."""
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.models.attention import use_varlen_attention
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(architecture_config(name, tokenizer), attn_implementation="eager",
+                                             dtype=torch.float32).to(device).eval()
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if pname.endswith("sinks"):
+                param.normal_(0, 1)
+    generator = torch.Generator().manual_seed(1)
+    examples = [torch.randint(100, len(tokenizer) - 100, (n,), generator=generator).to(device) for n in lengths]
+    with torch.no_grad():
+        reference = torch.cat([model(input_ids=e[None]).logits[0] for e in examples])
+        model.to(dtype).set_attn_implementation("sdpa" if model._supports_sdpa else "eager")
+        implementation = use_varlen_attention(model)
+        bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        packed = model(input_ids=torch.cat(examples)[None], use_cache=False, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
+                       max_length_q=max(lengths), max_length_k=max(lengths),
+                       position_ids=torch.cat([torch.arange(n, device=device) for n in lengths])[None]).logits[0]
+    return float((packed.float() - reference).abs().max()), float(reference.abs().max()), implementation

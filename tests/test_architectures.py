@@ -202,5 +202,17 @@ def test_auto_attention_takes_what_the_model_supports(tokenizer):
     assert choose_attn_implementation("auto", llama) == "sdpa"
     assert choose_attn_implementation("auto", llama, flash_installed=True) == "flash_attention_2"
     assert choose_attn_implementation("auto", gemma2, task="reward") == "eager"
+    # flash-attn 2 has no attention sinks: transformers would drop gpt-oss's
+    assert choose_attn_implementation("auto", architecture_config("gpt_oss", tokenizer), flash_installed=True) == "eager"
     with pytest.raises(ConfigError, match=r"^--attn_implementation sdpa: gemma2 models do not support it; use eager"):
         choose_attn_implementation("sdpa", gemma2)
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "gpt_oss", "gemma3_text"])
+def test_packed_logits_equal_eager_per_example_forward_only(name, tokenizer):
+    """The kernel alone, as the gpu twin (tests/test_gpu.py) runs it on CUDA in bf16: here CPU, float32."""
+    from arch_models import packed_vs_eager
+
+    difference, largest, implementation = packed_vs_eager(name, tokenizer, "cpu", torch.float32)
+    assert implementation.endswith("_varlen") and largest > 2
+    assert difference < 1e-4

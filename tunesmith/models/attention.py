@@ -253,8 +253,11 @@ def supported_attn_implementations(config: Any, task: str = "causal_lm") -> list
     model_class = auto._model_mapping.get(type(config), None) if type(config) in auto._model_mapping else None
     if model_class is None:
         return None
-    return ["eager"] + (["sdpa"] if model_class._supports_sdpa else []) + (
-        ["flash_attention_2"] if getattr(model_class, "_supports_flash_attn", False) else [])
+    # gpt-oss lists the flash kernels that implement its sinks; flash-attn 2 is not one (transformers would drop them)
+    compatible = getattr(model_class, "_compatible_flash_implementations", None)
+    flash = getattr(model_class, "_supports_flash_attn", False) and (compatible is None
+                                                                     or "flash_attention_2" in compatible)
+    return ["eager"] + (["sdpa"] if model_class._supports_sdpa else []) + (["flash_attention_2"] if flash else [])
 
 
 def choose_attn_implementation(requested: str, config: Any, task: str = "causal_lm",
