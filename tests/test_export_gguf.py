@@ -1,18 +1,25 @@
 """GGUF export: the file read back with transformers' GGUF loader gives the source's logits (f32 exactly,
 f16 and q8_0 within their bounds), the same token ids and the training chat template; an adapter is
 merged first; a Modelfile with the ChatML template, default system prompt and stop token goes beside
-it; other architectures and tokenizers are refused by name; a refused export leaves nothing behind."""
+it; other architectures and tokenizers are refused by name, Qwen's NFC tokenizers written as llama.cpp's
+qwen2, a sliding window llama.cpp would not apply refused by name unless dropped; a file that could not be
+checked says so in one line (an error with --require_llama_cpp_check); a refused export leaves nothing behind."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
+import sys
+from pathlib import Path
 
 import gguf
 import pytest
 import torch
+import transformers
+import trl
 from peft import PeftModel
 from test_cli_errors import assert_one_line_error, cli
 from test_merge import _make_adapter
@@ -23,15 +30,64 @@ from tunesmith.errors import ConfigError, PathError
 from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments, parse_run
 from tunesmith.models.gguf_arch import architecture
 from tunesmith.models.gguf_export import ExportError, RoundTrip, write_gguf
-from tunesmith.models.gguf_vocab import pre_tokenizer_name
+from tunesmith.models.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_name
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.models.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
-from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _refusal
+from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _log_coverage, _refusal
+from tunesmith.recipes.export import main as export_main
 from tunesmith.recipes.export import run as export
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 2048, "tie_word_embeddings": True}
 
 
 def _field(reader: gguf.GGUFReader, key: str):
     return reader.fields[key].contents()
+
+
+def build_qwen_tokenizer(tokenizer, template: str):
+    """A tokenizer as transformers 5 builds every Qwen2, Qwen2.5 and Qwen3 one: its Qwen2Tokenizer class (the
+    NFC normalizer, Qwen2's split regex, byte-level BPE), Qwen's special tokens and added tokens, and the
+    official chat template (`template`: qwen2_5 or qwen3, TRL's byte-identical copies), over the default
+    model's byte-level vocabulary and merges (`tokenizer`): Qwen's own 151k-token vocabulary, a 7 MB
+    tokenizer.json, cannot be downloaded here."""
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    bpe = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    qwen = Qwen2Tokenizer(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]], unk_token=None,
+                          eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    qwen.add_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
+    qwen.add_tokens([AddedToken(t, special=False, normalized=False)
+                     for t in ("<tool_call>", "</tool_call>", "<think>", "</think>")])
+    qwen.chat_template = (Path(trl.__file__).parent / "chat_templates" / f"{template}.jinja").read_text()
+    return qwen
+
+
+def small_bpe_tokenizer():
+    """A byte-level BPE tokenizer (GPT-2's split) of 400 tokens with ChatML's special tokens and template, trained
+    here on the check conversations: transformers' GGUF loader reads a file with it back in a second or two,
+    where the default model's 49k tokens take it about 15 s."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([m["content"] for c in CHECK_CONVERSATIONS for m in c], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()
+    return fast
+
+
+def tiny_causal_lm(config_class: str, model_class: str, tokenizer, seed: int = 0, **extra):
+    config = getattr(transformers, config_class)(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                                 eos_token_id=tokenizer.eos_token_id,
+                                                 pad_token_id=tokenizer.pad_token_id, **{**TINY, **extra})
+    torch.manual_seed(seed)
+    return getattr(transformers, model_class)(config).eval()
 
 
 def test_f32_round_trip_is_exact_with_tokenizer_template_and_modelfile(tiny_model_dir, tokenizer, tmp_path):
@@ -170,6 +226,144 @@ def test_tokenizers_llama_cpp_would_split_differently_are_refused_by_name():
         pre_tokenizer_name({"model": {"type": "BPE", "byte_fallback": True}, "pre_tokenizer": None})
     spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
     assert pre_tokenizer_name({"model": {"type": "BPE", "byte_fallback": True}, "normalizer": spaces}) == "spm"
+    # NFC, which llama.cpp neither applies nor needs named (Qwen's), passes; a normalizer that changes text
+    # llama.cpp would then see unchanged does not.
+    qwen2 = {"model": bpe, "pre_tokenizer": {"type": "Sequence", "pretokenizers": PRE_TOKENIZERS["qwen2"][0]}}
+    assert pre_tokenizer_name({**qwen2, "normalizer": {"type": "NFC"}}) == "qwen2"
+    with pytest.raises(ConfigError, match=r"this one is BPE and a Sequence\[NFKC, Lowercase\] normalizer, which"):
+        pre_tokenizer_name({**qwen2, "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"},
+                                                                                       {"type": "Lowercase"}]}})
+
+
+def test_qwen_tokenizers_with_their_nfc_normalizer_are_written_as_llama_cpps_qwen2(tokenizer, tmp_path):
+    """transformers 5's Qwen2Tokenizer (every Qwen2/2.5/3 model's) puts NFC first: written as llama.cpp's
+    converter writes it, with the qwen2 pre-tokenizer, Qwen's tokens and its official template (Qwen2's
+    architecture and template too in test_export_llama_cpp.py, checked in llama.cpp)."""
+    qwen = build_qwen_tokenizer(tokenizer, "qwen3")
+    assert json.loads(qwen.backend_tokenizer.to_str())["normalizer"] == {"type": "NFC"}
+    model = tiny_causal_lm("Qwen3Config", "Qwen3ForCausalLM", qwen)
+    path = tmp_path / "qwen.gguf"
+    write_gguf(model, qwen, str(path), "f32", "qwen3")
+    reader = gguf.GGUFReader(path)
+    assert _field(reader, "general.architecture") == "qwen3"
+    assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "qwen2"
+    assert _field(reader, "tokenizer.ggml.pretokenizer") == PRE_TOKENIZERS["qwen2"][1]  # Ollama's split
+    assert _field(reader, "tokenizer.chat_template") == qwen.chat_template
+    tokens, types = _field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.token_type")
+    assert types[tokens.index("<|im_end|>")] == gguf.TokenType.CONTROL
+    assert types[tokens.index("<think>")] == gguf.TokenType.USER_DEFINED  # an added token, not a special one
+    assert _field(reader, "tokenizer.ggml.eos_token_id") == tokens.index("<|im_end|>")
+    assert _field(reader, "tokenizer.ggml.add_bos_token") is False and "tokenizer.ggml.bos_token_id" not in reader.fields
+
+
+def _window_models(tokenizer) -> dict:
+    """case: (model, the window refusal's words, or None where the model is written as it is)."""
+    def mistral(**kw):
+        return tiny_causal_lm("MistralConfig", "MistralForCausalLM", tokenizer, **kw)
+
+    def qwen2(**kw):
+        return tiny_causal_lm("Qwen2Config", "Qwen2ForCausalLM", tokenizer, **kw)
+
+    return {
+        "mistral window 8": (mistral(sliding_window=8), "MistralForCausalLM has sliding_window 8 on 2 of 2 layers "
+                             "(config.json), shorter than its max_position_embeddings 2048, and llama.cpp's llama "
+                             "architecture, which it is written as, has no sliding window: pass --drop_sliding_window"),
+        "mistral without": (mistral(sliding_window=None), None),
+        "mistral window = context": (mistral(sliding_window=2048), None),  # masks nothing
+        "qwen2 sliding layers": (qwen2(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+                                 "Qwen2ForCausalLM has sliding_window 8 on 1 of 2 layers"),
+        "qwen2 use_sliding_window, no layer past max_window_layers": (
+            qwen2(use_sliding_window=True, sliding_window=8, max_window_layers=2), None),
+    }
+
+
+def test_a_sliding_window_llama_cpp_would_not_apply_is_refused_by_name_unless_dropped(tokenizer):
+    for case, (model, refusal) in _window_models(tokenizer).items():
+        if refusal is None:
+            assert architecture(model).name in ("llama", "qwen2"), case
+            continue
+        with pytest.raises(ConfigError, match=re.escape(refusal)):
+            architecture(model)
+        assert architecture(model, drop_sliding_window=True).name in ("llama", "qwen2"), case
+
+
+def test_gemma_windows_are_written_per_layer(tmp_path):
+    tokenizer = small_bpe_tokenizer()
+    model = tiny_causal_lm("Gemma3TextConfig", "Gemma3ForCausalLM", tokenizer, num_hidden_layers=3, head_dim=16,
+                           query_pre_attn_scalar=16, sliding_window=8,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    write_gguf(model, tokenizer, str(tmp_path / "g.gguf"), "f16", "g")
+    reader = gguf.GGUFReader(tmp_path / "g.gguf")
+    assert _field(reader, "gemma3.attention.sliding_window") == 8
+    assert _field(reader, "gemma3.attention.sliding_window_pattern") == [True, False, True]
+
+
+def test_a_dropped_window_is_written_as_llama_cpp_reads_it_and_said_once(tmp_path, capsys, caplog, monkeypatch):
+    # transformers' read-back decides here; llama.cpp's view: test_export_llama_cpp.py, past the window
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    tokenizer = small_bpe_tokenizer()
+    folder = tmp_path / "tiny"  # a llama file named "mistral" transformers' GGUF loader reads as mistral, and fails
+    tiny_causal_lm("MistralConfig", "MistralForCausalLM", tokenizer, sliding_window=512).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    argv = ["--model_name_or_path", str(folder), "--output_file", str(tmp_path / "m.gguf"), "--dtype", "f32"]
+    with pytest.raises(SystemExit) as stopped:
+        export_main(argv)
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("tunesmith: config error: export_gguf: MistralForCausalLM has sliding_window 512 on "
+                                "2 of 2 layers")
+    assert not (tmp_path / "m.gguf").exists()
+
+    # The check's conversations are shorter than the window, where attention is the model's.
+    result = export([*argv, "--drop_sliding_window"])
+    assert result.round_trip.max_abs_diff == 0
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert _field(reader, "general.architecture") == "llama" and "llama.attention.sliding_window" not in reader.fields
+    dropped = [r.getMessage() for r in caplog.records if "sliding window" in r.getMessage()]
+    assert dropped == ["written without its sliding window of 512 tokens (--drop_sliding_window): llama.cpp's llama "
+                       "attends to the whole context, so answers match the model's only for contexts up to 512 tokens"]
+
+
+def test_what_was_not_checked_is_one_line(caplog):
+    hint = "(bash scripts/setup.sh --with-llama-cpp; --require_llama_cpp_check makes this an error)"
+    cases = {("", False): f"checked with transformers' GGUF loader only, not in llama.cpp: llama-cpp-python is not "
+                          f"installed {hint}",
+             ("it does not rebuild gemma2 with every setting in the file", False):
+                 "NOT CHECKED: not read back with transformers' GGUF loader (it does not rebuild gemma2 with every "
+                 f"setting in the file), and not in llama.cpp: llama-cpp-python is not installed {hint}",
+             ("it does not rebuild gemma2 with every setting in the file", True):
+                 "checked in llama.cpp only: not read back with transformers' GGUF loader (it does not rebuild gemma2 "
+                 "with every setting in the file)",
+             ("", True): None}  # both checks ran: nothing to say
+    for (why, in_llama_cpp), message in cases.items():
+        caplog.clear()
+        _log_coverage(why, in_llama_cpp)
+        assert [r.getMessage() for r in caplog.records] == ([message] if message else [])
+
+
+def test_a_gemma_file_without_llama_cpp_is_written_with_one_not_checked_line(tokenizer, tmp_path, monkeypatch,
+                                                                             capsys, caplog):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as where llama-cpp-python is not installed
+    folder = tmp_path / "gemma"
+    tiny_causal_lm("Gemma3TextConfig", "Gemma3ForCausalLM", tokenizer, head_dim=16, query_pre_attn_scalar=16,
+                   sliding_window=8).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with caplog.at_level(logging.WARNING):
+        result = export(["--model_name_or_path", str(folder), "--output_file", str(tmp_path / "g.gguf")])
+    assert result.round_trip is None and result.llama_cpp is None
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "check" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("NOT CHECKED: not read back with transformers' GGUF loader (it "
+                                                 "does not rebuild gemma3"), said
+    assert "NOT CHECKED (see the warning above)" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit) as stopped:
+        export_main(["--model_name_or_path", str(folder), "--output_file", str(tmp_path / "r.gguf"),
+                     "--require_llama_cpp_check"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "tunesmith: config error: --require_llama_cpp_check: llama-cpp-python is not installed, so the GGUF cannot "
+        "be checked in llama.cpp: run `bash scripts/setup.sh --with-llama-cpp`, or leave out the flag.")
+    assert sorted(os.listdir(tmp_path)) == ["g.Modelfile", "g.gguf", "gemma"]
 
 
 def test_a_sentencepiece_style_vocabulary_is_written_as_llama_cpps_llama_tokenizer(tmp_path):

@@ -1,10 +1,14 @@
 """GGUF files in real llama.cpp (llama-cpp-python, `bash scripts/setup.sh --with-llama-cpp`; skipped with the
 reason where it is not installed): tiny random models of each exported architecture, built from their
-config classes around the real SmolLM2 tokenizer, give transformers' logits in llama.cpp; the export's
-own llama.cpp check passes (tokens with special tokens parsed, CJK and emoji, the chat template, greedy
-continuations) and catches a wrong pre-tokenizer; k-quants come from llama.cpp's quantizer."""
+config classes around the real SmolLM2 tokenizer (Qwen2 and Qwen3 around transformers' Qwen2Tokenizer, as
+every real Qwen model's is built), give transformers' logits in llama.cpp; every pre-tokenizer the writer
+names splits text as transformers does; the export's own llama.cpp check passes (tokens with special tokens
+parsed, CJK and emoji, the chat template, greedy continuations) and catches a wrong pre-tokenizer; a
+dropped sliding window shows past the window; k-quants come from llama.cpp's quantizer."""
 
 from __future__ import annotations
+
+import json
 
 import gguf
 import numpy as np
@@ -12,6 +16,7 @@ import pytest
 import torch
 import transformers
 from conftest import build_spm_tokenizer, build_tiny_model_dir
+from test_export_gguf import build_qwen_tokenizer
 from test_merge import _make_adapter
 
 from tunesmith.models.gguf_arch import ARCHITECTURES
@@ -21,11 +26,13 @@ from tunesmith.recipes.export import run as export
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bash scripts/setup.sh "
                                 "--with-llama-cpp builds it once)")
 from tunesmith.models.gguf_llama_cpp import TOKEN_SAMPLES, load  # noqa: E402
+from tunesmith.models.gguf_vocab import PRE_TOKENIZERS  # noqa: E402
 
 _TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 2048, "tie_word_embeddings": True}
 # HF config class, model class, what differs from the llama default; gemma's window (8) is shorter than the
-# prompt, so its sliding layers are exercised.
+# prompt, so its sliding layers are exercised. Mistral without a window, as v0.2 and later ship (llama.cpp's
+# llama has none; a window is refused, or dropped: test_a_dropped_window_shows_past_the_window).
 ARCH_CONFIGS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
@@ -37,13 +44,22 @@ ARCH_CONFIGS = {
 }
 
 
-def tiny_model(name: str, tokenizer, seed: int = 0):
+# Qwen2/Qwen3 models come with transformers' Qwen2Tokenizer (its NFC normalizer and Qwen's split) and their
+# official templates; the others with SmolLM2's tokenizer.
+QWEN_TEMPLATES = {"qwen2": "qwen2_5", "qwen3": "qwen3"}
+
+
+def tiny_model(name: str, tokenizer, seed: int = 0, **overrides):
     config_class, model_class, extra = ARCH_CONFIGS[name]
     config = getattr(transformers, config_class)(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                                                  eos_token_id=tokenizer.eos_token_id,
-                                                 pad_token_id=tokenizer.pad_token_id, **_TINY, **extra)
+                                                 pad_token_id=tokenizer.pad_token_id, **{**_TINY, **extra, **overrides})
     torch.manual_seed(seed)
     return getattr(transformers, model_class)(config).eval()
+
+
+def tokenizer_for(name: str, tokenizer):
+    return build_qwen_tokenizer(tokenizer, QWEN_TEMPLATES[name]) if name in QWEN_TEMPLATES else tokenizer
 
 
 def test_every_architecture_is_tested_here():
@@ -52,6 +68,7 @@ def test_every_architecture_is_tested_here():
 
 @pytest.mark.parametrize("name", list(ARCH_CONFIGS))
 def test_each_architecture_gives_transformers_logits_in_llama_cpp(name, tokenizer, tmp_path):
+    tokenizer = tokenizer_for(name, tokenizer)
     model = tiny_model(name, tokenizer)
     path = str(tmp_path / f"{name}.gguf")
     write_gguf(model, tokenizer, path, "f32", name)
@@ -74,6 +91,78 @@ def test_each_architecture_gives_transformers_logits_in_llama_cpp(name, tokenize
     # offset or window moves logits by a sizable fraction of it.
     assert (got - want).abs().max() <= 5e-3 * want.abs().max(), (got - want).abs().max()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("name", list(QWEN_TEMPLATES))
+def test_qwen_models_export_and_verify_in_llama_cpp(name, tokenizer, tmp_path):
+    """The bug users hit: every real Qwen2/Qwen3 tokenizer (NFC first) was refused. Exported as llama.cpp's
+    converter writes it (pre-tokenizer qwen2, the normalizer left out: llama.cpp applies none) and checked
+    there: tokens of the conversations and samples, the official template, greedy continuations."""
+    qwen = tokenizer_for(name, tokenizer)
+    folder = tmp_path / name
+    tiny_model(name, qwen).save_pretrained(folder)
+    qwen.save_pretrained(folder)
+    out = tmp_path / f"{name}.gguf"
+    result = export(["--model_name_or_path", str(folder), "--output_file", str(out), "--dtype", "f16",
+                     "--require_llama_cpp_check"])
+    assert gguf.GGUFReader(out).fields["tokenizer.ggml.pre"].contents() == "qwen2"
+    check = result.llama_cpp
+    assert check.token_mismatch is None and check.template_equal
+    assert check.greedy_steps == 4 * 16 and check.decisive_disagreements == 0
+
+
+@pytest.mark.parametrize("pre", list(PRE_TOKENIZERS))
+def test_every_pre_tokenizer_the_writer_names_splits_in_llama_cpp_as_in_transformers(pre, tokenizer, tmp_path,
+                                                                                     monkeypatch):
+    """Each tokenizer.json shape export_gguf translates (SmolLM2's vocabulary behind each pre-tokenizer, NFC
+    first as Qwen's), written with llama.cpp's name for it, tokenizes the samples (llama.cpp's own probe,
+    CJK, emoji, digit runs, code) and a chat as transformers does. The names come from the shapes alone here:
+    with this vocabulary, which merges no digits, the gpt-2 shape's ids hash as SmolLM2's ("smollm")."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from tunesmith.models import gguf_vocab
+
+    monkeypatch.setattr(gguf_vocab, "KNOWN_HASHES", {})
+
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())
+    steps = [{"trim_offsets": True, **step} if step["type"] == "ByteLevel" else step for step in PRE_TOKENIZERS[pre][0]]
+    backend["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": steps}
+    backend["normalizer"] = {"type": "NFC"} if pre == "qwen2" else None
+    shaped = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(backend)),
+                                     eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                     additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    shaped.chat_template = tokenizer.chat_template
+    path = str(tmp_path / f"{pre}.gguf")
+    write_gguf(tiny_model("llama", shaped), shaped, path, "f32", pre)
+    assert gguf.GGUFReader(path).fields["tokenizer.ggml.pre"].contents() == pre
+    chat = shaped.apply_chat_template([{"role": "user", "content": "x=1; y = 22 + 333 - 4444"}], tokenize=False)
+    llm = load(path, n_ctx=512)
+    try:
+        for text in [chat, *TOKEN_SAMPLES]:
+            assert llm.tokenize(text.encode(), add_bos=False, special=True) == shaped(text)["input_ids"], text[:40]
+    finally:
+        llm.close()
+
+
+def test_a_dropped_window_shows_past_the_window(tokenizer, tmp_path):
+    """Why a Mistral window is refused: llama.cpp's llama attends to the whole context, so the file written
+    with --drop_sliding_window matches transformers up to the window and no further."""
+    model = tiny_model("mistral", tokenizer, sliding_window=8)
+    path = str(tmp_path / "m.gguf")
+    write_gguf(model, tokenizer, path, "f32", "m", drop_sliding_window=True)
+    ids = tokenizer("The quick brown fox jumps over the lazy dog, then runs far away.")["input_ids"]
+    assert len(ids) >= 12
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([ids])).logits[0]
+    llm = load(path, n_ctx=64)
+    try:
+        llm.eval(ids)
+        got = torch.from_numpy(np.array(llm.scores[: len(ids)], dtype=np.float32))
+    finally:
+        llm.close()
+    diff = (got - want).abs().amax(-1) / want.abs().max()
+    assert diff[:8].max() <= 5e-3 and diff[8:].min() > 5e-2, diff
 
 
 @pytest.mark.parametrize("name, add_prefix", [("gemma2", False), ("llama", True)], ids=["gemma-style", "llama2-style"])

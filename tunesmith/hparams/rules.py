@@ -576,6 +576,10 @@ RULES: list[Rule] = [
          lambda a: a.model.dtype in GGUF_K_QUANTS and importlib.util.find_spec("llama_cpp") is None,
          "--dtype {model.dtype} is made by llama.cpp's quantizer, and llama-cpp-python is not installed: run "
          "`bash scripts/setup.sh --with-llama-cpp`, or choose f32, f16, bf16 or q8_0."),
+    Rule("export_llama_cpp_check", ("export",),
+         lambda a: a.export.require_llama_cpp_check and importlib.util.find_spec("llama_cpp") is None,
+         "--require_llama_cpp_check: llama-cpp-python is not installed, so the GGUF cannot be checked in llama.cpp: "
+         "run `bash scripts/setup.sh --with-llama-cpp`, or leave out the flag."),
     Rule("export_tolerance", ("export",),
          lambda a: a.export.max_relative_logit_diff is not None and not a.export.max_relative_logit_diff >= 0,
          "--max_relative_logit_diff must be >= 0 (got {export.max_relative_logit_diff}); leave it out for the "

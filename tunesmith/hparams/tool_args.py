@@ -88,6 +88,20 @@ class ExportArguments:
                   "source's largest |logit|; above it the export is refused and no file is left. Default: "
                   + ", ".join(f"{v:g} ({k})" for k, v in EXPORT_RELATIVE_TOLERANCES.items()) + "."},
     )
+    require_llama_cpp_check: bool = field(
+        default=False,
+        metadata={"help": "Stop (exit status 2, before loading) where the GGUF cannot be checked in llama.cpp because "
+                  "llama-cpp-python is not installed (bash scripts/setup.sh --with-llama-cpp), instead of writing it "
+                  "checked with transformers' GGUF loader only, or, for Gemma 2/3 and --adapter_only, not at all."},
+    )
+    drop_sliding_window: bool = field(
+        default=False,
+        metadata={"help": "Write a model whose sliding window llama.cpp's architecture for it does not apply (Mistral, "
+                  "written as llama; Qwen2/Qwen3 with use_sliding_window) without the window, instead of refusing it: "
+                  "llama.cpp then attends to the whole context, as the model does only for contexts up to the "
+                  "window. Gemma 2/3's windows are written, and a window no shorter than max_position_embeddings "
+                  "masks nothing; neither needs it."},
+    )
 
     @property
     def modelfile(self) -> str | None:

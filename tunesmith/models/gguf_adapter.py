@@ -42,12 +42,13 @@ def _check_config(config: Any) -> float:
     return alpha * math.sqrt(config.r) if getattr(config, "use_rslora", False) else alpha
 
 
-def write_adapter_gguf(peft_model: Any, path: str, dtype: str, name: str) -> None:
-    """Write the (single, default) LoRA adapter of `peft_model` to `path` with its matrices in f32 or f16."""
+def write_adapter_gguf(peft_model: Any, path: str, dtype: str, name: str, drop_sliding_window: bool = False) -> None:
+    """Write the (single, default) LoRA adapter of `peft_model` to `path` with its matrices in f32 or f16 (a base
+    whose sliding window llama.cpp cannot apply is refused unless `drop_sliding_window`, as its GGUF is)."""
     from peft import get_peft_model_state_dict
 
     base = peft_model.get_base_model()
-    spec = architecture(base)
+    spec = architecture(base, drop_sliding_window)
     config = peft_model.peft_config[peft_model.active_adapter]
     alpha = _check_config(config)
     names = gguf.get_tensor_name_map(spec.arch, base.config.num_hidden_layers)

@@ -8,6 +8,11 @@ loader reads beyond the common keys. The choices follow llama.cpp's own convert_
 - gemma2, gemma3 (text): HF's RMSNorm multiplies by (1 + w), ggml's by w, so 1 is added to every norm;
   soft-capping and the sliding-window layers are written; llama.cpp scales queries by 1/sqrt(head_dim),
   so a query_pre_attn_scalar other than head_dim is refused.
+
+Sliding windows: llama.cpp's gemma2 and gemma3 read `{arch}.attention.sliding_window` and the per-layer
+pattern; its llama, qwen2 and qwen3 graphs read no window at all (src/models/*.cpp at the vendored commit),
+so a Mistral or a Qwen2/Qwen3 with use_sliding_window whose window masks anything is refused by name
+unless --drop_sliding_window accepts a file that attends to the whole context.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class Architecture:
     # pattern and the local rope base (0.024 and 0.62 max |logit difference| on f32 files of tiny random
     # models that llama.cpp computes within 7e-4), so only llama.cpp checks those.
     transformers_reads_back: bool = True
+    # llama.cpp's graph for it applies the window, per layer, from the file (see _sliding_layers)
+    writes_sliding_window: bool = False
 
     @property
     def name(self) -> str:
@@ -83,7 +90,7 @@ def _gemma_metadata(writer: gguf.GGUFWriter, config: Any) -> None:
 
 _LLAMA = Architecture(gguf.MODEL_ARCH.LLAMA, llama_rope=True)
 _GEMMA = {"norm_shift": 1.0, "activation": "gelu_pytorch_tanh", "metadata": _gemma_metadata,
-          "transformers_reads_back": False}
+          "transformers_reads_back": False, "writes_sliding_window": True}
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
@@ -94,9 +101,31 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
-def architecture(model: Any) -> Architecture:
+def sliding_window(config: Any) -> tuple[int, list[bool]] | None:
+    """(window, which layers apply it) as transformers' attention does, or None where no layer's window masks
+    anything: no window, or one no shorter than max_position_embeddings (a query never sees a key that far
+    back). Mistral applies its window on every layer; Qwen2/3 and Gemma name the sliding layers in layer_types
+    (Qwen2/3 only with use_sliding_window, from max_window_layers on)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or window >= config.max_position_embeddings:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    layers = [t == "sliding_attention" for t in layer_types] if layer_types else [True] * config.num_hidden_layers
+    return (window, layers) if any(layers) else None
+
+
+def _window_refusal(name: str, spec: Architecture, config: Any, window: tuple[int, list[bool]]) -> str:
+    size, layers = window
+    return (f"export_gguf: {name} has sliding_window {size} on {sum(layers)} of {len(layers)} layers (config.json), "
+            f"shorter than its max_position_embeddings {config.max_position_embeddings}, and llama.cpp's "
+            f"{spec.name} architecture, which it is written as, has no sliding window: pass --drop_sliding_window "
+            f"to write it without one (llama.cpp then attends to the whole context, as the model does only up to "
+            f"{size} tokens)")
+
+
+def architecture(model: Any, drop_sliding_window: bool = False) -> Architecture:
     """The model's Architecture, or a ConfigError naming the supported ones and any setting llama.cpp's graph
-    for it does not compute."""
+    for it does not compute (a sliding window it cannot apply, unless `drop_sliding_window`)."""
     config, name = model.config, type(model).__name__
     if name not in ARCHITECTURES:
         raise ConfigError(f"export_gguf supports {', '.join(ARCHITECTURES)}; this model is {name}")
@@ -106,11 +135,12 @@ def architecture(model: Any) -> Architecture:
     unsupported = {"rope_type": (rope_type, "default"), "hidden_act": (activation, spec.activation)}
     if name.startswith("Gemma"):
         unsupported["query_pre_attn_scalar"] = (config.query_pre_attn_scalar, head_dim(config))
-    if name.startswith("Qwen"):
-        unsupported["use_sliding_window"] = (bool(getattr(config, "use_sliding_window", False)), False)
     for key, (value, supported) in unsupported.items():
         if value != supported:
             raise ConfigError(f"export_gguf writes {name} models with {key} {supported}; this one has {value}")
+    window = sliding_window(config)
+    if window and not spec.writes_sliding_window and not drop_sliding_window:
+        raise ConfigError(_window_refusal(name, spec, config, window))
     return spec
 
 

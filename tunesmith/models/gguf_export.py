@@ -39,10 +39,12 @@ def tensor_type(array: np.ndarray, dtype: str) -> gguf.GGMLQuantizationType:
 
 
 def write_gguf(model: Any, tokenizer: Any, path: str, dtype: str, name: str,
-               extra_metadata: dict[str, str] | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+               extra_metadata: dict[str, str] | None = None, state_dict: dict[str, torch.Tensor] | None = None,
+               drop_sliding_window: bool = False) -> None:
     """Write `model` (one of gguf_arch.ARCHITECTURES; its weights, or `state_dict`) and `tokenizer` (with its
-    chat template) to `path` as GGUF with weight matrices in `dtype` (f32, f16, bf16 or q8_0)."""
-    spec = architecture(model)
+    chat template) to `path` as GGUF with weight matrices in `dtype` (f32, f16, bf16 or q8_0). A sliding window
+    llama.cpp cannot apply for the architecture is refused unless `drop_sliding_window`."""
+    spec = architecture(model, drop_sliding_window)
     vocab = gguf_vocab(tokenizer, model.config.vocab_size)
     writer = gguf.GGUFWriter(path, spec.name)
     try:

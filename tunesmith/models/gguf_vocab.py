@@ -2,10 +2,10 @@
 merges), the special token ids, whether a BOS/EOS is added, the pre-tokenizer's name, and the chat
 template training used.
 
-Only the byte-level BPE tokenizers of the SmolLM2/GPT-2 family are written, and only with a
-pre-tokenizer that llama.cpp has a name for; anything else is refused by name rather than written
-as a file whose tokenizer splits text differently from training (the round-trip check compares ids,
-but only on the few conversations it encodes)."""
+Byte-level BPE tokenizers (SmolLM2's, GPT-2's, Qwen2/Qwen3's, Llama 3's) are written, only with a
+pre-tokenizer that llama.cpp has a name for, and SentencePiece-style BPE with byte fallback as llama.cpp's
+"llama" tokenizer; anything else is refused by name rather than written as a file whose tokenizer splits
+text differently from training (the round-trip check compares ids, but only on the few texts it encodes)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,11 @@ KNOWN_HASHES = {
     "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # meta-llama/Meta-Llama-3-8B
 }
 OLLAMA_PRETOKENIZER_KEY = "tokenizer.ggml.pretokenizer"
+# Normalizers llama.cpp does not apply and its converter writes no trace of, so written as it writes them:
+# NFC, which every Qwen2/Qwen2.5/Qwen3 tokenizer applies first (transformers' Qwen2Tokenizer sets it). Text
+# already in NFC, as keyboards, the web and nearly all data produce it, is unchanged by it; text that is
+# not (a decomposed "é", e + U+0301) is split uncomposed by llama.cpp, in every Qwen GGUF alike.
+IGNORED_NORMALIZERS = ({"type": "NFC"},)
 
 
 SPM = "spm"  # pre_tokenizer_name's answer for a SentencePiece-style vocabulary (llama.cpp's "llama" model)
@@ -85,7 +90,8 @@ def _describe(pre: dict | None) -> str:
     if not pre:
         return "none"
     if pre.get("type") == "Sequence":
-        return "Sequence[" + ", ".join(_describe(p) for p in pre.get("pretokenizers", [])) + "]"
+        steps = pre.get("pretokenizers") or pre.get("normalizers") or []  # a pre-tokenizer's or a normalizer's
+        return "Sequence[" + ", ".join(_describe(p) for p in steps) + "]"
     return pre.get("type", "?")
 
 
@@ -114,12 +120,14 @@ def _spm_prefix(backend: dict) -> bool | None:
 def pre_tokenizer_name(backend: dict) -> str:
     """llama.cpp's name for the tokenizer.json's pre-tokenizer (SPM for a SentencePiece-style one), or a
     ConfigError that names it."""
-    model, pre = backend.get("model") or {}, backend.get("pre_tokenizer")
+    model, pre, normalizer = backend.get("model") or {}, backend.get("pre_tokenizer"), backend.get("normalizer")
     if _spm_prefix(backend) is not None:
         return SPM
-    if model.get("type") != "BPE" or model.get("byte_fallback") or backend.get("normalizer"):
+    if normalizer in IGNORED_NORMALIZERS:
+        normalizer = None
+    if model.get("type") != "BPE" or model.get("byte_fallback") or normalizer:
         kind = f"{model.get('type')}{' with byte fallback' if model.get('byte_fallback') else ''}"
-        normalizer = f" and a {backend['normalizer'].get('type')} normalizer" if backend.get("normalizer") else ""
+        normalizer = f" and a {_describe(normalizer)} normalizer" if normalizer else ""
         raise ConfigError(f"export_gguf writes byte-level BPE tokenizers (SmolLM2's family) and SentencePiece-style "
                           f"ones (BPE with byte fallback, spaces as \u2581); this one is {kind}{normalizer}, which it "
                           "does not translate")

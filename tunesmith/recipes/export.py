@@ -9,18 +9,21 @@ chat template it was trained with and an Ollama Modelfile, checked against the s
 --model_name_or_path is a model folder (merged, or fully fine-tuned) or an adapter folder, which is
 merged into its base (the one adapter_config.json records) in memory first, or, with --adapter_only,
 written alone as llama.cpp's adapter GGUF. Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 (text)
-models with a byte-level BPE tokenizer are written; others are refused by name. f32, f16, bf16 and q8_0
-are written here; q4_k_m, q5_k_m and q6_k by llama.cpp's own quantizer from an f16 file.
+models with a byte-level BPE or SentencePiece-style tokenizer are written; others are refused by name, and
+so is a sliding window llama.cpp would not apply (Mistral's; Qwen2/3's with use_sliding_window) unless
+--drop_sliding_window. f32, f16, bf16 and q8_0 are written here; q4_k_m, q5_k_m and q6_k by llama.cpp's own
+quantizer from an f16 file.
 
 The GGUF is written under a temporary name beside --output_file and checked before it gets its name:
 - read back with transformers' GGUF loader (where it rebuilds the architecture): its tokenizer must encode
   a few conversations, rendered with the training chat template, to the same ids as the source's, its
   chat template must be the training one, and its logits must be within --max_relative_logit_diff;
-- in llama.cpp, when llama-cpp-python is installed (bash scripts/setup.sh --with-llama-cpp; a warning
-  says so when it is not): the same ids for those conversations (special tokens parsed) and for text
-  with CJK, emoji and llama.cpp's own pre-tokenizer probe, the training chat template, and, for
-  f32/f16/bf16 (and the f16 file a k-quant is made from), transformers' greedy continuation of four
-  prompts chosen by llama.cpp at every step but near-ties.
+- in llama.cpp, when llama-cpp-python is installed (bash scripts/setup.sh --with-llama-cpp; otherwise one
+  warning says which check ran, if any, and --require_llama_cpp_check stops instead): the same ids for
+  those conversations (special tokens parsed) and for text with CJK, emoji and llama.cpp's own
+  pre-tokenizer probe, the training chat template, and, for f32/f16/bf16 (and the f16 file a k-quant is
+  made from), transformers' greedy continuation of four prompts chosen by llama.cpp at every step but
+  near-ties.
 Only then is it renamed to --output_file and the Modelfile written beside it (model.gguf ->
 model.Modelfile). A refused export exits with status 2, prints the numbers and leaves no file: the
 rejected GGUF is deleted, since nothing should load a file that failed its check.
@@ -46,7 +49,7 @@ from ..data.template import render_text
 from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
 from ..hparams.run_config import as_saved
 from ..models.gguf_adapter import base_state_dict, write_adapter_gguf
-from ..models.gguf_arch import Architecture, architecture
+from ..models.gguf_arch import Architecture, architecture, sliding_window
 from ..models.gguf_export import ExportError, RoundTrip, compare_round_trip, source_logits, write_gguf
 from ..models.gguf_llama_cpp import (
     K_QUANTS,
@@ -115,22 +118,41 @@ def _llama_cpp_refusal(check: LlamaCppCheck, greedy_must_match: bool) -> str | N
     return None
 
 
-def _read_back(spec: Architecture, path: str, tokenizer, texts: list[str], expected, in_llama_cpp: bool,
-               ) -> RoundTrip | None:
-    """transformers' read-back check, where its GGUF loader rebuilds the architecture; None where it cannot
-    (the file is then checked in llama.cpp only, or, without llama.cpp, written with a warning)."""
-    why = None if spec.transformers_reads_back else f"it does not rebuild {spec.name} with every setting in the file"
-    if why is None:
-        try:
-            return compare_round_trip(path, tokenizer, texts, expected)
-        except (RuntimeError, ValueError, NotImplementedError, KeyError) as error:  # its loader's refusals
-            why = f"it cannot read this file back ({str(error).splitlines()[0][:200]})"
+def _read_back(spec: Architecture, path: str, tokenizer, texts: list[str], expected) -> tuple[RoundTrip | None, str]:
+    """(transformers' read-back check, "") where its GGUF loader rebuilds the architecture; (None, why) where it
+    cannot (the file is then checked in llama.cpp only, or not at all)."""
+    if not spec.transformers_reads_back:
+        return None, f"it does not rebuild {spec.name} with every setting in the file"
+    try:
+        return compare_round_trip(path, tokenizer, texts, expected), ""
+    except (RuntimeError, ValueError, NotImplementedError, KeyError) as error:  # its loader's refusals
+        return None, f"it cannot read this file back ({str(error).splitlines()[0][:200]})"
+
+
+UNCHECKED_HINT = f"{SETUP_HINT}; --require_llama_cpp_check makes this an error"
+
+
+def _log_coverage(why_not_read_back: str, in_llama_cpp: bool) -> None:
+    """One line, where one of the two checks could not run, that says which one did (or that neither did)."""
+    not_read_back = f"not read back with transformers' GGUF loader ({why_not_read_back})"
     if in_llama_cpp:
-        logger.warning("not read back with transformers' GGUF loader: %s; checked in llama.cpp", why)
+        if why_not_read_back:
+            logger.warning("checked in llama.cpp only: %s", not_read_back)
+    elif why_not_read_back:
+        logger.warning("NOT CHECKED: %s, and not in llama.cpp: llama-cpp-python is not installed (%s)", not_read_back,
+                       UNCHECKED_HINT)
     else:
-        logger.warning("NOT CHECKED: transformers' GGUF loader cannot check it (%s) and llama-cpp-python is not "
-                       "installed (%s)", why, SETUP_HINT)
-    return None
+        logger.warning("checked with transformers' GGUF loader only, not in llama.cpp: llama-cpp-python is not "
+                       "installed (%s)", UNCHECKED_HINT)
+
+
+def _warn_dropped_window(model) -> None:
+    """Say once what --drop_sliding_window gave up (architecture() refuses the window without it)."""
+    spec, window = architecture(model, drop_sliding_window=True), sliding_window(model.config)
+    if window and not spec.writes_sliding_window:
+        logger.warning("written without its sliding window of %d tokens (--drop_sliding_window): llama.cpp's %s "
+                       "attends to the whole context, so answers match the model's only for contexts up to %d "
+                       "tokens", window[0], spec.name, window[0])
 
 
 def _float32(model_args: ModelArguments) -> ModelArguments:
@@ -183,12 +205,11 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
     if tolerance is None:
         tolerance = EXPORT_RELATIVE_TOLERANCES[written_dtype]
     in_llama_cpp = llama_cpp_available()
-    if not in_llama_cpp:
-        logger.warning("not checked in llama.cpp: llama-cpp-python is not installed (%s); checked with "
-                       "transformers' GGUF loader only", SETUP_HINT)
 
     started = time.perf_counter()
     model, tokenizer = load_merged(load_args)
+    spec = architecture(model, args.drop_sliding_window)  # refused before the slow part
+    _warn_dropped_window(model)
     texts = _texts(tokenizer)
     expected = source_logits(model, tokenizer, texts)
     refs = greedy_references(model, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
@@ -201,12 +222,11 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
     with _scratch_files(target) as scratch:
         tmp = scratch()
         record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
-        spec = architecture(model)
         write_gguf(model, tokenizer, tmp, written_dtype, os.path.basename(os.path.normpath(source)),
-                   {RUN_CONFIG_KEY: record})
+                   {RUN_CONFIG_KEY: record}, drop_sliding_window=args.drop_sliding_window)
         del model  # the read-back holds a second copy
         written = time.perf_counter()
-        check = _read_back(spec, tmp, tokenizer, texts, expected, in_llama_cpp)
+        check, why_not_read_back = _read_back(spec, tmp, tokenizer, texts, expected)
         if check and check.token_mismatch and in_llama_cpp:
             # transformers rebuilds a tokenizer from the file in its own way (it drops the ▁ that a
             # SentencePiece-style tokenizer puts after special tokens, for one): llama.cpp, which reads the
@@ -225,6 +245,7 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
         if problem:
             raise ExportError(f"the GGUF written from {source} ({dtype}) does not match it: {problem}; "
                               f"nothing written to {args.output_file}")
+        _log_coverage(why_not_read_back, in_llama_cpp)
         os.replace(final, target)
         os.chmod(target, 0o644)  # mkstemp's 0600 would keep Ollama's server (its own user on Linux) out
     checked = time.perf_counter()
@@ -255,12 +276,14 @@ def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportR
     check = None
     with _scratch_files(target) as scratch:
         tmp, base = scratch(), scratch("base.")
-        write_adapter_gguf(peft_model, tmp, model_args.dtype, os.path.basename(os.path.normpath(source)))
+        write_adapter_gguf(peft_model, tmp, model_args.dtype, os.path.basename(os.path.normpath(source)),
+                           args.drop_sliding_window)
+        _warn_dropped_window(peft_model.get_base_model())
         written = time.perf_counter()
         if llama_cpp_available():
             texts = _texts(tokenizer)
             write_gguf(peft_model.get_base_model(), tokenizer, base, model_args.dtype, "base",
-                       state_dict=base_state_dict(peft_model))
+                       state_dict=base_state_dict(peft_model), drop_sliding_window=args.drop_sliding_window)
             merged = peft_model.merge_and_unload(safe_merge=True)
             refs = greedy_references(merged, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS)
             del merged, peft_model
@@ -271,14 +294,15 @@ def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportR
                                   f"model: {problem}; nothing written to {args.output_file}")
         else:
             logger.warning("NOT CHECKED: an adapter GGUF is checked in llama.cpp only, and llama-cpp-python is not "
-                           "installed (%s)", SETUP_HINT)
+                           "installed (%s)", UNCHECKED_HINT)
         os.replace(tmp, target)
         os.chmod(target, 0o644)
     checked = time.perf_counter()
     result = ExportResult(str(target), None, model_args.dtype, target.stat().st_size, written - started,
                           checked - written, None, 0.0, check)
     print(f"exported the adapter {source} alone -> {result.output_file} ({result.dtype}, "
-          f"{result.size_bytes / 2**20:.2f} MiB) in {result.write_seconds:.1f} s; checked in {result.check_seconds:.1f} s")
+          f"{result.size_bytes / 2**20:.2f} MiB) in {result.write_seconds:.1f} s; "
+          + (f"checked in {result.check_seconds:.1f} s" if check else "NOT CHECKED (see the warning above)"))
     if check:
         print(_llama_cpp_line(check, "over its base, against the merged model"))
     print(f"llama.cpp: llama-cli -m BASE.gguf --lora {result.output_file} (BASE.gguf: tunesmith export of the base "
@@ -293,15 +317,20 @@ def _llama_cpp_line(c: LlamaCppCheck, what: str) -> str:
             f"(largest |logit| {c.logit_scale:.3g})")
 
 
-def _report(r: ExportResult, source: str, untranslatable: str) -> None:
+def _read_back_summary(r: ExportResult) -> str:
     c = r.round_trip
+    if c is None:
+        return "NOT CHECKED (see the warning above)" if r.llama_cpp is None else f"checked in {r.check_seconds:.1f} s"
+    tokens = ("chat template identical, tokenizer ids differ in transformers' own GGUF tokenizer (see llama.cpp's)"
+              if c.token_mismatch else "tokenizer ids and chat template identical")
+    return (f"checked in {r.check_seconds:.1f} s: read back with transformers, max |logit difference| vs the source = "
+            f"{c.max_abs_diff:.3g} ({c.relative_diff:.2e} of the largest |logit| {c.logit_scale:.3g}; bound "
+            f"{r.tolerance:g}), same next token at {c.top1_agreement:.1%} of positions; {tokens}")
+
+
+def _report(r: ExportResult, source: str, untranslatable: str) -> None:
     print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
-          f"checked in {r.check_seconds:.1f} s" + ("" if c is None else
-          f": read back with transformers, max |logit difference| vs the source = {c.max_abs_diff:.3g} "
-          f"({c.relative_diff:.2e} of the largest |logit| {c.logit_scale:.3g}; bound {r.tolerance:g}), same next "
-          f"token at {c.top1_agreement:.1%} of positions; "
-          + ("chat template identical, tokenizer ids differ in transformers' own GGUF tokenizer (see llama.cpp's)"
-             if c.token_mismatch else "tokenizer ids and chat template identical")))
+          + _read_back_summary(r))
     if r.llama_cpp:
         print(_llama_cpp_line(r.llama_cpp, "the f16 file it was quantized from" if r.quantized else "this file"))
     if r.quantized:
