@@ -216,3 +216,32 @@ def test_packed_logits_equal_eager_per_example_forward_only(name, tokenizer):
     difference, largest, implementation = packed_vs_eager(name, tokenizer, "cpu", torch.float32)
     assert implementation.endswith("_varlen") and largest > 2
     assert difference < 1e-4
+
+
+def test_gguf_export_is_verified_in_llama_cpp_or_refused_in_one_line(arch_dir, packed_run, tmp_path):
+    """The trained adapter merged and exported: an architecture or setting llama.cpp's graph cannot compute (a
+    sliding window on an architecture it writes without one) is refused in one line; the others are written and
+    checked in llama.cpp (tokens, template, logits, greedy), where llama-cpp-python is installed."""
+    import importlib.util
+
+    from tunesmith.errors import UserError
+    from tunesmith.models.gguf_arch import architecture
+    from tunesmith.models.loader import inference_model_args, load_for_inference
+    from tunesmith.recipes.export import run as export
+
+    flags = ["--model_name_or_path", arch_dir, "--adapter_name_or_path", packed_run.args.output_dir,
+             "--output_file", str(tmp_path / "model.gguf"), "--dtype", "f32"]
+    try:
+        architecture(load_for_inference(inference_model_args(arch_dir))[0])
+    except UserError as refusal:
+        with pytest.raises(UserError, match=r"^export_gguf") as through_the_command:
+            export(flags)
+        message = str(through_the_command.value)  # the command adds the model's config file
+        assert message.startswith(str(refusal).rstrip(".")) and "\n" not in message
+        assert not (tmp_path / "model.gguf").exists()
+        return
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (bash scripts/setup.sh --with-llama-cpp): the export of this "
+                    "architecture is checked in llama.cpp there")
+    result = export([*flags, "--require_llama_cpp_check"])
+    assert result.llama_cpp is not None and (tmp_path / "model.gguf").is_file()
