@@ -96,8 +96,10 @@ def test_packed_logits_equal_eager_per_example_in_bf16(name, default_model_path)
     sinks), in bf16, against each example alone through eager attention in float32. A dropped window differed by
     1.75-2.3 where the largest logit is about 2 (the issue's H100 figures); bf16 rounding stays far below 5%."""
     from arch_models import packed_vs_eager
-    from transformers import AutoTokenizer
+    from transformers import CONFIG_MAPPING, AutoTokenizer
 
+    if name not in CONFIG_MAPPING:
+        pytest.skip(f"transformers has no {name} config class")
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
     difference, largest, implementation = packed_vs_eager(name, tokenizer, "cuda", torch.bfloat16)
     assert implementation.endswith("_varlen")
