@@ -334,7 +334,7 @@ def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, 
     if sdpa_loop:  # the per-example kernel wherever the flash varlen kernel would run
         import tunesmith.models.attention as attention
 
-        attention.packed_kernel = lambda query, key: attention.SDPA_PER_EXAMPLE
+        attention.packed_kernel = lambda query, key, *features: attention.SDPA_PER_EXAMPLE
     training_args.use_liger_kernel = liger
     training_args.torch_compile = compiled
     data_args = DataArguments(max_seq_length=args.max_seq_length, packing=True, max_forward_tokens=max_forward_tokens)
