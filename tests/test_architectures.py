@@ -208,10 +208,16 @@ def test_auto_attention_takes_what_the_model_supports(tokenizer):
         choose_attn_implementation("sdpa", gemma2)
 
 
-@pytest.mark.parametrize("name", ["mistral", "gemma2", "gpt_oss", "gemma3_text"])
-def test_packed_logits_equal_eager_per_example_forward_only(name, tokenizer):
-    """The kernel alone, as the gpu twin (tests/test_gpu.py) runs it on CUDA in bf16: here CPU, float32."""
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "gpt_oss", "gemma3_text", "qwen2_moe"])
+def test_packed_logits_equal_eager_per_example_forward_only(name, tokenizer, monkeypatch):
+    """The kernel alone, as the gpu twin (tests/test_gpu.py) runs it on CUDA in bf16: here CPU, float32. Qwen2-MoE
+    keeps its window on the attention module and in its mask only (it does not pass it to the kernel)."""
+    import arch_models
     from arch_models import packed_vs_eager
+
+    monkeypatch.setitem(arch_models.ARCHITECTURES, "qwen2_moe", {
+        "sliding_window": WINDOW, "use_sliding_window": True, "max_window_layers": 1, "num_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32})
 
     difference, largest, implementation = packed_vs_eager(name, tokenizer, "cpu", torch.float32)
     assert implementation.endswith("_varlen") and largest > 2
@@ -245,3 +251,19 @@ def test_gguf_export_is_verified_in_llama_cpp_or_refused_in_one_line(arch_dir, p
                     "architecture is checked in llama.cpp there")
     result = export([*flags, "--require_llama_cpp_check"])
     assert result.llama_cpp is not None and (tmp_path / "model.gguf").is_file()
+
+
+@pytest.mark.parametrize("name", ["minimax", "bamba", "jamba", "falcon_mamba"])
+def test_packing_refuses_layers_that_carry_a_state_across_conversations(name):
+    """Linear attention, Mamba: a packed row would carry one conversation's state into the next (MiniMax's packed
+    logits differed from eager per conversation by 9.5 where the largest was 8.9)."""
+    from transformers import CONFIG_MAPPING
+
+    from tunesmith.errors import ConfigError
+    from tunesmith.models.attention import refuse_stateful_layers
+
+    if name not in CONFIG_MAPPING:
+        pytest.skip(f"transformers has no {name} config class")
+    with pytest.raises(ConfigError, match=rf"^--packing: {name} has .* layers, which carry a state .*--packing false$"):
+        refuse_stateful_layers(CONFIG_MAPPING[name]())
+    refuse_stateful_layers(CONFIG_MAPPING["gemma3_text"]())  # sliding and full attention layers pack

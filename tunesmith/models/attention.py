@@ -216,6 +216,8 @@ def packed_attention_forward(
         return unpacked(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                         cu_seq_lens_q=cu_seq_lens_q, max_length_q=max_length_q, **extra, **kwargs)
     _refuse_unknown(module, kwargs)
+    if sliding_window is None:  # Qwen2-MoE keeps its sliding layers' window on the module and in its mask only
+        sliding_window = getattr(module, "sliding_window", None)
     kernel = packed_kernel(query, key, sliding_window, softcap, s_aux)
     _report(kernel, sliding_window, softcap, s_aux)
     if kernel == FLASH_VARLEN:
@@ -293,10 +295,29 @@ def register_varlen_attention() -> None:
     AttentionMaskInterface.register(VARLEN_EAGER, eager_mask)
 
 
+# Layers that attend (within a window or not); any other kind (linear attention, Mamba, convolutions) carries a
+# state along the row, from one packed conversation into the next, which no attention kernel can cut.
+ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention"})
+
+
+def refuse_stateful_layers(config: Any) -> None:
+    """One line for a model with layers that are not attention (MiniMax's and Qwen3-Next's linear attention,
+    Bamba's Mamba, LFM2's convolutions...): packed rows would leak across conversations there."""
+    config = getattr(config, "text_config", None) or config
+    kinds = set(getattr(config, "layer_types", None) or ()) | set(getattr(config, "layers_block_type", None) or ())
+    others = sorted(kinds - ATTENTION_LAYERS - {"attention"})  # Jamba's block types: "attention" / "mamba"
+    if others or "mamba" in config.model_type:
+        kinds = ", ".join(others) or "mamba"
+        raise ConfigError(f"--packing: {config.model_type} has {kinds} layers, which carry a state from one packed "
+                          "conversation into the next; train with --packing false")
+
+
 def use_varlen_attention(model: nn.Module) -> str:
     """Switch a model on sdpa to sdpa_varlen and one on eager to eager_varlen; flash attention (varlen already,
-    windows and soft-caps included) stays as it is. Returns the implementation the model now uses."""
+    windows and soft-caps included) stays as it is. Returns the implementation the model now uses. A model whose
+    layers are not all attention is refused (`refuse_stateful_layers`)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    refuse_stateful_layers(base.config)
     current = base.config._attn_implementation
     varlen = {"sdpa": VARLEN_SDPA, "eager": VARLEN_EAGER}.get(current)
     if varlen is None:
