@@ -178,11 +178,17 @@ def test_packed_kernel_refuses_a_model_mask_it_does_not_reproduce():
     from tunesmith.errors import ConfigError
     from tunesmith.models.attention import example_mask, sdpa_varlen_attention_forward
 
-    q, k, v, bounds = packed_row([20, 30])
+    layer = Attention()
+    short_q, short_k, short_v, short_bounds = packed_row([6, 8])  # no longer than the window: it shows nowhere
+    short_mask = torch.zeros(14, 14, dtype=torch.bool)
+    short_mask[:6, :6], short_mask[6:, 6:] = example_mask(6, 8, short_q.device), example_mask(8, 8, short_q.device)
+    sdpa_varlen_attention_forward(layer, short_q, short_k, short_v, short_mask[None, None], cu_seq_lens_q=short_bounds,
+                                  max_length_q=8)
+    q, k, v, bounds = packed_row([20, 30])  # the same layer's first longer examples are checked again
     mask = torch.zeros(50, 50, dtype=torch.bool)
     mask[:20, :20], mask[20:, 20:] = example_mask(20, 8, q.device), example_mask(30, 8, q.device)
     with pytest.raises(ConfigError, match="own mask differs from causal attention inside an example"):
-        sdpa_varlen_attention_forward(Attention(), q, k, v, mask[None, None], cu_seq_lens_q=bounds, max_length_q=30)
+        sdpa_varlen_attention_forward(layer, q, k, v, mask[None, None], cu_seq_lens_q=bounds, max_length_q=30)
     windowed, _ = sdpa_varlen_attention_forward(Attention(), q, k, v, mask[None, None], cu_seq_lens_q=bounds,
                                                 max_length_q=30, sliding_window=8)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -20,9 +20,11 @@ goes to transformers' sdpa, or to the model's own eager function, unchanged. A p
   construction.
 
 Exact or refused: an argument the model passes to its attention function that no kernel here implements stops the
-run with one line (a new transformers feature then fails a test instead of training a different model), and the
-first packed row of every layer checks that the mask the model built agrees, inside every example, with the one the
-kernel applies (a window or pattern the model keeps in its mask only would otherwise be dropped). The examples'
+run with one line (a new transformers feature then fails a test instead of training a different model); each layer
+checks, whenever a packed row holds a longer example than it has checked before, that the mask the model built
+agrees inside every example with the one the kernel applies (a window or pattern the model keeps in its mask only
+would otherwise be dropped); and a model with layers that are not attention (linear attention, Mamba) is refused,
+since they carry a state from one packed conversation into the next. The examples'
 boundaries come from the collator's `cu_seq_lens_q`, never from transformers detecting packed rows in the position
 ids: gpt-oss builds no block mask from them.
 """
@@ -55,7 +57,8 @@ _BOOKKEEPING = frozenset({
     "cache_position", "token_type_ids",
 })
 _reported: set[str] = set()
-_mask_checked: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+# Per layer, the longest example whose mask has been checked (`_check_model_mask`).
+_mask_checked: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
 
 
 def attention_dtype(query: torch.Tensor) -> torch.dtype:
@@ -162,13 +165,19 @@ def _refuse_unknown(module: nn.Module, kwargs: dict[str, Any]) -> None:
                           "(padded rows, the model's own attention)")
 
 
-def _check_model_mask(module: nn.Module, attention_mask: torch.Tensor | None, bounds: list[int],
+def _needs_mask_check(module: nn.Module, attention_mask: torch.Tensor | None, longest: int) -> bool:
+    """Whether this row's mask is worth checking: the model built one, and this layer has not yet checked an example
+    this long (windows and chunks show only past their size, and a shorter example's block is the top-left corner
+    of a longer one's: a layer checks a few times in a run, as its longest example grows)."""
+    return (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+            and longest > _mask_checked.get(module, 0))
+
+
+def _check_model_mask(module: nn.Module, attention_mask: torch.Tensor, bounds: list[int],
                       window: int | None) -> None:
-    """Once per layer: inside every example, the mask the model built for this row (when it built one) allows what
-    the kernel allows. A window, chunk or pattern the model applies through its mask alone would differ here."""
-    if module in _mask_checked or not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
-        return
-    _mask_checked.add(module)
+    """Inside every example, the mask the model built for this row allows what the kernel allows. A window, chunk or
+    pattern the model applies through its mask alone would differ here."""
+    _mask_checked[module] = max(b - a for a, b in zip(bounds, bounds[1:]))
     allowed = attention_mask[0] if attention_mask.dtype == torch.bool else attention_mask[0] == 0
     for s, e in zip(bounds[:-1], bounds[1:]):
         block = allowed[:, s:e, s:e]
@@ -223,11 +232,12 @@ def packed_attention_forward(
     if kernel == FLASH_VARLEN:
         if not isinstance(max_length_q, int):  # the collators give it; a caller without it pays one sync
             max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
-        if module not in _mask_checked and isinstance(attention_mask, torch.Tensor):
+        if _needs_mask_check(module, attention_mask, max_length_q):  # a synchronisation, a few times a run
             _check_model_mask(module, attention_mask, cu_seq_lens_q.tolist(), sliding_window)
         return flash_varlen(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling, sliding_window), None
     bounds = bounds if bounds is not None else cu_seq_lens_q.tolist()
-    _check_model_mask(module, attention_mask, bounds, sliding_window)
+    if _needs_mask_check(module, attention_mask, max(b - a for a, b in zip(bounds, bounds[1:]))):
+        _check_model_mask(module, attention_mask, bounds, sliding_window)
     attention_args = {name: value for name, value in (("softcap", softcap), ("s_aux", s_aux)) if value is not None}
     out = _per_example(kernel, module, query, key, value, bounds, sliding_window, dropout, scaling, attention_args)
     return out, None  # [batch, tokens, heads, head_dim], as sdpa and eager return
