@@ -133,14 +133,15 @@ def _per_example(kernel: str, module: nn.Module, query: torch.Tensor, key: torch
     eager function (always masked: eager takes no is_causal); outputs [1, tokens, heads, dim] concatenated."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    eager = _eager_function(module) if kernel == EAGER_PER_EXAMPLE else None
     outputs = []
     for s, e in zip(bounds[:-1], bounds[1:]):
         q, k, v = query[:, :, s:e], key[:, :, s:e], value[:, :, s:e]
-        if kernel == EAGER_PER_EXAMPLE:
+        if eager is not None:
             allowed = example_mask(e - s, window, query.device)
             mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
             mask = mask.masked_fill(~allowed, torch.finfo(query.dtype).min)[None, None]
-            out = _eager_function(module)(module, q, k, v, mask, dropout=dropout, scaling=scaling, **attention_args)[0]
+            out = eager(module, q, k, v, mask, dropout=dropout, scaling=scaling, **attention_args)[0]
         elif window is not None and e - s > window:
             # torch's SDPA takes the grouped key/value heads as they are; transformers' copies them when given a
             # mask (4-10% of a windowed layer's attention on CPU, scripts/bench_attention.py)
@@ -173,11 +174,11 @@ def _needs_mask_check(module: nn.Module, attention_mask: torch.Tensor | None, lo
             and longest > _mask_checked.get(module, 0))
 
 
-def _check_model_mask(module: nn.Module, attention_mask: torch.Tensor, bounds: list[int],
+def _check_model_mask(module: nn.Module, attention_mask: torch.Tensor, bounds: list[int], longest: int,
                       window: int | None) -> None:
     """Inside every example, the mask the model built for this row allows what the kernel allows. A window, chunk or
     pattern the model applies through its mask alone would differ here."""
-    _mask_checked[module] = max(b - a for a, b in zip(bounds, bounds[1:]))
+    _mask_checked[module] = longest
     allowed = attention_mask[0] if attention_mask.dtype == torch.bool else attention_mask[0] == 0
     for s, e in zip(bounds[:-1], bounds[1:]):
         block = allowed[:, s:e, s:e]
@@ -233,11 +234,12 @@ def packed_attention_forward(
         if not isinstance(max_length_q, int):  # the collators give it; a caller without it pays one sync
             max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
         if _needs_mask_check(module, attention_mask, max_length_q):  # a synchronisation, a few times a run
-            _check_model_mask(module, attention_mask, cu_seq_lens_q.tolist(), sliding_window)
+            _check_model_mask(module, attention_mask, cu_seq_lens_q.tolist(), max_length_q, sliding_window)
         return flash_varlen(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling, sliding_window), None
     bounds = bounds if bounds is not None else cu_seq_lens_q.tolist()
-    if _needs_mask_check(module, attention_mask, max(b - a for a, b in zip(bounds, bounds[1:]))):
-        _check_model_mask(module, attention_mask, bounds, sliding_window)
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    if _needs_mask_check(module, attention_mask, longest):
+        _check_model_mask(module, attention_mask, bounds, longest, sliding_window)
     attention_args = {name: value for name, value in (("softcap", softcap), ("s_aux", s_aux)) if value is not None}
     out = _per_example(kernel, module, query, key, value, bounds, sliding_window, dropout, scaling, attention_args)
     return out, None  # [batch, tokens, heads, head_dim], as sdpa and eager return
@@ -266,7 +268,7 @@ def supported_attn_implementations(config: Any, task: str = "causal_lm") -> list
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     auto = AutoModelForSequenceClassification if task == "reward" else AutoModelForCausalLM
-    model_class = auto._model_mapping.get(type(config), None) if type(config) in auto._model_mapping else None
+    model_class = auto._model_mapping[type(config)] if type(config) in auto._model_mapping else None
     if model_class is None:
         return None
     # gpt-oss lists the flash kernels that implement its sinks; flash-attn 2 is not one (transformers would drop them)
@@ -314,11 +316,11 @@ def refuse_stateful_layers(config: Any) -> None:
     """One line for a model with layers that are not attention (MiniMax's and Qwen3-Next's linear attention,
     Bamba's Mamba, LFM2's convolutions...): packed rows would leak across conversations there."""
     config = getattr(config, "text_config", None) or config
-    kinds = set(getattr(config, "layer_types", None) or ()) | set(getattr(config, "layers_block_type", None) or ())
-    others = sorted(kinds - ATTENTION_LAYERS - {"attention"})  # Jamba's block types: "attention" / "mamba"
+    layer_kinds = set(getattr(config, "layer_types", None) or ()) | set(getattr(config, "layers_block_type", None) or ())
+    others = sorted(layer_kinds - ATTENTION_LAYERS - {"attention"})  # Jamba's block types: "attention" / "mamba"
     if others or "mamba" in config.model_type:
-        kinds = ", ".join(others) or "mamba"
-        raise ConfigError(f"--packing: {config.model_type} has {kinds} layers, which carry a state from one packed "
+        named = ", ".join(others) or "mamba"
+        raise ConfigError(f"--packing: {config.model_type} has {named} layers, which carry a state from one packed "
                           "conversation into the next; train with --packing false")
 
 
