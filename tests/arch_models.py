@@ -42,7 +42,7 @@ def architecture_config(name: str, tokenizer: Any, **overrides: Any) -> Any:
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 1024,
              "initializer_range": 0.2, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
              "pad_token_id": tokenizer.pad_token_id, "tie_word_embeddings": False}
-    return CONFIG_MAPPING[name](**shape, **ARCHITECTURES.get(name, {}), **overrides)
+    return CONFIG_MAPPING[name](**{**shape, **ARCHITECTURES.get(name, {}), **overrides})
 
 
 def build_architecture(path: Path, name: str, tokenizer: Any, seed: int = 0, **overrides: Any) -> str:

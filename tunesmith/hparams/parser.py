@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import sys
-from argparse import SUPPRESS, RawDescriptionHelpFormatter
+from argparse import SUPPRESS, ArgumentTypeError, RawDescriptionHelpFormatter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -94,6 +94,9 @@ class Parser(HfArgumentParser):
         for action in self._actions:
             if action.type is string_to_bool and action.nargs is None:
                 action.nargs, action.const = "?", True
+        for dtype in self.dataclass_types:
+            for name, words in getattr(dtype, "also_accepts", {}).items():
+                self._option_string_actions[f"--{name}"].type = boolean_or(words)
 
     def _add_dataclass_arguments(self, dtype: type) -> None:
         if not issubclass(dtype, HFTrainingArguments):
@@ -125,6 +128,20 @@ class Parser(HfArgumentParser):
     @property
     def flags(self) -> set[str]:
         return {s[2:] for s in self._option_string_actions if s.startswith("--")}
+
+
+def boolean_or(words: tuple[str, ...]) -> Any:
+    """The argparse type of a boolean flag that also takes these words (--gradient_checkpointing offload)."""
+
+    def boolean(value: str) -> bool | str:
+        if value.lower() in words:
+            return value.lower()
+        try:
+            return string_to_bool(value)
+        except ArgumentTypeError:
+            raise ArgumentTypeError(f"{value!r}: give true, false or {' or '.join(words)}") from None
+
+    return boolean
 
 
 class ParsedRun:

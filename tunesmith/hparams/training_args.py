@@ -4,16 +4,22 @@ flag is listed after them."""
 
 from __future__ import annotations
 
+import inspect
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import transformers
+from transformers import PreTrainedModel
 from transformers import TrainingArguments as _HFTrainingArguments
 
 from ..distributed import bind_deepspeed_comm, read_fsdp_config
 from ..errors import ConfigError
 from ..utils.hardware import native_bf16, trains_on_cpu
+
+logger = logging.getLogger(__name__)
 
 # A plain default, not a default_factory: HfArgumentParser ignores factories of bool fields.
 _NO_ACCELERATOR = not torch.cuda.is_available()
@@ -21,6 +27,10 @@ _NO_ACCELERATOR = not torch.cuda.is_available()
 
 # Evaluation metrics of which less is better (the others, accuracy and margin, more is better).
 LOWER_IS_BETTER = ("loss", "perplexity")
+
+# --gradient_checkpointing's third value, besides true and false: checkpointing whose saved layer inputs wait in
+# pinned host memory until the backward pass (transformers' own `offload`, torch's save_on_cpu per layer).
+OFFLOAD = "offload"
 
 
 def resolve_eval_schedule(values: dict[str, Any]) -> str | None:
@@ -65,6 +75,9 @@ class TrainingArguments(_HFTrainingArguments):
     # transformers' own fields that `--help` lists with ours, before the rest of the Trainer's.
     help_first: ClassVar[tuple[str, ...]] = ("deepspeed", "fsdp_config", "gradient_checkpointing", "lr_scheduler_type",
                                              "warmup_steps", "per_device_eval_batch_size", "report_to")
+
+    # boolean flags that also take these words (the parser's boolean_or)
+    also_accepts: ClassVar[dict[str, tuple[str, ...]]] = {"gradient_checkpointing": (OFFLOAD,)}
 
     output_dir: str | None = field(default="outputs/run", metadata={"help": "Where checkpoints and the result go."})
     overwrite_output_dir: bool = field(
@@ -129,6 +142,14 @@ class TrainingArguments(_HFTrainingArguments):
                   "fsdp_config section is read) or a YAML/JSON file of those settings; given alone it turns FSDP on. "
                   "Under `accelerate launch --config_file configs/fsdp2.yaml` leave it out."},
     )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Activation checkpointing: keep each layer's input only, recompute the layer in the backward "
+                  "pass (about a third more compute; activation memory no longer grows with the layers). `offload` also "
+                  "moves those inputs to pinned CPU memory while the forward runs on, and back for the backward (for "
+                  "the longest contexts on a GPU; on CPU it is plain checkpointing). true, false or offload.",
+                  "nargs": "?", "const": True},
+    )
     # Our collators consume the tokenized columns; the Trainer must not drop the ones it doesn't know.
     remove_unused_columns: bool = field(default=False, metadata={"help": "Leave False for tunesmith datasets."})
 
@@ -147,13 +168,35 @@ class TrainingArguments(_HFTrainingArguments):
         if self.greater_is_better is None and self.metric_for_best_model:
             # transformers reads any name but *loss as higher-is-better: perplexity is lower-is-better too.
             self.greater_is_better = not self.metric_for_best_model.endswith(LOWER_IS_BETTER)
+        offload = self.gradient_checkpointing == OFFLOAD
+        if offload:
+            self.gradient_checkpointing = True
+        if getattr(self, "activation_checkpointing", None) is None and self.gradient_checkpointing is not None:
+            # transformers 5.2x renamed the flag; --gradient_checkpointing stays ours, without its deprecation warning
+            self.activation_checkpointing = self.gradient_checkpointing
         if self.bf16 is None:
             on_cpu = trains_on_cpu(self)
             self.bf16 = self.bf16_auto and native_bf16(on_cpu) and not self.fp16 and not (self.deepspeed and on_cpu)
         super().__post_init__()
+        if offload:
+            self._offload_checkpointed_activations()
         if self.deepspeed and self.use_cpu and self.world_size > 1:
             # world_size also starts the process group, through accelerate's PartialState
             bind_deepspeed_comm()
+
+    def _offload_checkpointed_activations(self) -> None:
+        """--gradient_checkpointing offload: transformers' `offload` checkpointing argument, where a GPU trains."""
+        if trains_on_cpu(self):
+            logger.info("--gradient_checkpointing offload: on CPU the activations already live in CPU memory; "
+                        "checkpointing without offloading")
+            return
+        enable = getattr(PreTrainedModel, "activation_checkpointing_enable", None)
+        if enable is None or "offload" not in inspect.signature(enable).parameters:
+            raise ConfigError(f"--gradient_checkpointing offload needs transformers' offloaded checkpointing "
+                              f"(transformers {transformers.__version__} has none): upgrade transformers, or use "
+                              "--gradient_checkpointing true")
+        kwargs = {**(self.activation_checkpointing_kwargs or {}), "offload": True}
+        self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs = kwargs
 
 
 @dataclass

@@ -21,6 +21,7 @@ from ..models.prompt_learning import load_encoder, save_encoder
 from ..utils.hardware import trains_on_cpu
 from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
+from .head_loss import FUSED_HEAD, install_fused_head, wants_fused_head
 from .losses import use_chunked_loss
 from .param_groups import split_lora_groups
 from .router_loss import OUTPUT_ROUTER_LOGITS, routed_tokens, router_loss_for
@@ -52,8 +53,9 @@ class LoraTrainer(Trainer):
     resume), eval_loss per predicted token and eval_perplexity (evaluation_loop), the resolved run config
     beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
 
-    # Its compute_loss adds a mixture-of-experts model's router loss (train/router_loss.py); a stage whose
-    # compute_loss computes a loss of its own sets False, and its MoE runs train without one.
+    # Its compute_loss adds a mixture-of-experts model's router loss (train/router_loss.py), and runs a long forward's
+    # loss from the hidden states (train/head_loss.py); a stage whose compute_loss computes a loss of its own sets
+    # False, and its MoE runs train without one.
     adds_router_loss = True
 
     def __init__(self, *args: Any, run_configs: tuple = (), lora_learning_rate: float | None = None,
@@ -68,6 +70,10 @@ class LoraTrainer(Trainer):
         self.add_callback(MetricsFileCallback())  # every Trainer stage keeps output_dir/metrics.jsonl
         if trains_on_cpu(self.args):
             use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)
+        # a long forward's loss from the hidden states, its logits never held (train/head_loss.py); 0: not supported
+        self._fused_head_vocab = 0
+        if self.adds_router_loss and install_fused_head(self.model):  # SFT's own loss, not a stage's
+            self._fused_head_vocab = self.model.get_output_embeddings().weight.shape[0]
         self.run_configs = run_configs
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
         self._tokens_before = 0  # all processes, up to the resumed checkpoint
@@ -179,6 +185,8 @@ class LoraTrainer(Trainer):
             count = (inputs["labels"] != IGNORE_INDEX).sum()
             self._trained_tokens = self._trained_tokens.to(count.device) + count
         if not inputs.get(OUTPUT_ROUTER_LOGITS):
+            if self._fused_head_vocab and wants_fused_head(inputs, self._fused_head_vocab):
+                inputs[FUSED_HEAD] = True
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
         return self._loss_with_router_loss(model, inputs, return_outputs, num_items_in_batch)
