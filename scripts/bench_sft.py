@@ -5,12 +5,18 @@
 
 Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r, alpha = 2r,
 --lora_dropout 0.05) on the same model, from the same conversations taken in the same order, for the
-same number of optimizer steps with AdamW at the same learning rate and no gradient checkpointing:
+same number of optimizer steps with AdamW at the same learning rate; TRL and the plain loop without gradient
+checkpointing (their fastest), tunesmith at its own default (on a GPU checkpointing on, on CPU off):
   ours                tunesmith with --packing and its defaults: one padding-free row per batch (sdpa_varlen,
-                      logits of trained positions only, the loss's gradient built chunk by chunk) run as
-                      forwards of at most 2,048 tokens (--max_forward_tokens),
+                      logits of trained positions only, the loss's gradient built chunk by chunk, or on long
+                      forwards the loss from the hidden states through the tiled head) run as forwards of at
+                      most 2,048 tokens on CPU, on a GPU as many as the free memory holds (--max_forward_tokens),
                       bf16 where the hardware has it (a LoRA base then loads in bf16, autocast runs the
-                      products), the fast CPU LoRA dropout
+                      products), the fast CPU LoRA dropout; on a GPU, activation checkpointing
+  ours_no_gc          ours with --gradient_checkpointing false (what checkpointing costs and saves on a GPU)
+  ours_qlora_no_gc    ours_qlora with --gradient_checkpointing false
+  trl_packed_gc       trl_packed with gradient checkpointing, as TRL's SFTConfig defaults to
+  trl_packed_qlora_gc trl_packed_qlora with gradient checkpointing
   ours_fp32           ours with --bf16 false: float32 weights and products (what bf16 adds, alone)
   ours_torch_dropout  ours with PEFT's own LoRA dropout (what the fast dropout adds, alone)
   ours_torch_loss     ours with transformers' own ForCausalLMLoss (what the chunked loss adds, alone)
@@ -85,10 +91,11 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
 
 VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
             "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora",
-            "trl_packed_qlora")
+            "trl_packed_qlora", "ours_no_gc", "ours_qlora_no_gc", "trl_packed_gc", "trl_packed_qlora_gc")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
 SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
-                "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "plain", "ours_qlora")
+                "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "plain", "ours_qlora", "ours_no_gc",
+                "ours_qlora_no_gc")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
                   "itertools", "json", "logging", "math", "os", "pathlib", "random", "re", "shutil", "statistics",
@@ -267,8 +274,18 @@ def step_profiler(args: argparse.Namespace) -> list:
 # ---------------------------------------------------------------- variants
 
 
+def default_checkpointing() -> bool:
+    """tunesmith's --gradient_checkpointing when left out, for a LoRA SFT run here (on a GPU: on)."""
+    from tunesmith.hparams import SFTTrainingArguments
+    from tunesmith.hparams.training_args import resolve_checkpointing
+
+    values = {"gradient_checkpointing": None, "finetuning_type": "lora"}
+    resolve_checkpointing(values, [SFTTrainingArguments])
+    return bool(values["gradient_checkpointing"])
+
+
 def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16: bool | None = None,
-         quantize: bool = False) -> tuple[Any, Any, Any, Any]:
+         quantize: bool = False, checkpointing: bool | str | None = None) -> tuple[Any, Any, Any, Any]:
     """(tokenized dataset, tokenizer, LoRA model, tunesmith TrainingArguments). tunesmith_defaults=False
     loads as a user of TRL or plain PyTorch would: a float32 model with PEFT's own LoRA layers as they come, or
     for a 4-bit one the quantized base alone (bf16 compute), to which TRL attaches the adapter."""
@@ -283,6 +300,7 @@ def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16
         output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
         report_to="none", logging_steps=1, bf16=bf16, disable_tqdm=True,
+        gradient_checkpointing=default_checkpointing() if checkpointing is None else checkpointing,
     )
     dtype = "auto" if tunesmith_defaults else "bfloat16" if quantize else "float32"
     model_args = ModelArguments(model_name_or_path=args.model, dtype=dtype, quantization_bit=4 if quantize else None)
@@ -324,11 +342,13 @@ def stock_peft_layers(model: Any) -> None:
 
 def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, quantize: bool = False,
              torch_dropout: bool = False, torch_loss: bool = False, max_forward_tokens: int | None = None,
-             sdpa_loop: bool = False, liger: bool = False, compiled: bool = False) -> dict:
+             sdpa_loop: bool = False, liger: bool = False, compiled: bool = False,
+             checkpointing: bool | str | None = None) -> dict:
     from tunesmith.hparams import SFTDataArguments as DataArguments
     from tunesmith.train.sft_trainer import LoraTrainer, sft_collator
 
-    dataset, tokenizer, model, training_args = load(args, workdir, True, bf16=bf16, quantize=quantize)
+    dataset, tokenizer, model, training_args = load(args, workdir, True, bf16=bf16, quantize=quantize,
+                                                    checkpointing=checkpointing)
     if torch_dropout:
         stock_peft_layers(model)
     if sdpa_loop:  # the per-example kernel wherever the flash varlen kernel would run
@@ -355,11 +375,12 @@ def parameters(model: Any) -> int:
     return log_parameter_counts(model)[1]
 
 
-def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bool = False) -> dict:
+def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bool = False,
+            checkpointing: bool = False) -> dict:
     import torch
     from trl import SFTConfig, SFTTrainer
 
-    dataset, tokenizer, model, training_args = load(args, workdir, False, quantize=quantize)
+    dataset, tokenizer, model, training_args = load(args, workdir, False, quantize=quantize, checkpointing=False)
     peft_config = None
     if quantize:  # as TRL's QLoRA docs: the 4-bit base and a LoraConfig, which TRL attaches (casting it to bf16)
         from peft import LoraConfig
@@ -376,7 +397,7 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bo
         output_dir=training_args.output_dir, max_steps=args.steps, per_device_train_batch_size=batch_size,
         learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
         report_to="none", logging_steps=1, use_cpu=not torch.cuda.is_available(),
-        gradient_checkpointing=False, max_length=args.max_seq_length, packing=packing, disable_tqdm=True,
+        gradient_checkpointing=checkpointing, max_length=args.max_seq_length, packing=packing, disable_tqdm=True,
     )
     clock, callback = trainer_clock()
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
@@ -390,7 +411,7 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bo
 def run_plain(args: argparse.Namespace, workdir: Path) -> dict:
     import torch
 
-    dataset, _, model, training_args = load(args, workdir, False, bf16=False)
+    dataset, _, model, training_args = load(args, workdir, False, bf16=False, checkpointing=False)
     device = training_args.device
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -434,6 +455,10 @@ RUNS = {
     "plain": run_plain,
     "ours_qlora": lambda a, w: run_ours(a, w, quantize=True),
     "trl_packed_qlora": lambda a, w: run_trl(a, w, packing=True, quantize=True),
+    "ours_no_gc": lambda a, w: run_ours(a, w, checkpointing=False),
+    "ours_qlora_no_gc": lambda a, w: run_ours(a, w, quantize=True, checkpointing=False),
+    "trl_packed_gc": lambda a, w: run_trl(a, w, packing=True, checkpointing=True),
+    "trl_packed_qlora_gc": lambda a, w: run_trl(a, w, packing=True, quantize=True, checkpointing=True),
 }
 
 

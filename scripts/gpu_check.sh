@@ -6,6 +6,11 @@
 #                                      `.gpu/run.sh use`; one `STAGE name rc=N` line each (about 7 minutes)
 #   bash scripts/gpu_check.sh bench    bench_sft against TRL packed at batch 8 and 32 and on QLoRA, then
 #                                      VARIANTS (default ours_row_capped,ours_compiled) at batch 8 (about 5)
+#   bash scripts/gpu_check.sh memory   issue 40: the gpu tests of checkpointing, offload, the tiled head and the
+#                                      forward budget, then bench_sft's memory rows at tunesmith's defaults against
+#                                      TRL packed: 1.07B QLoRA and LoRA at 2048, a Qwen2.5-1.5B shape at 4096 (about 9)
+#   bash scripts/gpu_check.sh context  issue 40: bench_context's longest context for the Qwen2.5-1.5B shape (LoRA)
+#                                      against TRL at its best, within BUDGET
 #
 # Run the second right after the first, while the machine is warm (it goes back after 30 s idle, and a start
 # costs device time). BUDGET (seconds, default 540) bounds a call: what no longer fits is skipped and says so.
@@ -15,11 +20,39 @@ set -u
 S=$(date +%s); OUT=${OUT:-/tmp/gpu-out}; export OUT; mkdir -p "$OUT"
 elapsed() { echo $(( $(date +%s) - S )); }
 left() { echo $(( ${BUDGET:-540} - $(elapsed) )); }
-case "${1:-}" in stages|bench) ;; *) echo "usage: bash scripts/gpu_check.sh stages|bench"; exit 2 ;; esac
+case "${1:-}" in stages|bench|memory|context) ;; *) echo "usage: bash scripts/gpu_check.sh stages|bench|memory|context"; exit 2 ;; esac
 [ -f .gpu/run.sh ] || { echo "gpu_check: no .gpu/run.sh: run bash ../shared/gpu/prepare.sh here first"; exit 2; }
 bash .gpu/run.sh shell true > "$OUT/setup.log" 2>&1 || { tail -n 5 "$OUT/setup.log"; exit 1; }
 grep -E "^gpu:|random weights" "$OUT/setup.log"; echo "setup done at $(elapsed)s"
 G=$PWD/.gpu; export PYTHONPATH=$G/bnb:/tmp/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+shape() {  # NAME: random bf16 weights of a real shape in /tmp/NAME with the default model's tokenizer (q15, l8b)
+  python3 - "$1" "$G/tok" <<'PY' 2>&1 | grep -v "Writing model"
+import os, shutil, sys, torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+name, tok = sys.argv[1], sys.argv[2]
+folder = f"/tmp/{name}"
+if not os.path.exists(f"{folder}/config.json"):
+    shapes = {  # Qwen2.5-1.5B and Llama-3.1-8B as their config.json give them (rope scaling left out)
+        "q15": lambda: Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=131072,
+                                   tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, bos_token_id=1,
+                                   eos_token_id=2, pad_token_id=2),
+        "l8b": lambda: LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                                   num_key_value_heads=8, vocab_size=128256, max_position_embeddings=524288,
+                                   tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=1,
+                                   eos_token_id=2, pad_token_id=2)}
+    torch.manual_seed(0)
+    config = shapes[name](); config.dtype = "bfloat16"
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    for f in os.listdir(tok):
+        if f not in ("config.json", "tokenizer.json.gz"):
+            shutil.copy(os.path.join(tok, f), folder)
+    print(f"{folder}: random weights, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters")
+PY
+}
 
 bench() {  # NAME MIN_SECONDS BENCH_SFT_FLAGS...: one bench_sft call if MIN_SECONDS are left, then its table
   local name=$1 need=$2; shift 2
@@ -48,5 +81,20 @@ bench)
   bench b32 80 --batch_size 32 --steps 12 --variants ours,trl_packed
   bench qlora 70 --batch_size 8 --steps 15 --variants ours_qlora,trl_packed_qlora
   bench extra 60 --batch_size 8 --steps 25 --variants "${VARIANTS:-ours_row_capped,ours_compiled}" ;;
+memory)
+  shape q15; echo "shapes done at $(elapsed)s"
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -s -k "offloaded or tiled or \
+packed_logits_equal or (test_sft and (packed or offload or qlora))" > "$OUT/pytest.log" 2>&1
+  echo "-- pytest -m gpu (done at $(elapsed)s)"; grep -E "peak above|passed|failed|Error" "$OUT/pytest.log" | tail -n 8
+  bench qlora 110 --batch_size 8 --steps 15 --variants ours_qlora,trl_packed_qlora,ours_qlora_no_gc
+  bench lora 110 --batch_size 8 --steps 25 --variants ours,trl_packed,ours_no_gc
+  bench q15 100 --model /tmp/q15 --max_seq_length 4096 --max_turns 30 --batch_size 8 --steps 10 \
+    --variants ours,trl_packed
+  grep -h "forwards of at most\|activation checkpointing on" "$OUT"/bench_*.log | sort | uniq -c | head -n 6 ;;
+context)
+  shape q15; echo "shapes done at $(elapsed)s"
+  timeout $(( $(left) - 10 )) python3 scripts/bench_context.py --model /tmp/q15 --method lora \
+    ${CONTEXT_ARGS:---variants ours,ours_offload,trl --start 8192 --time_budget 60} > "$OUT/context.log" 2>&1
+  echo "-- bench_context (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | tail -n 40 ;;
 esac
 echo "all done at $(elapsed)s"

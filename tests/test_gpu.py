@@ -107,12 +107,18 @@ def test_packed_logits_equal_eager_per_example_in_bf16(name, default_model_path)
 
 
 @pytest.mark.parametrize("variant", [("--packing", "true"), ("--packing", "false"), ("--quantization_bit", "4"),
-                                     ("--finetuning_type", "full")], ids=["packed", "padded", "qlora", "full"])
+                                     ("--finetuning_type", "full"), ("--packing", "true", "--gradient_checkpointing",
+                                                                     "offload")],
+                         ids=["packed", "padded", "qlora", "full", "offload"])
 def test_sft(tiny_model_dir, tmp_path, variant):
     out = tmp_path / "sft"
-    run("sft", "--model_name_or_path", tiny_model_dir, "--data_path", str(DEMO / "sft.jsonl"), "--output_dir",
-        str(out), "--bf16", "true", *TRAIN, *variant)
+    proc = run("sft", "--model_name_or_path", tiny_model_dir, "--data_path", str(DEMO / "sft.jsonl"), "--output_dir",
+               str(out), "--bf16", "true", *TRAIN, *variant)
     losses(out)
+    if "--gradient_checkpointing" not in variant:  # SFT's GPU default
+        assert "activation checkpointing on (SFT's default on a GPU" in proc.stderr
+    if variant[:2] == ("--packing", "true"):  # the second step's forwards sized by the free memory, said once
+        assert proc.stderr.count("forwards of at most ") == 1, proc.stderr[-3000:]
     if variant[0] != "--finetuning_type":  # the adapter answers on its base (the chat reads no input: it ends)
         run("chat", "--model_name_or_path", str(out), "--max_new_tokens", "4")
 
@@ -167,3 +173,68 @@ def test_serve_answers_on_cuda(tiny_model_dir, tmp_path):
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
                            client.chat.completions.create(**ask, stream=True) if chunk.choices)
         assert streamed == reply.choices[0].message.content
+
+
+def test_offloaded_checkpointing_keeps_the_layer_inputs_off_the_gpu_with_the_same_gradients():
+    """transformers' offload (--gradient_checkpointing offload) on a packed row: the loss and gradients of plain
+    checkpointing, and the peak GPU memory lower by about the layers' inputs (layers x tokens x hidden x 2 bytes)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tunesmith.models.attention import use_varlen_attention
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=4096, hidden_size=1024, intermediate_size=2048, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=16384)
+    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).train()
+    model.set_attn_implementation("sdpa")
+    use_varlen_attention(model)
+    lengths = [4096, 2048, 2048]
+    ids = torch.randint(0, 4096, (1, sum(lengths)), device="cuda")
+    bounds = torch.tensor([0, 4096, 6144, 8192], dtype=torch.int32, device="cuda")
+    batch = {"input_ids": ids, "labels": ids, "use_cache": False, "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds,
+             "max_length_q": 4096, "max_length_k": 4096,
+             "position_ids": torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]}
+
+    def step(offload: bool):
+        model.activation_checkpointing_enable(offload=offload)
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        loss = model(**batch).loss
+        loss.backward()
+        torch.cuda.synchronize()
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters()}
+        return loss.item(), grads, torch.cuda.max_memory_allocated() - before
+
+    plain_loss, plain_grads, plain_peak = step(offload=False)
+    offload_loss, offload_grads, offload_peak = step(offload=True)
+    assert offload_loss == pytest.approx(plain_loss, rel=1e-6)
+    for name, grad in offload_grads.items():  # the same kernels on the same values (flash's backward may reorder sums)
+        assert torch.allclose(grad, plain_grads[name], rtol=1e-2, atol=1e-6 * grad.abs().max().item()), name
+    inputs = config.num_hidden_layers * ids.numel() * config.hidden_size * 2
+    print(f"peak above the weights: plain {plain_peak / 2**20:.0f} MB, offloaded {offload_peak / 2**20:.0f} MB, "
+          f"layer inputs {inputs / 2**20:.0f} MB")
+    assert plain_peak - offload_peak > 0.5 * inputs
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "cohere2"])
+def test_tiled_head_gives_the_models_own_loss_and_gradients_on_cuda(name, default_model_path):
+    """train/head_loss.py's Triton path (TRL's kernel on CUDA) against the model's own logits and loss."""
+    from arch_models import architecture_config
+    from test_head_loss import SOFTCAP, loss_and_grads, packed_batch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tunesmith.train.head_loss import install_fused_head
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(architecture_config(name, tokenizer, **SOFTCAP.get(name, {})),
+                                             attn_implementation="eager", dtype=torch.float32).cuda()
+    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in packed_batch(tokenizer).items()}
+    reference_loss, reference = loss_and_grads(model, batch, fused=False)
+    assert install_fused_head(model)
+    loss, grads = loss_and_grads(model, batch, fused=True)
+    assert loss == pytest.approx(reference_loss, abs=1e-4)
+    for key, grad in grads.items():
+        assert torch.allclose(grad, reference[key], atol=1e-4, rtol=1e-3), f"{name}: {key}"

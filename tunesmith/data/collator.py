@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..constants import IGNORE_INDEX
-from .packing import FORWARD_SPLITS, forward_splits, trained_positions
+from .packing import FORWARD_SPLITS, SIZED_BY_FREE_MEMORY, forward_splits, trained_positions
 
 
 @dataclass
@@ -37,10 +37,11 @@ class PaddingCollator:
 class PackingCollator:
     """A batch of `{"input_ids", "labels"}` examples as one padding-free row of shape [1, total_tokens].
     With max_forward_tokens, a row longer than that also carries `forward_splits`: the token offsets
-    where LoraTrainer cuts it into forwards of whole examples (see forward_splits())."""
+    where LoraTrainer cuts it into forwards of whole examples (see forward_splits()); None leaves the forwards'
+    size to the trainer, from the free GPU memory (train/forward_budget.py); 0: one forward."""
 
     trained_logits_only: bool = True
-    max_forward_tokens: int = 0
+    max_forward_tokens: int | None = 0
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         lengths = [len(f["input_ids"]) for f in features]
@@ -64,7 +65,9 @@ class PackingCollator:
         }
         if self.trained_logits_only:
             batch.update(trained_positions(labels))
-        if self.max_forward_tokens and len(input_ids[0]) > self.max_forward_tokens:
+        if self.max_forward_tokens is None:
+            batch[FORWARD_SPLITS] = SIZED_BY_FREE_MEMORY
+        elif self.max_forward_tokens and len(input_ids[0]) > self.max_forward_tokens:
             batch[FORWARD_SPLITS] = forward_splits(lengths, self.max_forward_tokens)
         return batch
 

@@ -133,8 +133,10 @@ class SFTDataArguments(TrainDataArguments):
         metadata={"help": "With --packing: the most tokens one forward/backward holds. A packed batch over it runs "
                   "as several forwards of whole examples before the one optimizer step (the same gradients, "
                   "summed), so activation memory follows this, not the batch size; each forward also reads every "
-                  "weight, so much smaller values cost throughput. Default: 2048 on CPU; on GPUs, and under "
-                  "DeepSpeed (which steps at every backward), the whole batch at once. 0: the whole batch at once."},
+                  "weight, so much smaller values cost throughput. Default: 2048 on CPU; on a GPU as many as its free "
+                  "memory holds at the model's bytes per token, measured on the first step and logged ('forwards of at "
+                  "most N tokens'); under DeepSpeed (which steps at every backward) the whole batch at once. 0: the whole "
+                  "batch at once."},
     )
     truncation: Literal["drop_turns", "drop_example", "cut"] = field(
         default="drop_turns",

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
 from ..utils.threads import warn_about_cpu_threads
 from .rules import check
-from .training_args import resolve_eval_schedule
+from .training_args import resolve_checkpointing, resolve_eval_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +175,7 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
         raise ConfigError(_unknown_message(unknown, parser.flags))
     del namespace.debug  # the boundary's flag, not a dataclass field (TrainingArguments has its own `debug`)
     eval_note = resolve_eval_schedule(vars(namespace))
+    checkpointing_note = resolve_checkpointing(vars(namespace), dataclass_types)
     configs = []
     for dtype in dataclass_types:
         keys = {f.name for f in dataclasses.fields(dtype) if f.init}
@@ -192,8 +193,9 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
         warn_if_not_the_recorded_base(run.model)  # after the rules: a refused run gets one message only
     if check_paths:  # a run about to start (not a config read for inspection)
         warn_about_cpu_threads()
-        if eval_note:
-            logger.info(eval_note)
+        for note in (eval_note, checkpointing_note):
+            if note:
+                logger.info(note)
     return run
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -65,6 +66,24 @@ def resolve_eval_schedule(values: dict[str, Any]) -> str | None:
     if values["eval_strategy"] == "steps" and not values["eval_steps"]:
         values["eval_steps"] = values["save_steps"]
     return note
+
+
+def resolve_checkpointing(values: dict[str, Any], dataclass_types: Sequence[type]) -> str | None:
+    """Settle --gradient_checkpointing left out, in the parsed flag values (`values`, changed in place), for a stage
+    whose training arguments say `checkpointing_auto` (SFT): on where a GPU trains, as TRL's SFTConfig,
+    LLaMA-Factory and unsloth default to (memory then follows the layers' inputs, not every activation: docs/
+    benchmark.md, "Memory"), except for prefix tuning, which cannot be checkpointed; off on CPU, where forwards of
+    at most 2,048 tokens already bound the memory and the recomputation costs a third more time. Returns a line for
+    the log, or None."""
+    if values.get("gradient_checkpointing") is not None or values.get("activation_checkpointing") is not None:
+        return None
+    if not any(getattr(d, "checkpointing_auto", False) for d in dataclass_types):
+        return None
+    on_gpu = torch.cuda.is_available() and not values.get("use_cpu")
+    values["gradient_checkpointing"] = on_gpu and values.get("finetuning_type") != "prefix_tuning"
+    if not values["gradient_checkpointing"]:
+        return None
+    return "activation checkpointing on (SFT's default on a GPU; --gradient_checkpointing false turns it off)"
 
 
 @dataclass
@@ -205,4 +224,5 @@ class SFTTrainingArguments(TrainingArguments):
     (measured against float32 in docs/benchmark.md and tests/test_cpu_speed.py)."""
 
     bf16_auto: ClassVar[bool] = True
+    checkpointing_auto: ClassVar[bool] = True  # see resolve_checkpointing
     record_name: ClassVar[str] = "TrainingArguments"  # tunesmith_config.json keeps the key runs were saved with

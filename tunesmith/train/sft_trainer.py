@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from transformers import Trainer
 
 from ..constants import IGNORE_INDEX
 from ..data.collator import PackingCollator, PaddingCollator
-from ..data.packing import CPU_FORWARD_TOKENS, FORWARD_SPLITS, slice_packed_row
+from ..data.packing import CPU_FORWARD_TOKENS, FORWARD_SPLITS, SIZED_BY_FREE_MEMORY, slice_packed_row
 from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
 from ..models.attention import use_varlen_attention
@@ -21,6 +22,7 @@ from ..models.prompt_learning import load_encoder, save_encoder
 from ..utils.hardware import trains_on_cpu
 from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
+from .forward_budget import ForwardBudget
 from .head_loss import FUSED_HEAD, install_fused_head, wants_fused_head
 from .losses import use_chunked_loss
 from .param_groups import split_lora_groups
@@ -80,6 +82,7 @@ class LoraTrainer(Trainer):
         self._eval_totals = torch.zeros(2, dtype=torch.float64)  # this process, this evaluation: summed loss, tokens
         self._modules_of: tuple[torch.nn.Module | None, list[torch.nn.Module]] = (None, [])  # _train_mode_kept's
         self._flops_per_token: int | None = None  # floating_point_ops's parameter count, taken once
+        self._forward_budget: ForwardBudget | None = None  # a GPU run's forward size (train/forward_budget.py)
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -137,19 +140,31 @@ class LoraTrainer(Trainer):
         """A packed row with `forward_splits` runs as several forward/backward passes of whole examples
         before the optimizer step. Each part's loss is its summed token losses over the whole batch's
         num_items_in_batch, so the gradients add up to the one-forward gradients; only the last part
-        synchronizes gradients across processes (DDP), whatever the number of parts on each."""
+        synchronizes gradients across processes (DDP), whatever the number of parts on each. A row whose forwards
+        the free GPU memory sizes is cut by the run's ForwardBudget, which measures the first step's forwards."""
         with self._train_mode_kept(model):
-            splits = inputs.pop(FORWARD_SPLITS, None)
-            if not splits or len(splits) <= 2:
+            splits, budget = inputs.pop(FORWARD_SPLITS, None), None
+            if splits == SIZED_BY_FREE_MEMORY:
+                budget = self._forward_budget_on_cuda()
+                splits = (budget.splits(inputs) or [0, inputs["input_ids"].shape[-1]]) if budget else None
+            if not splits or (len(splits) <= 2 and budget is None):
                 return super().training_step(model, inputs, num_items_in_batch)
             parts = list(zip(splits[:-1], splits[1:]))
             total = None
             for i, (start, end) in enumerate(parts):
+                part = inputs if len(parts) == 1 else slice_packed_row(inputs, start, end)
                 sync = contextlib.nullcontext() if i == len(parts) - 1 else self.accelerator.no_sync(model)
                 with sync:
-                    loss = super().training_step(model, slice_packed_row(inputs, start, end), num_items_in_batch)
+                    step = functools.partial(super().training_step, model, part, num_items_in_batch)
+                    loss = step() if budget is None else budget.measure(end - start, step)
                 total = loss if total is None else total + loss
             return total
+
+    def _forward_budget_on_cuda(self) -> ForwardBudget | None:
+        """The run's forward budget; None off CUDA (rows sized by the free memory then run whole)."""
+        if self._forward_budget is None and self.args.device.type == "cuda":
+            self._forward_budget = ForwardBudget(self.args.device)
+        return self._forward_budget
 
     def _train_mode_kept(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """The Trainer calls model.train() at every training step, and nn.Module.train sets the flag of every
@@ -322,6 +337,9 @@ def sft_collator(model: torch.nn.Module, tokenizer: Any, data_args: Any, trainin
     use_varlen_attention(model)
     full_logits = training_args.use_liger_kernel or training_args.label_smoothing_factor != 0
     max_forward_tokens = data_args.max_forward_tokens
-    if max_forward_tokens is None:  # DeepSpeed steps at every backward: one forward per batch there
-        max_forward_tokens = CPU_FORWARD_TOKENS if trains_on_cpu(training_args) and not training_args.deepspeed else 0
+    if max_forward_tokens is None and training_args.deepspeed:  # DeepSpeed steps at every backward: one forward
+        max_forward_tokens = 0
+    elif max_forward_tokens is None and trains_on_cpu(training_args):
+        max_forward_tokens = CPU_FORWARD_TOKENS
+    # else None: on a GPU, the trainer sizes forwards from the free memory (train/forward_budget.py)
     return PackingCollator(trained_logits_only=not full_logits, max_forward_tokens=max_forward_tokens)
