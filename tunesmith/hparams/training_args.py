@@ -4,6 +4,7 @@ flag is listed after them."""
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import logging
 import os
@@ -16,7 +17,7 @@ import transformers
 from transformers import PreTrainedModel
 from transformers import TrainingArguments as _HFTrainingArguments
 
-from ..distributed import bind_deepspeed_comm, read_fsdp_config
+from ..distributed import bind_deepspeed_comm, fsdp_requested, read_fsdp_config
 from ..errors import ConfigError
 from ..utils.hardware import native_bf16, trains_on_cpu
 
@@ -72,7 +73,8 @@ def resolve_checkpointing(values: dict[str, Any], dataclass_types: Sequence[type
     """Settle --gradient_checkpointing left out, in the parsed flag values (`values`, changed in place), for a stage
     whose training arguments say `checkpointing_auto` (SFT): on where a GPU trains, as TRL's SFTConfig,
     LLaMA-Factory and unsloth default to (memory then follows the layers' inputs, not every activation: docs/
-    benchmark.md, "Memory"), except for prefix tuning, which cannot be checkpointed; off on CPU, where forwards of
+    benchmark.md, "Memory"), except for prefix tuning, which cannot be checkpointed, and FSDP, whose own config
+    checkpoints; off on CPU, where forwards of
     at most 2,048 tokens already bound the memory and the recomputation costs a third more time. Returns a line for
     the log, or None."""
     if values.get("gradient_checkpointing") is not None or values.get("activation_checkpointing") is not None:
@@ -80,7 +82,9 @@ def resolve_checkpointing(values: dict[str, Any], dataclass_types: Sequence[type
     if not any(getattr(d, "checkpointing_auto", False) for d in dataclass_types):
         return None
     on_gpu = torch.cuda.is_available() and not values.get("use_cpu")
-    values["gradient_checkpointing"] = on_gpu and values.get("finetuning_type") != "prefix_tuning"
+    # FSDP checkpoints through its own config (fsdp_config's activation_checkpointing), without a second all-gather
+    fsdp = fsdp_requested(argparse.Namespace(fsdp=values.get("fsdp") or values.get("fsdp_config")))
+    values["gradient_checkpointing"] = on_gpu and not fsdp and values.get("finetuning_type") != "prefix_tuning"
     if not values["gradient_checkpointing"]:
         return None
     return "activation checkpointing on (SFT's default on a GPU; --gradient_checkpointing false turns it off)"
