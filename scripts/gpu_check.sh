@@ -83,14 +83,14 @@ bench)
   bench extra 60 --batch_size 8 --steps 25 --variants "${VARIANTS:-ours_row_capped,ours_compiled}" ;;
 memory)
   shape q15; echo "shapes done at $(elapsed)s"
-  timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -s -k "offloaded or tiled or \
-packed_logits_equal or (test_sft and (packed or offload or qlora))" > "$OUT/pytest.log" 2>&1
-  echo "-- pytest -m gpu (done at $(elapsed)s)"; grep -E "peak above|passed|failed|Error" "$OUT/pytest.log" | tail -n 8
-  bench qlora 110 --batch_size 8 --steps 15 --variants ours_qlora,trl_packed_qlora,ours_qlora_no_gc
-  bench lora 110 --batch_size 8 --steps 25 --variants ours,trl_packed,ours_no_gc
-  bench q15 100 --model /tmp/q15 --max_seq_length 4096 --max_turns 30 --batch_size 8 --steps 10 \
+  bench qlora 100 --batch_size 8 --steps 15 --variants ours_qlora,trl_packed_qlora,ours_qlora_no_gc
+  bench lora 70 --batch_size 8 --steps 25 --variants ours,trl_packed
+  bench q15 90 --model /tmp/q15 --max_seq_length 4096 --max_turns 30 --batch_size 8 --steps 10 \
     --variants ours,trl_packed
-  grep -h "forwards of at most\|activation checkpointing on" "$OUT"/bench_*.log | sort | uniq -c | head -n 6 ;;
+  grep -h "forwards of at most\|activation checkpointing on" "$OUT"/bench_*.log | cut -c1-200 | sort | uniq -c | head -n 6
+  timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -s -k "offloaded or \
+tiled or packed_logits_equal or (test_sft and (packed or offload or qlora))" > "$OUT/pytest.log" 2>&1
+  echo "-- pytest -m gpu (done at $(elapsed)s)"; grep -E "peak above|passed|failed|Error" "$OUT/pytest.log" | tail -n 8 ;;
 context)
   shape q15; echo "shapes done at $(elapsed)s"
   timeout $(( $(left) - 10 )) python3 scripts/bench_context.py --model /tmp/q15 --method lora \
