@@ -6,15 +6,15 @@
 Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r, alpha = 2r,
 --lora_dropout 0.05) on the same model, from the same conversations taken in the same order, for the
 same number of optimizer steps with AdamW at the same learning rate; TRL and the plain loop without gradient
-checkpointing (their fastest), tunesmith at its own default (on a GPU checkpointing on, on CPU off):
+checkpointing (their fastest), tunesmith at its own default (checkpointing for QLoRA on a GPU, else none):
   ours                tunesmith with --packing and its defaults: one padding-free row per batch (sdpa_varlen,
                       logits of trained positions only, the loss's gradient built chunk by chunk, or on long
                       forwards the loss from the hidden states through the tiled head) run as forwards of at
                       most 2,048 tokens on CPU, on a GPU as many as the free memory holds (--max_forward_tokens),
                       bf16 where the hardware has it (a LoRA base then loads in bf16, autocast runs the
-                      products), the fast CPU LoRA dropout; on a GPU, activation checkpointing
-  ours_no_gc          ours with --gradient_checkpointing false (what checkpointing costs and saves on a GPU)
-  ours_qlora_no_gc    ours_qlora with --gradient_checkpointing false
+                      products), the fast CPU LoRA dropout
+  ours_gc             ours with --gradient_checkpointing true (what checkpointing costs and saves)
+  ours_qlora_no_gc    ours_qlora with --gradient_checkpointing false (QLoRA checkpoints by default on a GPU)
   trl_packed_gc       trl_packed with gradient checkpointing, as TRL's SFTConfig defaults to
   trl_packed_qlora_gc trl_packed_qlora with gradient checkpointing
   ours_fp32           ours with --bf16 false: float32 weights and products (what bf16 adds, alone)
@@ -91,10 +91,10 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
 
 VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
             "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora",
-            "trl_packed_qlora", "ours_no_gc", "ours_qlora_no_gc", "trl_packed_gc", "trl_packed_qlora_gc")
+            "trl_packed_qlora", "ours_gc", "ours_qlora_no_gc", "trl_packed_gc", "trl_packed_qlora_gc")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
 SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
-                "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "plain", "ours_qlora", "ours_no_gc",
+                "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "plain", "ours_qlora", "ours_gc",
                 "ours_qlora_no_gc")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
@@ -274,12 +274,12 @@ def step_profiler(args: argparse.Namespace) -> list:
 # ---------------------------------------------------------------- variants
 
 
-def default_checkpointing() -> bool:
-    """tunesmith's --gradient_checkpointing when left out, for a LoRA SFT run here (on a GPU: on)."""
+def default_checkpointing(quantize: bool) -> bool:
+    """tunesmith's --gradient_checkpointing when left out, for a LoRA or QLoRA SFT run here (QLoRA on a GPU: on)."""
     from tunesmith.hparams import SFTTrainingArguments
     from tunesmith.hparams.training_args import resolve_checkpointing
 
-    values = {"gradient_checkpointing": None, "finetuning_type": "lora"}
+    values = {"gradient_checkpointing": None, "finetuning_type": "lora", "quantization_bit": 4 if quantize else None}
     resolve_checkpointing(values, [SFTTrainingArguments])
     return bool(values["gradient_checkpointing"])
 
@@ -300,7 +300,7 @@ def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16
         output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
         report_to="none", logging_steps=1, bf16=bf16, disable_tqdm=True,
-        gradient_checkpointing=default_checkpointing() if checkpointing is None else checkpointing,
+        gradient_checkpointing=default_checkpointing(quantize) if checkpointing is None else checkpointing,
     )
     dtype = "auto" if tunesmith_defaults else "bfloat16" if quantize else "float32"
     model_args = ModelArguments(model_name_or_path=args.model, dtype=dtype, quantization_bit=4 if quantize else None)
@@ -455,7 +455,7 @@ RUNS = {
     "plain": run_plain,
     "ours_qlora": lambda a, w: run_ours(a, w, quantize=True),
     "trl_packed_qlora": lambda a, w: run_trl(a, w, packing=True, quantize=True),
-    "ours_no_gc": lambda a, w: run_ours(a, w, checkpointing=False),
+    "ours_gc": lambda a, w: run_ours(a, w, checkpointing=True),
     "ours_qlora_no_gc": lambda a, w: run_ours(a, w, quantize=True, checkpointing=False),
     "trl_packed_gc": lambda a, w: run_trl(a, w, packing=True, checkpointing=True),
     "trl_packed_qlora_gc": lambda a, w: run_trl(a, w, packing=True, quantize=True, checkpointing=True),

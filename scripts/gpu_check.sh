@@ -84,9 +84,9 @@ bench)
 memory)
   shape q15; echo "shapes done at $(elapsed)s"
   bench qlora 100 --batch_size 8 --steps 15 --variants ours_qlora,trl_packed_qlora,ours_qlora_no_gc
-  bench lora 70 --batch_size 8 --steps 25 --variants ours,trl_packed
-  bench q15 90 --model /tmp/q15 --max_seq_length 4096 --max_turns 30 --batch_size 8 --steps 10 \
-    --variants ours,trl_packed
+  bench lora 100 --batch_size 8 --steps 25 --variants ours,trl_packed,ours_gc
+  bench q15 130 --model /tmp/q15 --max_seq_length 4096 --max_turns 30 --batch_size 8 --steps 10 \
+    --variants ours,trl_packed,ours_gc
   grep -h "forwards of at most\|activation checkpointing on" "$OUT"/bench_*.log | cut -c1-200 | sort | uniq -c | head -n 6
   timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -s -k "offloaded or \
 tiled or packed_logits_equal or (test_sft and (packed or offload or qlora))" > "$OUT/pytest.log" 2>&1

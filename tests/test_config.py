@@ -212,20 +212,22 @@ def test_an_unknown_flag_after_a_bare_one_is_still_named():
         parse_sft("--data_path", "x.jsonl", "--disable_dropout", "--max_step", "2")
 
 
-def test_sft_checkpoints_by_default_on_a_gpu_only(monkeypatch):
-    """--gradient_checkpointing left out: on for SFT where a GPU trains (not for prefix tuning, which cannot be
-    checkpointed, nor under FSDP, whose config checkpoints), off on CPU and in the other stages; given, as given."""
+def test_qlora_checkpoints_by_default_on_a_gpu_only(monkeypatch):
+    """--gradient_checkpointing left out: on for QLoRA SFT where a GPU trains (not for prefix tuning, which cannot be
+    checkpointed, nor under FSDP, whose config checkpoints), off for LoRA, on CPU and in the other stages; given, as
+    given."""
     from tunesmith.hparams import SFTTrainingArguments
     from tunesmith.hparams.training_args import resolve_checkpointing
 
     def resolved(gpu: bool, kinds=(SFTTrainingArguments,), **values):
         monkeypatch.setattr("torch.cuda.is_available", lambda: gpu)
-        values = {"gradient_checkpointing": None, "finetuning_type": "lora", **values}
+        values = {"gradient_checkpointing": None, "finetuning_type": "lora", "quantization_bit": 4, **values}
         note = resolve_checkpointing(values, kinds)
         return values["gradient_checkpointing"], note
 
     on, note = resolved(True)
-    assert on is True and note.startswith("activation checkpointing on (SFT's default on a GPU")
+    assert on is True and note.startswith("activation checkpointing on (QLoRA's default on a GPU")
+    assert resolved(True, quantization_bit=None) == (False, None)
     assert resolved(False) == (False, None)
     assert resolved(True, use_cpu=True)[0] is False
     assert resolved(True, finetuning_type="prefix_tuning")[0] is False
