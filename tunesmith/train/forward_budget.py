@@ -33,7 +33,7 @@ HEADROOM = 0.15  # of the free memory, left for fragmentation and the memory a l
 
 
 class ForwardBudget:
-    """The forward size of a run on one CUDA device: `splits(batch)` cuts a packed row, `measured(tokens)` wraps
+    """The forward size of a run on one CUDA device: `splits(batch)` cuts a packed row, `measure(tokens, run)` wraps
     each forward of the first step."""
 
     def __init__(self, device: torch.device) -> None:

@@ -10,15 +10,14 @@ on CUDA, torch elsewhere), the tiles recomputed in backward and turned into the 
 float32. Memory is the hidden states' size; the price is the head's product run once more in backward.
 
 Used when a forward's logits would hold more than FUSED_HEAD_ELEMENTS values (LoraTrainer decides per forward): short
-forwards keep the logits path, whose single head product is faster, and whose loss is the same (tested on every
-architecture in tests/test_architectures.py's table). Only for model types whose forward does nothing to the logits
+forwards keep the logits path, whose single head product is faster, and whose loss is the same (tests/test_head_loss.py
+compares loss and gradients on every model type below). Only for model types whose forward does nothing to the logits
 but the transforms below (final soft-capping, a scale): any other model keeps the logits path. Not while the router
 logits of a mixture of experts are asked for (the aux loss is the model's own function of them): the logits path."""
 
 from __future__ import annotations
 
 import functools
-import logging
 import types
 from typing import Any
 
@@ -27,8 +26,6 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..models.moe import causal_lm
-
-logger = logging.getLogger(__name__)
 
 FUSED_HEAD = "fused_head"  # the forward's keyword that asks for the loss from the hidden states
 # Logits of more values than this in one forward go through the tiles: 64M values, 128 MB in bf16 (about 1,300 trained
