@@ -31,7 +31,9 @@ FUSED_HEAD = "fused_head"  # the forward's keyword that asks for the loss from t
 # Logits of more values than this in one forward go through the tiles: 64M values, 128 MB in bf16 (about 1,300 trained
 # tokens of SmolLM2's vocabulary, 440 of Qwen2.5's).
 FUSED_HEAD_ELEMENTS = 1 << 26
-VOCAB_CHUNK = 4096  # columns of a tile (TRL's own default for its SFT loss)
+# Columns of a tile. TRL's SFT loss takes 32,768: a tile of 4,096 tokens is then 256 MB in bf16, and its float32
+# temporaries on CPU several times that; 4,096 keeps them at 32 MB a copy, at a few more kernel calls.
+VOCAB_CHUNK = 4096
 
 # Model types whose causal-LM forward turns the head's output into logits with at most a final soft-cap
 # (`final_logit_softcapping`) and a scale (`logit_scale`, or 1 / `logits_scaling`), read from the config.
