@@ -90,20 +90,24 @@ TRAIN = ("--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no", "-
 
 @pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "mixtral", "gemma2", "gemma3_text", "phi3", "gpt_oss",
                                   "cohere2"])
-def test_packed_logits_equal_eager_per_example_in_bf16(name, default_model_path):
+def test_packed_logits_equal_eager_per_example_on_cuda(name, default_model_path):
     """tests/test_architectures.py's contract on CUDA: a packed row of examples longer than the window, through
     torch's flash varlen kernel (windows as window_size_left) or the model's eager function per example (soft-caps,
-    sinks), in bf16, against each example alone through eager attention in float32. A dropped window differed by
-    1.75-2.3 where the largest logit is about 2 (the issue's H100 figures); bf16 rounding stays far below 5%."""
+    sinks), against each example alone through eager attention in the same precision. A dropped window differed by
+    1.75-2.3 where the largest logit is about 2 (the issue's H100 figures). Dense models in bf16, where the flash
+    kernel runs: kernels that sum in another order differ by 2-3% of the largest logit there (on CPU too; against a
+    float32 reference, rounding alone makes 5%). Mixtures of experts in float32: in bf16 such a difference sends
+    some tokens to other experts (Mixtral's logits then differ by half their size, on CPU as well)."""
     from arch_models import packed_vs_eager
     from transformers import CONFIG_MAPPING, AutoTokenizer
 
     if name not in CONFIG_MAPPING:
         pytest.skip(f"transformers has no {name} config class")
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    difference, largest, implementation = packed_vs_eager(name, tokenizer, "cuda", torch.bfloat16)
+    dtype = torch.float32 if name in ("mixtral", "gpt_oss") else torch.bfloat16
+    difference, largest, implementation = packed_vs_eager(name, tokenizer, "cuda", dtype, reference_dtype=dtype)
     assert implementation.endswith("_varlen")
-    assert difference < 0.05 * largest, (difference, largest)
+    assert difference < (0.05 if dtype == torch.bfloat16 else 1e-4) * largest, (difference, largest)
 
 
 @pytest.mark.parametrize("variant", [("--packing", "true"), ("--packing", "false"), ("--quantization_bit", "4"),
