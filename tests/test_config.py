@@ -213,9 +213,9 @@ def test_an_unknown_flag_after_a_bare_one_is_still_named():
 
 
 def test_qlora_checkpoints_by_default_on_a_gpu_only(monkeypatch):
-    """--gradient_checkpointing left out: on for QLoRA SFT where a GPU trains (not for prefix tuning, which cannot be
-    checkpointed, nor under FSDP, whose config checkpoints), off for LoRA, on CPU and in the other stages; given, as
-    given."""
+    """--gradient_checkpointing left out: on for QLoRA SFT where a GPU trains, and on CPU for conversations longer than
+    its forwards (not for prefix tuning, which cannot be checkpointed, nor under FSDP, whose config checkpoints); off
+    for LoRA on a GPU, for shorter conversations on CPU and in the other stages; given, as given."""
     from tunesmith.hparams import SFTTrainingArguments
     from tunesmith.hparams.training_args import resolve_checkpointing
 
@@ -229,6 +229,9 @@ def test_qlora_checkpoints_by_default_on_a_gpu_only(monkeypatch):
     assert on is True and note.startswith("activation checkpointing on (QLoRA's default on a GPU")
     assert resolved(True, quantization_bit=None) == (False, None)
     assert resolved(False) == (False, None)
+    on, note = resolved(False, max_seq_length=32768)  # on CPU, conversations longer than its forwards
+    assert on is True and note.startswith("activation checkpointing on (--max_seq_length 32768 on CPU, above its 2048")
+    assert resolved(False, max_seq_length=2048) == (False, None)
     assert resolved(True, use_cpu=True)[0] is False
     assert resolved(True, finetuning_type="prefix_tuning")[0] is False
     assert resolved(True, fsdp_config="configs/fsdp2.yaml")[0] is False

@@ -61,6 +61,12 @@ def test_the_first_step_probes_then_the_free_memory_sets_the_forwards(monkeypatc
     assert [r.getMessage() for r in caplog.records] == [
         f"forwards of at most {limit} tokens (free memory {free / 1e9:.1f} GB, about 0.40 MB a token)"]
     assert budget.splits(row([30000, 20000, 10000])) == [0, 30000, 60000]  # limit 44,625: 30,000 | 20,000 + 10,000
+    with caplog.at_level(logging.WARNING, logger="tunesmith.train.forward_budget"):
+        caplog.clear()
+        for _ in range(2):  # a conversation longer than the limit runs whole, said once
+            assert budget.splits(row([50000, 100])) == [0, 50000, 50100]
+        assert [r.getMessage()[:60] for r in caplog.records] == [
+            "a conversation of 50000 tokens is longer than the forwards t"]
     # after the probe, forwards are no longer measured (and the peak statistics no longer reset)
     device.peak = 123
     budget.measure(100, lambda: None)

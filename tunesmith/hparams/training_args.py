@@ -17,6 +17,7 @@ import transformers
 from transformers import PreTrainedModel
 from transformers import TrainingArguments as _HFTrainingArguments
 
+from ..data.packing import CPU_FORWARD_TOKENS
 from ..distributed import bind_deepspeed_comm, fsdp_requested, read_fsdp_config
 from ..errors import ConfigError
 from ..utils.hardware import native_bf16, trains_on_cpu
@@ -71,14 +72,15 @@ def resolve_eval_schedule(values: dict[str, Any]) -> str | None:
 
 def resolve_checkpointing(values: dict[str, Any], dataclass_types: Sequence[type]) -> str | None:
     """Settle --gradient_checkpointing left out, in the parsed flag values (`values`, changed in place), for a stage
-    whose training arguments say `checkpointing_auto` (SFT): on for QLoRA on a GPU, off otherwise. Measured on an
+    whose training arguments say `checkpointing_auto` (SFT): on for QLoRA on a GPU, and on CPU where --max_seq_length
+    passes the CPU's forward size (2,048 tokens: a longer conversation runs as one forward, and without checkpointing
+    SmolLM2-135M holds about 1.5 MB a token there); off otherwise. Measured on an
     H100 (docs/benchmark.md, "Memory"), a 1.07B model at batch 8: checkpointing takes a QLoRA run's peak from 1.63x
     TRL packed's memory to 0.32x, at 1.04x its speed instead of 1.69x (memory is what QLoRA is picked for); a LoRA
     run's to 0.28x, but at 0.72x TRL's speed, since those steps wait on the host and recomputation adds a third more
     launches. So LoRA and full fine-tuning keep their speed, their forwards sized to the free memory
     (train/forward_budget.py). Never for prefix tuning, which cannot be checkpointed, nor under FSDP, whose own
-    config checkpoints; never on CPU, where forwards of at most 2,048 tokens already bound the memory. Returns a
-    line for the log, or None."""
+    config checkpoints. Returns a line for the log, or None."""
     if values.get("gradient_checkpointing") is not None or values.get("activation_checkpointing") is not None:
         return None
     if not any(getattr(d, "checkpointing_auto", False) for d in dataclass_types):
@@ -86,11 +88,14 @@ def resolve_checkpointing(values: dict[str, Any], dataclass_types: Sequence[type
     on_gpu = torch.cuda.is_available() and not values.get("use_cpu")
     # FSDP checkpoints through its own config (fsdp_config's activation_checkpointing), without a second all-gather
     fsdp = fsdp_requested(argparse.Namespace(fsdp=values.get("fsdp") or values.get("fsdp_config")))
-    values["gradient_checkpointing"] = bool(on_gpu and values.get("quantization_bit") and not fsdp
+    long_on_cpu = not on_gpu and (values.get("max_seq_length") or 0) > CPU_FORWARD_TOKENS
+    values["gradient_checkpointing"] = bool((on_gpu and values.get("quantization_bit") or long_on_cpu) and not fsdp
                                             and values.get("finetuning_type") != "prefix_tuning")
     if not values["gradient_checkpointing"]:
         return None
-    return "activation checkpointing on (QLoRA's default on a GPU; --gradient_checkpointing false turns it off)"
+    why = (f"--max_seq_length {values['max_seq_length']} on CPU, above its {CPU_FORWARD_TOKENS}-token forwards"
+           if long_on_cpu else "QLoRA's default on a GPU")
+    return f"activation checkpointing on ({why}; --gradient_checkpointing false turns it off)"
 
 
 @dataclass

@@ -41,6 +41,7 @@ class ForwardBudget:
         self.bytes_per_token: float | None = None  # the largest of the first step's forwards' rates
         self.limit: int | None = None  # tokens a forward may hold, from the second step on
         self.probing = True
+        self.warned = False  # about a conversation longer than the limit, once
 
     def splits(self, batch: dict[str, Any]) -> list[int] | None:
         """Offsets cutting this packed row into forwards of whole conversations, or None for one forward."""
@@ -50,6 +51,11 @@ class ForwardBudget:
             self.probing = False
             self.limit = self._limit_from_free_memory()
         cap = PROBE_TOKENS if self.probing else self.limit
+        if not self.probing and not self.warned and max(lengths) > cap:
+            self.warned = True
+            logger.warning("a conversation of %d tokens is longer than the forwards this GPU holds (%d tokens): it runs "
+                           "as one forward and may run out of memory; --gradient_checkpointing true (or offload) "
+                           "lowers the memory a token takes", max(lengths), cap)
         if sum(lengths) <= cap:
             return None
         return forward_splits(lengths, cap)
