@@ -12,8 +12,10 @@ Variants (every one trains the same LoRA: tunesmith's loader's targets, every li
 alpha 2r, dropout --lora_dropout; AdamW at --learning_rate; one conversation per optimizer step):
   ours          tunesmith's LoraTrainer with sft_collator and packing=True at its defaults: one padding-free
                 row (sdpa_varlen), logits of trained positions only (on CPU the loss's gradient built chunk by
-                chunk), bf16 where the hardware has it (a LoRA base then loads in bf16), no checkpointing
-  ours_gc       ours with gradient_checkpointing=True (each layer's input kept, the layer recomputed)
+                chunk), bf16 where the hardware has it (a LoRA base then loads in bf16), no checkpointing:
+                tunesmith's default for LoRA on a GPU, and on CPU up to --max_seq_length 2048
+  ours_gc       ours with gradient_checkpointing=True (each layer's input kept, the layer recomputed): tunesmith's
+                default on CPU above --max_seq_length 2048 and for QLoRA on a GPU (hparams/training_args.py)
   ours_offload  ours with gradient_checkpointing="offload": the kept layer inputs go to pinned CPU memory
                 (CUDA; tunesmith runs it as plain checkpointing on CPU). Where tunesmith does not accept the
                 value, the variant's line says so with its error.
