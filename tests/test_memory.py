@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 import transformers.modeling_utils
+from test_packing import chat_examples
 from torch.autograd.graph import save_on_cpu
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tunesmith.data.collator import PackingCollator, PaddingCollator
-from tunesmith.data.template import encode_conversation
 from tunesmith.hparams import RUN_ARGUMENTS, SFTTrainingArguments, parse_run
 from tunesmith.hparams.parser import Parser
 from tunesmith.models.attention import use_varlen_attention
@@ -35,20 +35,10 @@ HIDDEN, MLP = 64, 128
 FLOAT32 = 4  # bytes
 
 
-def conversation(i: int) -> list[dict]:
-    words = " ".join(f"word{i}x{k}" for k in range(3 + 7 * i))
-    return [{"role": "user", "content": f"Question {i}: {words}?"},
-            {"role": "assistant", "content": f"Answer {i}: {words[: 20 + 9 * i]}."}]
-
-
 @pytest.fixture(scope="module")
 def examples(tokenizer) -> list[dict]:
     """Four chat examples of uneven lengths (63, 96, 136 and 176 tokens), trained on the replies."""
-    out = []
-    for i in range(4):
-        encoded = encode_conversation(tokenizer, conversation(i), "assistant")
-        out.append({"input_ids": encoded.input_ids, "labels": encoded.labels})
-    return out
+    return chat_examples(tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -31,14 +31,19 @@ def conversation(i: int) -> list[dict]:
             {"role": "assistant", "content": f"Answer {i}: {words[: 20 + 9 * i]}."}]
 
 
-@pytest.fixture(scope="module")
-def examples(tokenizer) -> list[dict]:
-    """Chat examples of different lengths, labelled on the assistant replies only."""
+def chat_examples(tokenizer) -> list[dict]:
+    """Four chat examples of different lengths (63, 96, 136 and 176 tokens with SmolLM2's template), labelled on
+    the assistant replies only."""
     out = []
     for i in range(4):
         enc = encode_conversation(tokenizer, conversation(i), "assistant")
         out.append({"input_ids": enc.input_ids, "labels": enc.labels})
     return out
+
+
+@pytest.fixture(scope="module")
+def examples(tokenizer) -> list[dict]:
+    return chat_examples(tokenizer)
 
 
 @pytest.fixture(scope="module")
