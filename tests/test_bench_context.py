@@ -76,7 +76,7 @@ def test_a_worker_over_the_memory_limit_is_killed_and_counts_as_a_failure(tmp_pa
     assert "lora ours L=128 steps=2: fits" in out and f"\nours{128:>18}" in out
 
 
-@pytest.mark.slow  # 1.5-2.5 minutes: a worker per variant, each importing transformers and TRL (15 s)
+@pytest.mark.heavy  # 1.5-2.5 minutes: a worker per variant, each importing transformers and TRL (15 s); -m heavy
 def test_every_variant_trains_on_a_tiny_model(tmp_path, tiny_model_dir):
     out = run_script(tmp_path, "--model", tiny_model_dir, "--quick", "--one_process")
     table = out[out.index("== lora"):]
