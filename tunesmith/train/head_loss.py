@@ -13,7 +13,8 @@ Used when a forward's logits would hold more than FUSED_HEAD_ELEMENTS values (Lo
 forwards keep the logits path, whose single head product is faster, and whose loss is the same (tests/test_head_loss.py
 compares loss and gradients on every model type below). Only for model types whose forward does nothing to the logits
 but the transforms below (final soft-capping, a scale): any other model keeps the logits path. Not while the router
-logits of a mixture of experts are asked for (the aux loss is the model's own function of them): the logits path."""
+logits of a mixture of experts are asked for (the aux loss is the model's own function of them), nor where the head's
+weight is sharded (ZeRO-3, FSDP), which the tiles would read outside the head's forward: the logits path."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from transformers import Trainer
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
 from ..constants import IGNORE_INDEX
 from ..data.collator import PackingCollator, PaddingCollator
@@ -72,9 +73,11 @@ class LoraTrainer(Trainer):
         self.add_callback(MetricsFileCallback())  # every Trainer stage keeps output_dir/metrics.jsonl
         if trains_on_cpu(self.args):
             use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)
-        # a long forward's loss from the hidden states, its logits never held (train/head_loss.py); 0: not supported
+        # a long forward's loss from the hidden states, its logits never held (train/head_loss.py); 0: not used. Not
+        # where the head's weight is sharded (ZeRO-3, FSDP): the tiles read it outside the head's own forward.
         self._fused_head_vocab = 0
-        if self.adds_router_loss and install_fused_head(self.model):  # SFT's own loss, not a stage's
+        sharded = self.is_fsdp_enabled or is_deepspeed_zero3_enabled()
+        if self.adds_router_loss and not sharded and install_fused_head(self.model):  # SFT's own loss
             self._fused_head_vocab = self.model.get_output_embeddings().weight.shape[0]
         self.run_configs = run_configs
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
