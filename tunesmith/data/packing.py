@@ -47,10 +47,6 @@ from ..constants import IGNORE_INDEX
 FORWARD_SPLITS = "forward_splits"
 # FORWARD_SPLITS' value in a row whose forwards the trainer sizes from the free GPU memory (train/forward_budget.py)
 SIZED_BY_FREE_MEMORY = "free_memory"
-# The default --max_forward_tokens on CPU. Every forward/backward reads all the weights however few tokens
-# it holds (about 0.2 s a pass for SmolLM2-135M on a 2-core CPU, measured), so small forwards cost
-# throughput; at 2,048 tokens that is a few percent, and activation memory stops growing with the batch.
-CPU_FORWARD_TOKENS = 2048
 
 
 def forward_splits(lengths: list[int], max_tokens: int) -> list[int]:

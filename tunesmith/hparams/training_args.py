@@ -17,7 +17,7 @@ import transformers
 from transformers import PreTrainedModel
 from transformers import TrainingArguments as _HFTrainingArguments
 
-from ..data.packing import CPU_FORWARD_TOKENS
+from ..constants import CPU_FORWARD_TOKENS
 from ..distributed import bind_deepspeed_comm, fsdp_requested, read_fsdp_config
 from ..errors import ConfigError
 from ..utils.hardware import native_bf16, trains_on_cpu

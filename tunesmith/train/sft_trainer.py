@@ -13,9 +13,9 @@ import torch
 from transformers import Trainer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-from ..constants import IGNORE_INDEX
+from ..constants import CPU_FORWARD_TOKENS, IGNORE_INDEX
 from ..data.collator import PackingCollator, PaddingCollator
-from ..data.packing import CPU_FORWARD_TOKENS, FORWARD_SPLITS, SIZED_BY_FREE_MEMORY, slice_packed_row
+from ..data.packing import FORWARD_SPLITS, SIZED_BY_FREE_MEMORY, slice_packed_row
 from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
 from ..models.attention import use_varlen_attention
