@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchlib import add_quiet_arguments, loaded, medians, run_interleaved, run_worker, spread  # noqa: E402
+from benchlib import add_quiet_arguments, check_choices, loaded, medians, run_interleaved, run_worker, spread  # noqa: E402
 
 SHAPES = {"smollm2": (9, 3, 64), "mistral": (32, 8, 128)}  # query heads, key/value heads, head_dim
 MODELING = {"llama": "transformers.models.llama.modeling_llama", "gemma2": "transformers.models.gemma2.modeling_gemma2",
@@ -103,12 +103,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
-    if unknown:
-        p.error(f"--shapes {args.shapes}: unknown {unknown}; choose from {', '.join(SHAPES)}")
-    unknown = [k for k in args.kernels.split(",") if k not in KERNELS]
-    if unknown:
-        p.error(f"--kernels {args.kernels}: unknown {unknown}; choose from {', '.join(KERNELS)}")
+    check_choices(p, "shapes", args.shapes, SHAPES)
+    check_choices(p, "kernels", args.kernels, KERNELS)
     unknown = [d for d in args.dtypes.split(",") if d not in ("auto", "float32", "bfloat16")]
     if unknown:
         p.error(f"--dtypes {args.dtypes}: unknown {unknown}; choose float32, bfloat16 or auto")

@@ -116,6 +116,7 @@ from bench_sft import qa_pairs  # noqa: E402  (the scripts folder is on sys.path
 from benchlib import (  # noqa: E402
     StepClock,
     benchmark_model,
+    check_choices,
     peak_gpu_memory,
     peak_rss_mb,
     run_worker,
@@ -182,9 +183,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     if args.quick:
         args.start, args.max_length, args.lengths, args.steps = 128, 128, "128", 2
-    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
-    if unknown:
-        p.error(f"--variants {args.variants}: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    check_choices(p, "variants", args.variants, VARIANTS)
     bad = [m for m in args.method.split(",") if m not in METHODS]
     if bad:
         p.error(f"--method {args.method}: unknown {bad}; choose lora, qlora or lora,qlora")

@@ -78,6 +78,7 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
     StepClock,
     add_quiet_arguments,
     benchmark_model,
+    check_choices,
     loaded,
     logged_losses,
     medians,
@@ -121,9 +122,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
-    if unknown:
-        p.error(f"--variants {args.variants}: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    check_choices(p, "variants", args.variants, VARIANTS)
     return args
 
 

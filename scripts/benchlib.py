@@ -168,6 +168,14 @@ def loaded(runs: list[dict], quiet_share: float) -> str:
     return " (loaded)" if max(r["other_cpu"] for r in runs) > quiet_share else ""
 
 
+def check_choices(parser: Any, flag: str, value: str, choices: Sequence[str]) -> None:
+    """Stop with argparse's one-line usage error if the comma-separated `value` of --flag names anything but
+    `choices`."""
+    unknown = [v for v in value.split(",") if v not in choices]
+    if unknown:
+        parser.error(f"--{flag} {value}: unknown {unknown}; choose from {', '.join(choices)}")
+
+
 def add_quiet_arguments(parser: Any) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="Runs of each variant, interleaved.")
     parser.add_argument("--quiet_share", type=float, default=0.1,
