@@ -1,6 +1,7 @@
 """Function calling on the server (OpenAI's `tools` and `tool_choice`; protocol.py checks the fields):
 how the served template writes a call, the text that forces a call's opening onto the prompt, and a
-reply's text parsed back into OpenAI tool calls.
+reply's text parsed back into OpenAI tool calls (the parsing itself is data/tool_calls.py's, re-exported
+here: the RL rollouts parse calls too, and ppo/ sits below serve/).
 
 A reply is a call in one of the formats chat templates teach: `<tool_call>{json}</tool_call>` blocks
 (tunesmith's chatml_tools, Hermes, Qwen2.5 and Qwen3), or a reply that is nothing but a JSON object
@@ -15,11 +16,14 @@ in the reply is its call, whatever the format around it."""
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# Parsing lives in data/tool_calls.py, below serve/, since the RL rollouts parse and run calls too; its names are
+# re-exported here, so the server and its callers import them from here as before.
+from ..data.tool_calls import CLOSE, OPEN, CallFormat, ToolCall, call_id, parse_calls, tool_names
+
+__all__ = ["CALL_SCORES", "CLOSE", "OPEN", "CallFormat", "ToolCall", "ToolChoice", "call_id", "first_call",
+           "parse_calls", "same_arguments", "score_call", "score_calls", "tool_names"]
 
 
 @dataclass(frozen=True)
@@ -32,101 +36,6 @@ class ToolChoice:
     @property
     def forced(self) -> bool:
         return self.mode in ("required", "function")
-
-
-def tool_names(tools: list[dict] | None) -> list[str]:
-    return [tool["function"]["name"] for tool in tools or []]
-
-
-@dataclass(frozen=True)
-class CallFormat:
-    """How the served model's template writes a call, read from the template's text: `<tool_call>` blocks
-    when it mentions them (with a newline after the tag where it writes one: Hermes, Qwen), else a bare
-    JSON object (Llama 3.x), whose arguments key is "parameters" where the template writes that."""
-
-    tagged: bool = True
-    newline: bool = False
-    arguments_key: str = "arguments"
-
-    @classmethod
-    def of(cls, template: str | None) -> CallFormat:
-        template = template or ""
-        tagged = OPEN in template
-        newline = tagged and re.search(r"<tool_call>(\\n|\n)", template) is not None
-        key = "parameters" if not tagged and '"parameters"' in template else "arguments"
-        return cls(tagged, newline, key)
-
-    def opening(self, choice: ToolChoice) -> str:
-        """The text put after the prompt so the model can only go on with a call: the call's opening up
-        to the function's name (required), or up to its arguments (a named function)."""
-        start = (OPEN + ("\n" if self.newline else "")) if self.tagged else ""
-        if choice.mode == "function":
-            return f'{start}{{"name": {json.dumps(choice.name)}, "{self.arguments_key}": '
-        return start + '{"name": "'
-
-
-def call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-@dataclass
-class ToolCall:
-    """One parsed call: the function's name, its arguments as JSON text (OpenAI's form), an id."""
-
-    name: str
-    arguments: str
-    id: str = field(default_factory=call_id)
-
-    def openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-def parse_calls(text: str, names: list[str]) -> tuple[str, list[ToolCall]] | None:
-    """(the text around the calls, the calls) of a reply, or None when it holds no well-formed call to
-    one of `names`. A block the reply did not close (it ended at a stop string, or ran out of tokens
-    just after the JSON) counts when its JSON is whole."""
-    if OPEN in text:
-        before, _, rest = text.partition(OPEN)
-        outside, calls = [before.rstrip()], []
-        for block in rest.split(OPEN):
-            body, _, after = block.partition(CLOSE)
-            found = _calls(body, names, bare=False)
-            if found is None:
-                return None
-            calls += found
-            outside.append(after.strip())
-        return "\n".join(part for part in outside if part), calls
-    if text.lstrip().startswith(("{", "[")):
-        calls = _calls(text, names, bare=True)
-        return None if calls is None else ("", calls)
-    return None
-
-
-def _calls(body: str, names: list[str], bare: bool) -> list[ToolCall] | None:
-    """The calls in one JSON text: an object {"name", "arguments"|"parameters"}, or a list of them. Inside
-    a call's tags the arguments may be left out (none); a bare object must have them, or a JSON answer
-    that happens to hold a "name" would be taken for a call."""
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    items = value if isinstance(value, list) and value else [value]
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or item.get("name") not in names:
-            return None
-        if bare and not ("arguments" in item or "parameters" in item):
-            return None
-        arguments = item.get("arguments", item.get("parameters", {}))
-        if isinstance(arguments, str):  # some models write the arguments as JSON text, as OpenAI sends them
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        calls.append(ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False)))
-    return calls
 
 
 CALL_SCORES = ("well_formed", "right_function", "right_arguments")
