@@ -90,7 +90,7 @@ class RewardArguments:
 
 
 # The DPO losses that compare the policy with a reference model.
-REFERENCE_LOSSES = ("sigmoid", "ipo")
+REFERENCE_LOSSES = ("sigmoid", "ipo", "kto")
 
 
 @dataclass
@@ -98,16 +98,19 @@ class DPOArguments:
     role: ClassVar[str] = "dpo"
     _argument_group_name: ClassVar[str] = "DPO"
 
-    loss_type: Literal["sigmoid", "ipo", "simpo", "orpo"] = field(
+    loss_type: Literal["sigmoid", "ipo", "simpo", "orpo", "kto"] = field(
         default="sigmoid",
         metadata={"help": "sigmoid: DPO against a reference (the model the run starts from: the adapter it continues, the base without its adapter, or with --finetuning_type full a frozen copy). ipo: IPO's squared loss "
                   "on length-averaged log-probs, against the reference. simpo: SimPO, reference-free, "
                   "length-normalised, with margin --simpo_gamma. orpo: ORPO, the chosen reply's NLL plus --beta times "
-                  "an odds-ratio term, reference-free."},
+                  "an odds-ratio term, reference-free. kto: KTO (Ethayarajh et al. 2024, arXiv 2402.01306), against "
+                  "the reference as sigmoid, on single replies each labelled desirable or undesirable (rows with "
+                  "`label` true/false; a pair gives one of each), weighted by --desirable_weight and "
+                  "--undesirable_weight; evaluated on held-out pairs (--eval_data_path)."},
     )
     beta: float = field(
         default=0.1,
-        metadata={"help": "sigmoid/ipo: how far from the reference the policy may move (smaller: further). simpo: "
+        metadata={"help": "sigmoid/ipo/kto: how far from the reference the policy may move (smaller: further). simpo: "
                   "the reward scale. orpo: the weight (lambda) of the odds-ratio term beside the NLL."},
     )
     simpo_gamma: float = field(default=0.5,
@@ -116,6 +119,18 @@ class DPOArguments:
         default=0.0,
         metadata={"help": "sigmoid only: the assumed fraction of pairs whose labels are flipped (conservative DPO); "
                   "in [0, 0.5)."},
+    )
+
+    desirable_weight: float = field(
+        default=1.0,
+        metadata={"help": "kto: the weight (lambda_D) of the desirable replies' loss. The KTO paper advises "
+                  "desirable_weight x desirable count / (undesirable_weight x undesirable count) in [1, 4/3]: with "
+                  "fewer desirable replies, raise this one (the run warns when the data is outside that range)."},
+    )
+    undesirable_weight: float = field(
+        default=1.0,
+        metadata={"help": "kto: the weight (lambda_U) of the undesirable replies' loss; lower it where undesirable "
+                  "replies outnumber desirable ones (see --desirable_weight)."},
     )
 
     precompute_ref_logps: bool = field(

@@ -362,7 +362,7 @@ RULES: list[Rule] = [
          "train without centring."),
     # -- DPO
     Rule("dpo_beta", ("dpo",), lambda a: not a.dpo.beta > 0,
-         "--beta must be > 0 (got {dpo.beta}); 0.1 is typical for sigmoid/ipo, 2.0 for simpo, 0.1 for orpo."),
+         "--beta must be > 0 (got {dpo.beta}); 0.1 is typical for sigmoid/ipo/kto, 2.0 for simpo, 0.1 for orpo."),
     Rule("dpo_label_smoothing", ("dpo",), lambda a: not 0.0 <= a.dpo.label_smoothing < 0.5,
          "--label_smoothing must be in [0, 0.5) (got {dpo.label_smoothing}): it is the assumed fraction of flipped "
          "pairs, and 0.5 or more would train towards the rejected replies."),
@@ -383,6 +383,26 @@ RULES: list[Rule] = [
          "reference, which this version does not shard under ZeRO-3. Use --finetuning_type lora (the reference is "
          "the model without its adapter, sharded like the policy), ZeRO-2 with --precompute_ref_logps, or a "
          "reference-free loss (--loss_type simpo or orpo)."),
+    Rule("kto_weights", ("dpo",), lambda a: not (a.dpo.desirable_weight > 0 and a.dpo.undesirable_weight > 0),
+         "--desirable_weight and --undesirable_weight must be > 0 (got {dpo.desirable_weight} and "
+         "{dpo.undesirable_weight}): they weigh KTO's loss on each kind of reply."),
+    Rule("kto_weights_kto_only", ("dpo",),
+         lambda a: a.dpo.loss_type != "kto" and (a.dpo.desirable_weight, a.dpo.undesirable_weight) != (1.0, 1.0),
+         "--desirable_weight and --undesirable_weight apply to --loss_type kto only (got {dpo.loss_type}, whose "
+         "pairs have one reply of each kind): drop them, or use --loss_type kto."),
+    Rule("kto_precompute", ("dpo",), lambda a: a.dpo.loss_type == "kto" and a.dpo.precompute_ref_logps,
+         "--precompute_ref_logps cannot be used with --loss_type kto: its KL estimate scores each batch's prompts "
+         "with other rows' replies, paired anew in every batch, which no pass before training can score; drop the "
+         "flag (the reference then runs in each step)."),
+    Rule("kto_batch", ("dpo", "training"),
+         lambda a: a.dpo.loss_type == "kto" and a.training.per_device_train_batch_size < 2,
+         "--loss_type kto with --per_device_train_batch_size {training.per_device_train_batch_size}: KTO estimates "
+         "its KL term from each batch's prompts paired with the batch's other replies, and one reply has none: use "
+         "2 or more (8 or more gives a steadier estimate; lower --gradient_accumulation_steps to keep the step size)."),
+    Rule("kto_val_size", ("dpo", "data"), lambda a: a.dpo.loss_type == "kto" and getattr(a.data, "val_size", 0) > 0,
+         "--val_size with --loss_type kto: KTO is evaluated on held-out preference pairs (how often the chosen reply "
+         "gets the higher implicit reward, as DPO is): give them as --eval_data_path (a file of pairs), or drop "
+         "--val_size."),
     # -- PPO (the reward-model rows need "data" too: they are the recipe's, not the trainer's, which
     # may be given a reward function instead)
     Rule("ppo_reward_given", ("ppo", "data"), lambda a: not (a.ppo.reward_model or a.ppo.reward_funcs),

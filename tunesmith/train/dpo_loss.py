@@ -1,7 +1,8 @@
-"""Pure-tensor preference losses for DPO and its reference-free relatives.
+"""Pure-tensor preference losses for DPO, its reference-free relatives, and KTO.
 
 Nothing in here knows about models or tokenizers: every function takes the per-sequence log-probs of
-a batch of pairs and returns tensors, so each loss can be checked against a hand calculation.
+a batch of pairs (KTO: of single replies, each desirable or not) and returns tensors, so each loss can
+be checked against a hand calculation.
 
 Conventions
 -----------
@@ -16,12 +17,14 @@ Conventions
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
-__all__ = ["PreferenceLoss", "sigmoid_loss", "ipo_loss", "simpo_loss", "orpo_loss", "preference_loss", "log_odds"]
+__all__ = ["PreferenceLoss", "sigmoid_loss", "ipo_loss", "simpo_loss", "orpo_loss", "preference_loss", "log_odds",
+           "KTOLoss", "kto_kl", "kto_loss"]
 
 
 @dataclass
@@ -108,7 +111,10 @@ def preference_loss(loss_type: str, policy_chosen: torch.Tensor, policy_rejected
                     chosen_lengths: torch.Tensor, rejected_lengths: torch.Tensor,
                     reference_chosen: torch.Tensor | None = None, reference_rejected: torch.Tensor | None = None,
                     beta: float = 0.1, gamma: float = 0.5, label_smoothing: float = 0.0) -> PreferenceLoss:
-    """The loss named by loss_type (sigmoid, ipo, simpo, orpo); sigmoid and ipo need the reference log-probs."""
+    """The loss named by loss_type (sigmoid, ipo, simpo, orpo); sigmoid and ipo need the reference log-probs.
+    KTO scores single replies, not pairs: kto_loss."""
+    if loss_type == "kto":
+        raise ValueError("loss_type kto scores single replies, each desirable or undesirable: use kto_loss")
     if loss_type in ("sigmoid", "ipo") and (reference_chosen is None or reference_rejected is None):
         raise ValueError(f"loss_type {loss_type} needs the reference model's log-probs")
     if loss_type == "sigmoid":
@@ -121,3 +127,43 @@ def preference_loss(loss_type: str, policy_chosen: torch.Tensor, policy_rejected
     if loss_type == "orpo":
         return orpo_loss(policy_chosen, policy_rejected, chosen_lengths, rejected_lengths, beta)
     raise ValueError(f"unknown loss_type {loss_type!r}: sigmoid, ipo, simpo or orpo")
+
+
+# ---- KTO: single replies, each labelled desirable or undesirable
+
+@dataclass
+class KTOLoss:
+    loss: torch.Tensor  # scalar, differentiable
+    rewards: torch.Tensor  # [N], detached: beta (pi - ref) of each reply
+    kl: torch.Tensor  # scalar, detached: the reference point z0
+
+
+def kto_kl(policy_mismatched: torch.Tensor, reference_mismatched: torch.Tensor,
+           mean_over_processes: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """KTO's reference point (Ethayarajh et al. 2024, arXiv 2402.01306, section 4.1), estimated from a batch's
+    prompts each paired with another row's reply (x'_i, y'_i):
+
+    ``z0 = max(0, mean(pi(y'|x') - ref(y'|x')))``, summed log-probs, with no gradient through it. Over several
+    processes the mean is taken over all of them (``mean_over_processes``) before the clamp, as TRL does.
+    """
+    shift = (policy_mismatched.detach().float() - reference_mismatched.float()).mean()
+    if mean_over_processes is not None:
+        shift = mean_over_processes(shift)
+    return shift.clamp(min=0).detach()
+
+
+def kto_loss(policy: torch.Tensor, reference: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor, beta: float,
+             desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> KTOLoss:
+    """KTO (Ethayarajh et al. 2024, "KTO: Model Alignment as Prospect Theoretic Optimization", arXiv
+    2402.01306, eq. 7). With ``r = pi(y|x) - ref(y|x)`` (summed log-probs) and ``z0`` from kto_kl:
+
+    ``loss = mean(lambda_D (1 - sigma(beta (r - z0))))`` over desirable replies and
+    ``lambda_U (1 - sigma(beta (z0 - r)))`` over undesirable ones, one mean over all the batch's replies
+    (``lambda_y - v(x, y)`` of the paper, as TRL's KTOTrainer computes it). Rewards: ``beta r``.
+    """
+    pi, ref, z0 = _f32(policy, reference, kl)
+    r = pi - ref
+    desirable = desirable.bool()
+    losses = torch.where(desirable, desirable_weight * (1 - torch.sigmoid(beta * (r - z0))),
+                         undesirable_weight * (1 - torch.sigmoid(beta * (z0 - r))))
+    return KTOLoss(losses.mean(), (beta * r).detach(), z0.detach())
