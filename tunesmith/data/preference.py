@@ -90,7 +90,7 @@ def _message_list(row: Row, items: list, field: str) -> list[Message]:
     return reader(row, items, field)
 
 
-def _context(row: Row) -> tuple[list[Message], str]:
+def context_messages(row: Row) -> tuple[list[Message], str]:
     key = next(k for k in CONTEXT_FIELDS if k in row.data)
     value = row.data[key]
     if key == "prompt" and isinstance(value, str):
@@ -101,7 +101,7 @@ def _context(row: Row) -> tuple[list[Message], str]:
     return _message_list(row, value, key), key
 
 
-def _reply(row: Row, key: str) -> list[Message]:
+def reply_messages(row: Row, key: str) -> list[Message]:
     value = row.data[key]
     if isinstance(value, str):
         return [{"role": ASSISTANT, "content": value}]
@@ -141,10 +141,11 @@ def pair_from_row(row: Row) -> PreferencePair:
     if detect_preference_format(row) == "openai":
         context, _ = openai_input(row)
         check_role_order(row, context, f"{OPENAI_INPUT}.messages", ends_with=(USER, TOOL))
-        return PreferencePair(row, context, _reply(row, OPENAI_CHOSEN), _reply(row, OPENAI_REJECTED), _margin(row))
-    context, key = _context(row)
+        return PreferencePair(row, context, reply_messages(row, OPENAI_CHOSEN), reply_messages(row, OPENAI_REJECTED),
+                              _margin(row))
+    context, key = context_messages(row)
     check_role_order(row, context, key, ends_with=(USER, TOOL))  # a reply may follow a tool result
-    return PreferencePair(row, context, _reply(row, CHOSEN), _reply(row, REJECTED), _margin(row))
+    return PreferencePair(row, context, reply_messages(row, CHOSEN), reply_messages(row, REJECTED), _margin(row))
 
 
 def load_pairs(paths: Sequence[str], max_samples: int | None = None) -> list[PreferencePair]:
@@ -199,26 +200,38 @@ def _left_cut(ids: list[int], start: int, budget: int) -> tuple[list[int], int]:
     return ids[cut:], cut
 
 
-def encode_pair(
-    tokenizer: Any, context: list[Message], chosen: list[Message], rejected: list[Message], max_length: int | None,
+def encode_replies(
+    tokenizer: Any, context: list[Message], replies: list[list[Message]], max_length: int | None,
     tools: list[dict] | None = None,
-) -> EncodedPair | None:
-    """Both sequences of a pair within max_length tokens, each reply kept whole; None when a reply
-    cannot fit with at least one token of context."""
+) -> tuple[list[tuple[list[int], int, int]], bool] | None:
+    """Each reply after the shared context, as (ids, start, end) within max_length tokens, every reply kept
+    whole and the context cut the same way for all; and whether it was cut. None when a reply cannot fit
+    with at least one token of context."""
     system = context[:1] if context[0]["role"] == SYSTEM else []
     starts = [i for i, m in enumerate(context) if m["role"] == USER] if max_length is not None else [len(system)]
     for k, i in enumerate(starts):
         kept = system + context[i:]
-        (c_ids, c_start, c_end), (r_ids, r_start, r_end) = (encode_reply(tokenizer, kept, chosen, tools),
-                                                            encode_reply(tokenizer, kept, rejected, tools))
-        if max_length is None or max(len(c_ids), len(r_ids)) <= max_length:
-            return EncodedPair(c_ids, r_ids, k > 0, (c_start, c_end), (r_start, r_end))
-    # The last user turn alone is too long: keep its end, the same number of tokens on both sides.
-    budget = max_length - max(len(c_ids) - c_start, len(r_ids) - r_start)
+        encoded = [encode_reply(tokenizer, kept, reply, tools) for reply in replies]
+        if max_length is None or max(len(ids) for ids, _, _ in encoded) <= max_length:
+            return encoded, k > 0
+    # The last user turn alone is too long: keep its end, the same number of tokens on every side.
+    budget = max_length - max(len(ids) - start for ids, start, _ in encoded)
     if budget < 1:
         return None
-    (c_kept, c_cut), (r_kept, r_cut) = _left_cut(c_ids, c_start, budget), _left_cut(r_ids, r_start, budget)
-    return EncodedPair(c_kept, r_kept, True, (c_start - c_cut, c_end - c_cut), (r_start - r_cut, r_end - r_cut))
+    cut = [_left_cut(ids, start, budget) for ids, start, _ in encoded]
+    return [(kept_ids, start - n, end - n) for (kept_ids, n), (_, start, end) in zip(cut, encoded)], True
+
+
+def encode_pair(
+    tokenizer: Any, context: list[Message], chosen: list[Message], rejected: list[Message], max_length: int | None,
+    tools: list[dict] | None = None,
+) -> EncodedPair | None:
+    """Both sequences of a pair within max_length tokens, each reply kept whole (encode_replies)."""
+    found = encode_replies(tokenizer, context, [chosen, rejected], max_length, tools)
+    if found is None:
+        return None
+    ((c_ids, c_start, c_end), (r_ids, r_start, r_end)), truncated = found
+    return EncodedPair(c_ids, r_ids, truncated, (c_start, c_end), (r_start, r_end))
 
 
 def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> ItemEncoding | None:

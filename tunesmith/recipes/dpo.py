@@ -3,11 +3,14 @@ reply over the rejected one. The reference (sigmoid, ipo) is the model the run s
 it continues, the base without its adapter, or with --finetuning_type full a frozen copy, each scored
 in every step or once before training (--precompute_ref_logps); simpo and orpo have none. With
 --eval_data_path or --val_size, held-out implicit-reward eval_accuracy and eval_margin at every checkpoint
-and at the end.
+and at the end. --loss_type kto (KTO, arXiv 2402.01306) trains on single replies labelled desirable or
+undesirable (`label` true/false; a pair gives one of each) against the reference in every step, and reports
+the same eval_accuracy on the held-out pairs of --eval_data_path.
 
     python dpo/train.py configs/dpo_lora_demo.yaml
     python dpo/train.py --adapter_name_or_path outputs/sft_demo --data_path data/demo/preference.jsonl \\
         --eval_data_path data/demo/preference_eval.jsonl --output_dir outputs/dpo [--loss_type simpo --beta 2.0]
+    python dpo/train.py configs/dpo_lora_demo.yaml --loss_type kto --output_dir outputs/kto_demo   # pairs, split
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from collections.abc import Sequence
 from transformers import set_seed
 
 from ..boundary import entry_point
-from ..data.collator import PreferencePackingCollator
+from ..data.collator import KTOPackingCollator, PreferencePackingCollator
 from ..data.preference import build_preference_datasets
+from ..data.unpaired import build_kto_datasets
 from ..models.attention import use_varlen_attention
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
 from ..train.dpo_trainer import DPOTrainer, add_reference_adapter
+from ..train.kto_trainer import KTOTrainer
 from ..train.run_setup import prepare_training_run, train_save_evaluate
 
 
@@ -32,10 +37,15 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
     checkpoint to resume from."""
     args, resume = prepare_training_run("dpo", argv, __doc__)
 
+    kto = args.dpo.loss_type == "kto"
     tokenizer = load_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):
-        train_dataset, eval_dataset = build_preference_datasets(tokenizer, args.data, args.training.seed,
-                                                                report_dir=args.training.output_dir)
+        if kto:  # single judged replies; evaluation on held-out pairs
+            train_dataset, eval_dataset = build_kto_datasets(tokenizer, args.data, args.dpo, args.training.seed,
+                                                             report_dir=args.training.output_dir)
+        else:
+            train_dataset, eval_dataset = build_preference_datasets(tokenizer, args.data, args.training.seed,
+                                                                    report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # a new adapter is drawn at random: make it the same every run
     model = load_model(args.model, args.finetuning, args.training)
     use_varlen_attention(model)  # the pairs of a batch go through the model as one padding-free row
@@ -46,13 +56,13 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
     elif args.finetuning.finetuning_type == "full" and args.dpo.needs_reference and not args.dpo.precompute_ref_logps:
         reference_model = copy.deepcopy(model)
 
-    trainer = DPOTrainer(
+    trainer = (KTOTrainer if kto else DPOTrainer)(
         model=model,
         args=args.training,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=PreferencePackingCollator(),
+        data_collator=KTOPackingCollator() if kto else PreferencePackingCollator(),
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
         lora_learning_rate=args.finetuning.lora_learning_rate,
