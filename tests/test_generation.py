@@ -5,6 +5,9 @@ rows of different adapters share one batch and answer as each adapter alone."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -12,6 +15,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from tunesmith.data.template import encode_prompt
 from tunesmith.generation import BASE, Engine, Request, SamplingParams
+from tunesmith.generation.bans import Bans, token_texts
 from tunesmith.generation.engine import Batch
 from tunesmith.generation.sampling import apply_penalties, warp
 from tunesmith.models.loader import find_lora_targets
@@ -206,3 +210,82 @@ def test_adapters_peft_cannot_mix_are_scheduled_one_adapter_at_a_time(chatty_mod
         scheduler.close()
     assert [r.completions[0].token_ids for r in requests] == [alone["a"], alone["b"], alone["a"]]
     assert scheduler.stats["largest_batch"] == 1 and scheduler.stats["prefills"] == 3
+
+
+MARKER = "<tool_call>"  # five ordinary tokens of SmolLM2's: "<", "tool", "_", "call", ">"
+
+
+def test_a_ban_refuses_exactly_the_tokens_that_would_complete_the_string(tokenizer):
+    bans, texts = Bans.of(tokenizer), token_texts(tokenizer)
+    ids = {text: tokenizer.convert_tokens_to_ids(text) for text in ("<", "tool", "_", "call", ">", "Ġ<")}
+
+    for text in ("", "Sure. ", "a <", "see. <tool", "x<tool_", "<tool_call", "<tool_call <tool_call"):
+        banned = bans.tokens(text, anywhere=(MARKER,))
+        # the whole vocabulary checked: banned exactly where the reply's text would come to hold the marker
+        assert set(banned) == {i for i, t in enumerate(texts) if MARKER in text + t}, text
+    assert bans.tokens("", anywhere=(MARKER,)) == []  # its first tokens stay free: "<" is ordinary text
+    assert ids[">"] in bans.tokens("see. <tool_call", anywhere=(MARKER,))
+    assert not {ids["tool"], ids["_"], ids["call"]} & set(bans.tokens("see. <tool_", anywhere=(MARKER,)))
+    opening = '{"name": "'
+    for text in ("", "\n", '{"', ' {"name":', '{"name": ', 'no {"name": '):
+        banned = bans.tokens(text, openings=(opening,))
+        assert set(banned) == {i for i, t in enumerate(texts) if (text + t).lstrip().startswith(opening)}, text
+    assert bans.tokens('{"name": ', openings=(opening,)) and not bans.tokens('no {"name": ', openings=(opening,))
+
+    one_token = copy.deepcopy(tokenizer)  # Qwen's and Hermes' templates: the tag is one token of its own
+    one_token.add_special_tokens({"additional_special_tokens": [MARKER]})
+    assert Bans.of(one_token).tokens("any text", anywhere=(MARKER,)) == [one_token.convert_tokens_to_ids(MARKER)]
+
+
+def test_a_tokens_text_reads_as_inside_a_reply_for_sentencepiece_too():
+    from conftest import build_spm_tokenizer
+
+    spm = build_spm_tokenizer(add_prefix=True)
+    texts = token_texts(spm)
+    piece = next(t for t in spm.get_vocab() if t.startswith("\u2581") and len(t) > 2)
+    token = spm.convert_tokens_to_ids(piece)
+    assert texts[token] == piece.replace("\u2581", " ") != spm.decode([token])  # alone, it loses its space
+
+
+@contextlib.contextmanager
+def writing(model, tokenizer, text: str, bonus: float = 50.0):
+    """The model made to write `text` over and over: a forward hook adds `bonus` to the logit of the token
+    (of text's tokenization) that follows the input's last token, and of text's first token after any other."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    following = dict(zip(ids, ids[1:]))
+
+    def hook(module, args, kwargs, output):
+        last = kwargs["input_ids"][:, -1].tolist()
+        rows = torch.arange(len(last))
+        output.logits[rows, -1, torch.tensor([following.get(t, ids[0]) for t in last])] += bonus
+        return output
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def test_banned_strings_keep_a_call_tag_out_of_greedy_and_sampled_rows_of_one_batch(model, tokenizer, prompts):
+    engine = Engine(model, tokenizer)
+    free = SamplingParams(temperature=0, max_new_tokens=24)
+    banned = free.replace(banned_strings=(MARKER,))
+    rows = [free, banned, banned.replace(temperature=1.0, seed=3, n=2), free.replace(banned_openings=(MARKER,))]
+    streamed: dict[int, str] = {}
+    with writing(model, tokenizer, " " + MARKER):
+        together = engine.generate([prompts[k % 3] for k in range(len(rows))], rows,
+                                   on_event=lambda i, e: streamed.__setitem__(i, streamed.get(i, "") + e.text))
+        alone = engine.generate([prompts[1]], banned)[0][0]
+    [unbanned], [greedy], sampled, [opening] = together
+
+    assert unbanned.text.startswith(" <tool_call> <tool_call>")  # the model as made: the tag over and over
+    for reply in (greedy, *sampled):
+        # the tag's first four tokens come, again and again, but never the ">" that would finish it
+        assert MARKER not in reply.text and reply.text.count("<tool_call") > 2, reply.text
+    assert sampled[0].text != sampled[1].text  # drawn, not greedy
+    assert alone.token_ids == greedy.token_ids  # what shares its batch changes nothing
+    assert not opening.text.lstrip().startswith(MARKER) and MARKER in opening.text  # only the opening is banned
+    assert streamed[1] == greedy.text and streamed[3] == opening.text  # streamed, the same text
+    with pytest.raises(ValueError, match="not with beam search"):
+        engine.generate([prompts[0]], banned.replace(num_beams=2))

@@ -1,5 +1,5 @@
 """The one generation engine (vLLM's and nanochat's shape): one sampling dataclass (sampling.py), an
-incremental detokenizer and stop matching (detokenizer.py), continuous batching over one KV cache with
+incremental detokenizer and stop matching (detokenizer.py), strings banned while sampling (bans.py), continuous batching over one KV cache with
 per-row settings, adapters and log-probabilities (engine.py), beam search (beam.py), the completions and events they hand back (results.py), and the worker thread
 the server runs it on (worker.py). Chat, serve, compare, evaluation and RL rollouts all call it."""
 

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from ..models import prompt_learning
 from ..models.kv_cache import cache_argument
+from .bans import Bans
 from .beam import beam_search
 from .detokenizer import IncrementalDecoder, StopMatcher
 from .results import BASE, Completion, Event, TokenLogprob
@@ -245,7 +246,7 @@ class Batch:
         replies = [torch.tensor(row.decoder.ids, dtype=torch.long, device=self.device) for row in self.rows] \
             if any(p.penalised for p in params) else None
         tokens, processed = choose_tokens(self.logits, params, [row.request.generator for row in self.rows],
-                                          self.prompts, replies)
+                                          self.prompts, replies, self._banned(params))
         logprobs: list[TokenLogprob | None] = [None] * len(self.rows)
         asking = [k for k, p in enumerate(params) if p.logprobs]
         if asking:
@@ -274,6 +275,15 @@ class Batch:
         self.logits = self._forward([row.request.adapter for row in self.rows], input_ids=step,
                                     attention_mask=self.mask, position_ids=self.positions, **{self.cache_arg: self.cache},
                                     use_cache=True).logits[:, -1].float()
+
+    def _banned(self, params: list[SamplingParams]) -> list[list[int]] | None:
+        """Each row's tokens that may not come next, from its reply's text so far (bans.py); None when no
+        row bans anything."""
+        if not any(p.bans for p in params):
+            return None
+        bans = Bans.of(self.tokenizer)
+        return [bans.tokens(row.matcher.text, p.banned_strings, p.banned_openings) if p.bans else []
+                for row, p in zip(self.rows, params)]
 
     def _select(self, keep: list[int]) -> None:
         index = torch.tensor(keep, device=self.device)
@@ -312,6 +322,9 @@ class Engine:
         Prompts join the batch as rows leave, `max_batch_size` rows at most (default: all at once)."""
         settings = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if any(p.num_beams > 1 for p in settings):
+            if any(p.bans for p in settings):
+                raise ValueError("banned_strings and banned_openings work while sampling token by token, not with "
+                                 "beam search: use num_beams 1")
             return beam_search(self.model, self.tokenizer, prompts, settings, self.stop_ids, adapter)
         requests = [Request(p, s, (lambda e, i=i: on_event(i, e)) if on_event else None, adapter)
                     for i, (p, s) in enumerate(zip(prompts, settings))]

@@ -35,7 +35,10 @@ class SamplingParams:
     `prompt_logprobs`: the same for the prompt's tokens (the first one has none). Log-probabilities are
     the model's own unless `processed_logprobs` (vLLM's "processed" mode): then they are those of the
     distribution the token was drawn from, after penalties, temperature and truncation (what an RL
-    update compares against). `num_beams` > 1 is beam search (offline callers only: chat, compare)."""
+    update compares against). `num_beams` > 1 is beam search (offline callers only: chat, compare).
+    `banned_strings`: text the reply never holds, and `banned_openings`: text it never opens with (leading
+    whitespace aside): at each step the tokens that would complete one are banned (bans.py; the server's
+    tool_choice "none" keeps a call's opening out this way); not with beam search."""
 
     temperature: float = _DEFAULTS.temperature
     top_p: float = _DEFAULTS.top_p
@@ -54,6 +57,8 @@ class SamplingParams:
     top_logprobs: int = 0
     prompt_logprobs: bool = False
     processed_logprobs: bool = False
+    banned_strings: tuple[str, ...] = ()
+    banned_openings: tuple[str, ...] = ()
 
     @classmethod
     def from_arguments(cls, args: GenerationArguments, **overrides: Any) -> SamplingParams:
@@ -69,6 +74,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def bans(self) -> bool:
+        return bool(self.banned_strings or self.banned_openings)
 
     @property
     def penalised(self) -> bool:
@@ -109,21 +118,25 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def choose_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-                  prompts: list[torch.Tensor] | None = None, replies: list[torch.Tensor] | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  prompts: list[torch.Tensor] | None = None, replies: list[torch.Tensor] | None = None,
+                  banned: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The next token of every row of a batch's float32 logits [B, V], and the logits each was chosen
-    from (after penalties, temperature and truncation).
+    from (after bans, penalties, temperature and truncation).
 
     Greedy rows take the argmax; a row with a generator of its own (a seeded request) draws from it;
     every other sampled row is drawn in one `torch.multinomial` over those rows from the global
     generator, as transformers' `generate()` draws a batch, so a seeded caller's random stream is the
-    one `generate()` would consume. `prompts`/`replies` (ids per row) feed the penalties."""
-    tokens = logits.argmax(-1)
+    one `generate()` would consume. `prompts`/`replies` (ids per row) feed the penalties; `banned` (ids per
+    row) are ruled out first (-inf), so no row, greedy or sampled, can choose them."""
     processed = logits
+    if banned is not None and any(banned):
+        rows = torch.tensor([k for k, ids in enumerate(banned) for _ in ids], device=logits.device)
+        columns = torch.tensor([i for ids in banned for i in ids], device=logits.device)
+        processed = logits.index_put((rows, columns), torch.tensor(float("-inf"), device=logits.device))
     if any(p.penalised for p in params):
         processed = torch.stack([apply_penalties(row, p, prompts[k], replies[k]) if p.penalised else row
-                                 for k, (row, p) in enumerate(zip(logits, params))])
-        tokens = processed.argmax(-1)
+                                 for k, (row, p) in enumerate(zip(processed, params))])
+    tokens = processed.argmax(-1)
     sampled = [k for k, p in enumerate(params) if not p.greedy]
     if not sampled:
         return tokens, processed
