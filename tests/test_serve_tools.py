@@ -5,7 +5,8 @@ A random model's reply cannot be a call, so the server's model here is built to 
 layers add nothing (their output projections are zero), so each next token depends on the last token
 only, and whose embedding and output rows chain the tokens of one known reply. After the generation
 prompt it writes `REPLY` (text, then a call in tunesmith's chatml_tools format); after the opening the
-server forces for tool_choice "required" or a named function it goes on with the rest of the same call.
+server forces for tool_choice "required" or a named function it goes on with the rest of the same call;
+under tool_choice "none" the server bans the token that would finish the call's tag, and the reply is text.
 Greedy decoding of it is exact, and its log-probabilities are not trivial (the chosen token leads by a
 margin of a few nats over 49k others)."""
 
@@ -17,6 +18,7 @@ import os
 import random
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -151,8 +153,12 @@ def test_tool_choice_none_gives_text_and_required_or_a_named_function_force_the_
     cut = client.chat.completions.create(model="chain", messages=ASK, tools=TOOLS, max_tokens=2,
                                          tool_choice={"type": "function", "function": {"name": "weather"}})
 
-    assert none.choices[0].message.content == REPLY and none.choices[0].message.tool_calls is None
-    assert none.choices[0].finish_reason == "stop"
+    # The model writes the tag's first tokens, " <", "tool", "_", "call", but the ">" that would finish it is
+    # banned, so the reply goes on as text; the tools are still in the prompt, as OpenAI shows them to its model.
+    text = none.choices[0].message.content
+    assert text.startswith(CONTENT + " <tool_call") and "<tool_call>" not in text, text
+    assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason in ("stop", "length")
+    assert none.usage.prompt_tokens == len(encode_prompt(tools_tokenizer, ASK, tools=TOOLS))
     for reply, opening in ((required, REQUIRED), (named, NAMED)):
         assert reply.usage.prompt_tokens == len(_ids(tools_tokenizer, prompt + opening))  # the opening is prompt
         assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
@@ -160,6 +166,33 @@ def test_tool_choice_none_gives_text_and_required_or_a_named_function_force_the_
     # A forced call the model did not finish is its text, the opening put back, ended as the engine ended it.
     assert cut.choices[0].message.content == NAMED + ' {"city'
     assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.tool_calls is None
+
+
+def test_tool_choice_none_is_text_streamed_sampled_and_beside_requests_that_call(server, client):
+    """The chained model always writes the call; under tool_choice none its tag never comes, whether the reply
+    is streamed, sampled, or shares the engine's batch with requests that may call."""
+    whole = client.chat.completions.create(model="chain", messages=ASK, tools=TOOLS, tool_choice="none")
+    chunks = list(client.chat.completions.create(model="chain", messages=ASK, tools=TOOLS, tool_choice="none",
+                                                 stream=True))
+    sampled = client.chat.completions.create(model="chain", messages=ASK, tools=TOOLS, tool_choice="none",
+                                             temperature=0.2, seed=5, n=2)
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda choice: client.chat.completions.create(
+            model="chain", messages=ASK, tools=TOOLS, tool_choice=choice), ["none", "auto"] * 3))
+
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == whole.choices[0].message.content
+    assert not any(d.tool_calls for d in deltas) and chunks[-1].choices[0].finish_reason != "tool_calls"
+    for choice in sampled.choices:  # at temperature 0.2 the chain holds; the tag is refused all the same
+        assert choice.message.content.startswith(CONTENT + " <tool_call") and "<tool_call>" not in choice.message.content
+    for reply, asked in zip(together, ["none", "auto"] * 3):
+        message = reply.choices[0].message
+        if asked == "none":
+            assert message.content == whole.choices[0].message.content and message.tool_calls is None
+        else:
+            assert message.content == CONTENT and _call(message) == ("weather", ARGUMENTS)
+    # Rows of both kinds shared a batch: 3 of each were sent, and the largest batch held more than 3 rows.
+    assert httpx.get(server + "/health").json()["largest_batch"] > 3
 
 
 def test_a_history_with_calls_and_their_results_is_rendered_by_the_template(client, tools_tokenizer):
@@ -295,6 +328,21 @@ def test_the_forced_opening_follows_the_templates_call_format(tools_tokenizer):
     assert llama.opening(ToolChoice("function", "f")) == '{"name": "f", "parameters": '
     assert CallFormat.of(template_text(tools_tokenizer)).opening(ToolChoice("function", 'say "hi"')).endswith(
         '{"name": "say \\"hi\\"", "arguments": ')
+
+
+def test_tool_choice_none_bans_the_call_opening_of_the_templates_format(tools_tokenizer):
+    chatml, none = template_text(tools_tokenizer), ToolChoice("none")
+    hermes = "{{- '<tool_call>\\n' + tool_call | tojson + '\\n</tool_call>' }}"
+    llama = """{{- '{"name": "' + tool_call.name + '", ' }}{{- '"parameters": ' }}"""
+
+    for template in (chatml, hermes):  # the tag, anywhere in the reply
+        shape = ReplyShape.of(template, "", TOOLS, none)
+        assert (shape.banned, shape.banned_openings, shape.names) == (("<tool_call>",), (), None)
+    bare = ReplyShape.of(llama, "", TOOLS, none)  # a bare JSON call: its opening, at the reply's start
+    assert (bare.banned, bare.banned_openings) == ((), ('{"name": "',))
+    for shape in (ReplyShape.of(chatml, "", TOOLS, ToolChoice()), ReplyShape.of(chatml, "", None, none),
+                  ReplyShape.of(chatml, "", TOOLS, ToolChoice("required"))):
+        assert shape.banned == shape.banned_openings == ()  # auto, no tools, or a forced call: nothing banned
 
 
 THINKING = ("{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"

@@ -91,7 +91,8 @@ class Server:
 
     def sampling(self, request: ChatRequest, prompt_tokens: int, shape: ReplyShape | None = None) -> SamplingParams:
         """The request's settings over the server's defaults (--temperature etc.; --do_sample false:
-        greedy unless the request asks for a temperature), with the stop strings a forced call adds."""
+        greedy unless the request asks for a temperature), with the stop strings a forced call adds and the
+        call tag tool_choice none bans."""
         defaults = SamplingParams.from_arguments(self.generation)
         return defaults.replace(
             temperature=defaults.temperature if request.temperature is None else request.temperature,
@@ -99,6 +100,7 @@ class Server:
             max_new_tokens=self.reply_budget(prompt_tokens, request.max_tokens),
             stop=tuple(request.stop) + (shape.stop if shape else ()), seed=request.seed, n=request.n,
             logprobs=request.logprobs, top_logprobs=request.top_logprobs,
+            banned_strings=shape.banned if shape else (), banned_openings=shape.banned_openings if shape else (),
         )
 
     def reply_budget(self, prompt_tokens: int, max_tokens: int | None) -> int:

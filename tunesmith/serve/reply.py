@@ -30,26 +30,38 @@ class ReplyShape:
     open it), so the reply starts as reasoning; `names`: the functions a call may name (None: calls are
     not parsed: no tools, or tool_choice none); `forced`: the call's opening put after the prompt
     (tool_choice required or a function), put back before the reply is parsed; `stop`: stop strings
-    that end a forced call."""
+    that end a forced call; `banned`, `banned_openings`: what tool_choice none keeps out of the reply
+    while it is sampled (SamplingParams' banned_strings and banned_openings): the template's call tag,
+    or for a template of bare JSON calls the call's opening at the reply's start."""
 
     reasoning: bool = False
     opened: bool = False
     names: tuple[str, ...] | None = None
     forced: str = ""
     stop: tuple[str, ...] = ()
+    banned: tuple[str, ...] = ()
+    banned_openings: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, template: str, prompt: str, tools: list[dict] | None, choice: ToolChoice) -> ReplyShape:
         """The shape for a prompt rendered by `template`. A forced call starts right after the prompt,
-        so it has no reasoning before it."""
+        so it has no reasoning before it. tool_choice none still lists the tools in the prompt (OpenAI's
+        model sees them too), and bans the call: its reply is text whatever the model was tuned to do."""
         calls = tools is not None and choice.mode != "none"
         call_format = CallFormat.of(template)
         forced = call_format.opening(choice) if calls and choice.forced else ""
         # One call to a named function ends at its closing tag (a model that would go on cannot).
         stop = (CLOSE,) if choice.mode == "function" and call_format.tagged and calls else ()
+        banned, banned_openings = (), ()
+        if tools is not None and choice.mode == "none":
+            if call_format.tagged:
+                banned = (OPEN,)
+            else:  # a bare JSON call is a call only as the whole reply: `{"name": "` may not open it
+                banned_openings = (call_format.opening(ToolChoice("required")),)
         reasoning = THINK_OPEN in template and not forced
         opened = reasoning and prompt.rstrip().endswith(THINK_OPEN)
-        return cls(reasoning, opened, tuple(tool_names(tools)) if calls else None, forced, stop)
+        return cls(reasoning, opened, tuple(tool_names(tools)) if calls else None, forced, stop, banned,
+                   banned_openings)
 
 
 @dataclass
