@@ -17,7 +17,7 @@ from tunesmith.data.template import encode_prompt
 from tunesmith.generation import BASE, Engine, Request, SamplingParams
 from tunesmith.generation.bans import Bans, token_texts
 from tunesmith.generation.engine import Batch
-from tunesmith.generation.sampling import apply_penalties, warp
+from tunesmith.generation.sampling import apply_penalties, choose_tokens, warp
 from tunesmith.models.loader import find_lora_targets
 
 QUESTIONS = ["Hi", "Tell me a long story about a cat and a dog, please.", "你好，世界！"]
@@ -235,6 +235,20 @@ def test_a_ban_refuses_exactly_the_tokens_that_would_complete_the_string(tokeniz
     one_token = copy.deepcopy(tokenizer)  # Qwen's and Hermes' templates: the tag is one token of its own
     one_token.add_special_tokens({"additional_special_tokens": [MARKER]})
     assert Bans.of(one_token).tokens("any text", anywhere=(MARKER,)) == [one_token.convert_tokens_to_ids(MARKER)]
+
+
+def test_banned_tokens_are_ruled_out_for_greedy_and_sampled_rows_alike():
+    logits = torch.tensor([[5.0, 4.0, 0.0]]).repeat(3, 1)
+    greedy, sampled = SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    generator = torch.Generator().manual_seed(0)
+    # token 7 is past the model's head (a tokenizer may know more tokens than it): nothing to rule out
+    draws = [choose_tokens(logits, [greedy, greedy, sampled], [None, None, generator], banned=[[0, 7], [], [0]])
+             for _ in range(200)]
+
+    tokens, processed = draws[0]
+    assert tokens[:2].tolist() == [1, 0] and processed[0, 0] == float("-inf") and processed[1, 0] == 5.0
+    assert {int(t[2]) for t, _ in draws} == {1, 2}  # the most likely token, banned, is never drawn
+    assert logits[0, 0] == 5.0  # the model's own logits are left as they were
 
 
 def test_a_tokens_text_reads_as_inside_a_reply_for_sentencepiece_too():

@@ -130,8 +130,10 @@ def choose_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
     row) are ruled out first (-inf), so no row, greedy or sampled, can choose them."""
     processed = logits
     if banned is not None and any(banned):
-        rows = torch.tensor([k for k, ids in enumerate(banned) for _ in ids], device=logits.device)
-        columns = torch.tensor([i for ids in banned for i in ids], device=logits.device)
+        width = logits.size(-1)  # a tokenizer may know tokens the model's head lacks: it never chooses them
+        pairs = [(k, i) for k, ids in enumerate(banned) for i in ids if i < width]
+        rows = torch.tensor([k for k, _ in pairs], device=logits.device, dtype=torch.long)
+        columns = torch.tensor([i for _, i in pairs], device=logits.device, dtype=torch.long)
         processed = logits.index_put((rows, columns), torch.tensor(float("-inf"), device=logits.device))
     if any(p.penalised for p in params):
         processed = torch.stack([apply_penalties(row, p, prompts[k], replies[k]) if p.penalised else row
