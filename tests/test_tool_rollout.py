@@ -303,6 +303,18 @@ def test_a_rows_own_tools_are_offered_and_must_be_loaded(tools_tokenizer):
         prompts_for(tools_tokenizer, toolbox, "Time?", tools=stranger)
 
 
+def test_a_template_that_shows_no_tools_is_refused(tokenizer, tools_tokenizer):
+    """SmolLM2's own template ignores `tools`: the policy would never see the functions."""
+    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    with pytest.raises(TemplateError, match="does not render tools .*--chat_template chatml_tools"):
+        prompts_for(tokenizer, toolbox, "What is 2 + 3?")
+    no_calls = copy.deepcopy(tools_tokenizer)
+    no_calls.chat_template = no_calls.chat_template.replace("message['tool_calls'] or []", "[]")
+    with pytest.raises(TemplateError, match=r"does not render the assistant's tool calls \(a call turn renders as an "
+                                            r"empty reply\)"):
+        prompts_for(no_calls, toolbox, "What is 2 + 3?")
+
+
 def test_a_template_that_rewrites_the_turns_before_a_call_is_refused(tools_tokenizer):
     tok = copy.deepcopy(tools_tokenizer)
     tok.chat_template = "{{ messages | length }}" + tok.chat_template  # every render differs from the one before
@@ -357,3 +369,65 @@ def test_a_calls_result_is_text():
     assert tool("{oops").text.startswith("error: the arguments are not JSON")
     assert tool({"a": True, "b": 2}).text == "error: bad arguments for add: `a` must be integer, got true"
     assert tool({"a": 1}).text == "error: bad arguments for add: missing b"
+
+
+# --------------------------------------------------------------------------- the flags and the policy evaluation
+
+
+def clock() -> str:
+    """The time now, where the model is."""
+    RAN.append(("clock",))
+    return "noon"
+
+
+def saw_noon(prompts, replies, **fields) -> list[float]:
+    """A reward function: 1 where the trajectory holds the clock's answer."""
+    return [float("noon" in reply) for reply in replies]
+
+
+def test_the_tool_flags_parse_split_and_check():
+    from tunesmith.hparams import ToolUseArguments, parse_run
+
+    base = ["--policy", "p", "--baseline", "b", "--data_path", "q.jsonl", "--reward_funcs", "m:f"]
+    tools = parse_run("eval_policy", [*base, "--tool_funcs", "m:a,m:b", "n:c"], check_paths=False).tool_use
+    assert (tools.tool_funcs, tools.max_tool_calls, tools.tool_timeout, tools.max_trajectory_tokens) == (
+        ["m:a", "m:b", "n:c"], 4, 10.0, None)
+    assert parse_run("eval_policy", base, check_paths=False).tool_use == ToolUseArguments()
+    with pytest.raises(ConfigError, match=r"--max_tool_calls and --tool_timeout given without --tool_funcs: they "
+                                          r"limit the tool loop"):
+        parse_run("eval_policy", [*base, "--max_tool_calls", "2", "--tool_timeout", "1"], check_paths=False)
+    with pytest.raises(ConfigError, match=r"--max_tool_calls -1: must be 0 or more"):
+        ToolUseArguments(["m:a"], max_tool_calls=-1)
+    with pytest.raises(ConfigError, match=r"--tool_timeout 0: must be above 0"):
+        ToolUseArguments(["m:a"], tool_timeout=0)
+
+
+def test_eval_policy_runs_the_tool_loop_and_scores_the_trajectory(tmp_path, tools_tokenizer, tiny_model_dir, capsys):
+    """The policy calls the clock after every assistant header (a chain model, test_serve_tools.py's): one call
+    runs, the next one asked for ends the trajectory at --max_tool_calls 1. The reward reads the tool's result
+    in the trajectory; the random baseline makes no call. Prompts are rendered with the policy's template."""
+    import json
+
+    from test_serve_tools import chain_model_dir
+
+    from tunesmith.recipes import eval_policy
+
+    reply = '<tool_call>{"name": "clock"}'  # unclosed: a chain model writes each token once
+    toolbox = Toolbox([load_tool("test_tool_rollout:clock")])
+    asked = render_text(tools_tokenizer, [{"role": "user", "content": "Time?"}], add_generation_prompt=True,
+                        tools=toolbox.schemas)
+    policy = chain_model_dir(tmp_path / "policy", tools_tokenizer, reply, [(asked, reply)])
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in ("Time?", "What time is it?")))
+    RAN.clear()
+    result = eval_policy.run(["--baseline", tiny_model_dir, "--policy", policy, "--data_path", str(data),
+                              "--reward_funcs", "test_tool_rollout:saw_noon", "--tool_funcs", "test_tool_rollout:clock",
+                              "--max_tool_calls", "1", "--max_new_tokens", "12", "--output_file",
+                              str(tmp_path / "e.jsonl")])
+    assert (result["policy_tool_calls"], result["policy_failed_tool_calls"], result["baseline_tool_calls"]) == (2, 0, 0)
+    assert (result["saw_noon_baseline"], result["saw_noon_policy"]) == (0.0, 1.0)
+    assert len(RAN) >= 2  # the greedy policy's calls (its replies sampled for the KL are near random)
+    rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [m["role"] for m in rows[0]["policy_messages"]] == ["assistant", "tool", "assistant"]
+    assert rows[0]["policy_messages"][1]["content"] == "noon" and rows[0]["policy_finish"] == MAX_TOOL_CALLS
+    assert "tool calls: baseline 0 (0 failed) -> policy 2 (0 failed), at most 1 per reply" in capsys.readouterr().out

@@ -28,6 +28,7 @@ from .tool_args import (
     ScoreArguments,
     UIArguments,
 )
+from .tool_use_args import ToolUseArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 
@@ -44,4 +45,5 @@ __all__ = [
     "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "SFTTrainingArguments", "TrainingArguments",
     "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments", "HarnessArguments",
     "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES", "UIArguments",
+    "ToolUseArguments",
 ]

@@ -18,6 +18,7 @@ from .tool_args import (
     ScoreArguments,
     UIArguments,
 )
+from .tool_use_args import ToolUseArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
@@ -33,7 +34,7 @@ RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "score": (ModelArguments, DataArguments, ScoreArguments),
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
-    "eval_policy": (PromptDataArguments, EvalArguments),
+    "eval_policy": (PromptDataArguments, EvalArguments, ToolUseArguments),
     "eval": (ModelArguments, HarnessArguments),
     "ui": (UIArguments,),
 }

@@ -25,13 +25,14 @@ from typing import Any
 
 import torch
 
-from ..constants import ASSISTANT, TOOL
+from ..constants import ASSISTANT, TOOL, USER
 from ..data.formats import Message
 from ..data.prompts import Prompt
 from ..data.template import PromptTooLong, encode_prompt, fit_prompt, render_text, template_name
 from ..data.tool_calls import ToolCall, parse_calls, tool_names
 from ..errors import TemplateError
 from ..generation import Completion, Engine, SamplingParams
+from ..hparams.tool_use_args import RESULT_TOKENS
 from .tools import Toolbox
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,9 @@ def encode_tool_prompts(tokenizer: Any, prompts: Sequence[Prompt], toolbox: Tool
                         name: str = "prompts") -> list[Prompt]:
     """The prompts encoded with the tools each offers (Toolbox.offered) listed by the chat template, their
     oldest turns dropped to fit max_length as the data module fits prompts, and those that cannot fit left out
-    (the count logged). Call it once on the prompts a tool rollout will answer."""
+    (the count logged). Call it once on the prompts a tool rollout will answer; a template that cannot show
+    the tools or the calls is refused here (check_renders_tools)."""
+    check_renders_tools(tokenizer, toolbox)
     with_tools = []
     for prompt in prompts:
         try:
@@ -99,16 +102,38 @@ def encode_tool_prompts(tokenizer: Any, prompts: Sequence[Prompt], toolbox: Tool
     return with_tools
 
 
+PROBE = "tunesmith probe"
+
+
+def check_renders_tools(tokenizer: Any, toolbox: Toolbox) -> None:
+    """A TemplateError unless the chat template lists the tools in the prompt (SmolLM2's own ignores them:
+    the policy would never see the functions) and renders a call and its result."""
+    asked = [{"role": USER, "content": PROBE}]
+    if render_text(tokenizer, asked, add_generation_prompt=True, tools=toolbox.schemas) == render_text(
+            tokenizer, asked, add_generation_prompt=True):
+        raise TemplateError(f"{template_name(tokenizer)} does not render tools (its prompt is the same without them), "
+                            "so the policy would never see the --tool_funcs functions; use a model whose template "
+                            "supports tools, or one trained with --chat_template chatml_tools")
+    call = {"id": "call_probe", "type": "function", "function": {"name": toolbox.names[0], "arguments": {}}}
+    calling = render_text(tokenizer, [*asked, {"role": ASSISTANT, "content": None, "tool_calls": [call]}],
+                          tools=toolbox.schemas)
+    if calling == render_text(tokenizer, [*asked, {"role": ASSISTANT, "content": ""}], tools=toolbox.schemas):
+        raise TemplateError(f"{template_name(tokenizer)} does not render the assistant's tool calls (a call turn renders "
+                            "as an empty reply), so the turns after a call would not show it; use a model whose "
+                            "template supports tools, or one trained with --chat_template chatml_tools")
+
+
 def tool_rollout(engine: Engine, tokenizer: Any, prompts: Sequence[Prompt], params: SamplingParams, toolbox: Toolbox,
                  max_tool_calls: int, max_trajectory_tokens: int | None = None,
                  max_batch_size: int | None = None) -> list[Trajectory]:
     """One trajectory per prompt (params.n must be 1: repeat a prompt for several). Each turn is at most
-    params.max_new_tokens tokens, and a trajectory at most max_trajectory_tokens (default: (max_tool_calls + 1)
-    turns of max_new_tokens), tool results included. The prompts' input_ids must be their rendering with their
-    tools (encode_tool_prompts). Under ZeRO-3 (engine.synced) every process runs as many rounds as the busiest."""
+    params.max_new_tokens tokens, and a trajectory at most max_trajectory_tokens, tool results included (default:
+    (max_tool_calls + 1) turns of max_new_tokens and RESULT_TOKENS per call). The prompts' input_ids must be their
+    rendering with their tools (encode_tool_prompts). Under ZeRO-3 (engine.synced) every process runs as many
+    rounds as the busiest."""
     if params.n != 1:
         raise ValueError(f"tool_rollout samples one trajectory per prompt (got n={params.n}): repeat the prompt")
-    budget = max_trajectory_tokens or (max_tool_calls + 1) * params.max_new_tokens
+    budget = max_trajectory_tokens or (max_tool_calls + 1) * params.max_new_tokens + max_tool_calls * RESULT_TOKENS
     rows = []
     for prompt in prompts:
         tools = toolbox.offered(prompt)

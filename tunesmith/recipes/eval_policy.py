@@ -18,6 +18,13 @@ and with reward functions one line each (their mean is the accuracy of a 0/1 fun
     exact_answer: baseline 0.040 -> policy 0.520 (change +0.480 ± 0.051, paired standard error)
 --baseline and --policy (formerly --sft and --ppo) are adapter directories (their base comes from
 adapter_config.json) or full model directories; --baseline left out is the base under the --policy adapter.
+
+With --tool_funcs package.module:function (a policy trained to call tools), both answer as agents: a reply that
+is a call runs the function and the model goes on after its result, up to --max_tool_calls calls; the rewards
+score the whole trajectory, the KL counts only the tokens the policy wrote, and the prompts are rendered with the
+policy's chat template (the one that lists its tools), for both models:
+    python scripts/eval_policy.py --policy outputs/grpo_tools --data_path q.jsonl --reward_funcs exact_answer \
+        --tool_funcs my_tools:add,my_tools:multiply --max_tool_calls 3
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from ..boundary import entry_point
 from ..data.prompts import Prompt, build_prompts, left_pad
 from ..evaluation.paired import paired_change
 from ..generation import Engine
-from ..hparams import EvalArguments, parse_run
+from ..hparams import EvalArguments, ToolUseArguments, parse_run
 from ..models.loader import inference_model_args, load_for_inference
 from ..ppo.core import logprobs_from_logits
 from ..ppo.models import response_logits
@@ -44,60 +51,101 @@ from ..ppo.rollout import (
     rollout_sampling,
     sequence_inputs,
 )
+from ..ppo.tool_rollout import Trajectory, encode_tool_prompts, tool_rollout
+from ..ppo.tools import Toolbox
 from ..utils.io import atomic_write_jsonl
 from ..utils.paths import adapter_base_model
 
 
+class Answers:
+    """Each prompt's reply (token ids after the prompt; with tools the whole trajectory), and per batch the
+    (query ids, query mask, response ids, response mask, trained mask) the log-probabilities are read from:
+    the trained mask marks the tokens the model wrote (all of a plain reply; not a tool's result)."""
+
+    def __init__(self) -> None:
+        self.replies: list[list[int]] = []
+        self.batches: list[tuple[torch.Tensor, ...]] = []
+        self.trajectories: list[Trajectory] = []
+
+
 def answer(engine: Engine, tokenizer: Any, prompts: list[Prompt], args: EvalArguments, sample: bool,
-           temperature: float) -> tuple[list[list[int]], list[tuple[torch.Tensor, ...]]]:
-    """Replies (token lists), and per batch the (query ids, query mask, response ids, response mask)."""
+           temperature: float, tools: ToolUseArguments | None = None, toolbox: Toolbox | None = None) -> Answers:
+    """The replies to every prompt, in batches of --batch_size; with a toolbox, agent trajectories (the tool loop)."""
     params = rollout_sampling(args.max_new_tokens, temperature, greedy=not sample)
     torch.manual_seed(args.seed)
-    replies, batches = [], []
+    answers = Answers()
     for start in range(0, len(prompts), args.batch_size):
-        chunk = [p.input_ids for p in prompts[start:start + args.batch_size]]
-        query_ids, query_mask = left_pad(chunk, tokenizer.pad_token_id)
-        response_ids, response_mask, _ = generate_responses(engine, chunk, params, tokenizer.pad_token_id)
-        replies += reply_tokens(response_ids, response_mask)
-        batches.append((query_ids, query_mask, response_ids, response_mask))
-    return replies, batches
+        chunk = prompts[start:start + args.batch_size]
+        query_ids, query_mask = left_pad([p.input_ids for p in chunk], tokenizer.pad_token_id)
+        if toolbox is None:
+            response_ids, response_mask, _ = generate_responses(engine, [p.input_ids for p in chunk], params,
+                                                                tokenizer.pad_token_id)
+            answers.replies += reply_tokens(response_ids, response_mask)
+            answers.batches.append((query_ids, query_mask, response_ids, response_mask, response_mask))
+            continue
+        trajectories = tool_rollout(engine, tokenizer, chunk, params, toolbox, tools.max_tool_calls,
+                                    tools.max_trajectory_tokens)
+        answers.trajectories += trajectories
+        answers.replies += [t.token_ids for t in trajectories]
+        width = max(1, *(len(t.token_ids) for t in trajectories))
+        response_ids = torch.tensor([t.token_ids + [tokenizer.pad_token_id] * (width - len(t.token_ids))
+                                     for t in trajectories])
+        response_mask = torch.tensor([[1] * len(t.token_ids) + [0] * (width - len(t.token_ids)) for t in trajectories])
+        trained = torch.tensor([[int(m) for m in t.trained] + [0] * (width - len(t.trained)) for t in trajectories])
+        answers.batches.append((query_ids, query_mask, response_ids, response_mask, trained))
+    return answers
 
 
 @torch.no_grad()
 def reply_logprobs(model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, response_ids: torch.Tensor,
-                   response_mask: torch.Tensor) -> torch.Tensor:
-    """Summed log-probability (temperature 1) of each reply under `model`."""
+                   response_mask: torch.Tensor, trained: torch.Tensor | None = None) -> torch.Tensor:
+    """Summed log-probability (temperature 1) under `model` of each reply's tokens that `trained` marks (default:
+    all of them): the model reads a tool's result but did not write it."""
+    device = next(model.parameters()).device
+    query_ids, query_mask, response_ids, response_mask = (t.to(device) for t in (query_ids, query_mask, response_ids,
+                                                                                 response_mask))
     input_ids, attention_mask, position_ids = sequence_inputs(query_ids, query_mask, response_ids, response_mask)
     logits = response_logits(model, input_ids, attention_mask, position_ids, query_ids.size(1))
     logprobs = logprobs_from_logits(logits.float(), response_ids)
-    return torch.where(response_mask.bool(), logprobs, 0.0).sum(1)
+    counted = (response_mask if trained is None else trained.to(device)).bool()
+    return torch.where(counted, logprobs, 0.0).sum(1)
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, float]:
     parsed = parse_run("eval_policy", argv, __doc__)
-    args, data = parsed.evaluation, parsed.data
+    args, data, tools = parsed.evaluation, parsed.data, parsed.tool_use
     reward_funcs = [load_reward_function(spec) for spec in args.reward_funcs]  # a bad name fails before loading
+    toolbox = Toolbox.from_specs(tools.tool_funcs, tools.tool_timeout) if tools.enabled else None  # likewise
     baseline_path = args.baseline or adapter_base_model(args.policy)
     baseline, tokenizer = load_for_inference(inference_model_args(baseline_path))
-    policy, _ = load_for_inference(inference_model_args(args.policy))
+    policy, policy_tokenizer = load_for_inference(inference_model_args(args.policy))
+    if toolbox is not None:  # the template the policy was trained with lists its tools (a base's may list none)
+        tokenizer = policy_tokenizer
     scorer = None
     if args.reward_model:
         reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.reward_model), task="reward")
         scorer = RewardModelScorer(reward_model, reward_tokenizer, tokenizer, batch_size=args.batch_size)
     rewards = Rewards(tokenizer, reward_funcs, args.reward_weights, scorer, args.reward_model_weight)
     prompts = build_prompts(tokenizer, data, "eval")
+    if toolbox is not None:
+        prompts = encode_tool_prompts(tokenizer, prompts, toolbox, data.max_prompt_length, "eval")
 
     baseline_engine, policy_engine = Engine(baseline, tokenizer), Engine(policy, tokenizer)
-    baseline_replies, _ = answer(baseline_engine, tokenizer, prompts, args, args.do_sample, args.temperature)
-    policy_replies, _ = answer(policy_engine, tokenizer, prompts, args, args.do_sample, args.temperature)
+    sides = [answer(engine, tokenizer, prompts, args, args.do_sample, args.temperature, tools, toolbox)
+             for engine in (baseline_engine, policy_engine)]
+    baseline_replies, policy_replies = sides[0].replies, sides[1].replies
     (baseline_scores, baseline_sources), (policy_scores, policy_sources) = (
         rewards(prompts, baseline_replies), rewards(prompts, policy_replies))
-    _, kl_batches = answer(policy_engine, tokenizer, prompts, args, sample=True, temperature=1.0)
+    kl_batches = answer(policy_engine, tokenizer, prompts, args, True, 1.0, tools, toolbox).batches
     kl = torch.cat([reply_logprobs(policy, *b) - reply_logprobs(baseline, *b) for b in kl_batches])
     result = summarize(baseline_scores, policy_scores, kl, baseline_replies, policy_replies)
     functions = rewards.names[:len(reward_funcs)]
     for i, name in enumerate(functions):
         result |= {f"{name}_{k}": v for k, v in paired_change(baseline_sources[:, i], policy_sources[:, i]).items()}
+    if toolbox is not None:
+        for side, answers in zip(("baseline", "policy"), sides):
+            result[f"{side}_tool_calls"] = sum(t.tool_calls for t in answers.trajectories)
+            result[f"{side}_failed_tool_calls"] = sum(t.failed_calls for t in answers.trajectories)
     if args.output_file:
         rows = []
         for i, (p, s, q) in enumerate(zip(prompts, baseline_replies, policy_replies)):
@@ -109,6 +157,11 @@ def run(argv: Sequence[str] | None = None) -> dict[str, float]:
             if len(rewards.names) > 1 or reward_funcs:  # each source's score too
                 rows[-1] |= {f"{side}_{name}": float(scores[i, j]) for j, name in enumerate(rewards.names)
                              for side, scores in (("baseline", baseline_sources), ("policy", policy_sources))}
+            if toolbox is not None:  # the turns as messages: the calls, the results, the answers
+                for side, answers in zip(("baseline", "policy"), sides):
+                    t = answers.trajectories[i]
+                    rows[-1] |= {f"{side}_messages": t.new_messages, f"{side}_tool_calls": t.tool_calls,
+                                 f"{side}_failed_tool_calls": t.failed_calls, f"{side}_finish": t.finish_reason}
         atomic_write_jsonl(args.output_file, rows)
     decoding = f"sampled (seed {args.seed}, temperature {args.temperature})" if args.do_sample else "greedy"
     for p, s, ss, q, qs in list(zip(prompts, baseline_replies, baseline_scores, policy_replies, policy_scores))[:args.show]:
@@ -123,8 +176,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, float]:
     for name in functions:
         print(f"{name}: baseline {result[f'{name}_baseline']:.3f} -> policy {result[f'{name}_policy']:.3f} "
               f"(change {result[f'{name}_change']:+.3f} ± {result[f'{name}_change_stderr']:.3f}, paired standard error)")
+    if toolbox is not None:
+        print(f"tool calls: baseline {result['baseline_tool_calls']} ({result['baseline_failed_tool_calls']} failed) -> "
+              f"policy {result['policy_tool_calls']} ({result['policy_failed_tool_calls']} failed), at most "
+              f"{tools.max_tool_calls} per reply")
     print(f"KL(policy || baseline): {result['kl_policy_baseline']:.3f} nats/reply ({len(prompts)} replies sampled "
-          "from the policy at temperature 1)")
+          "from the policy at temperature 1" + (", its own tokens only" if toolbox is not None else "") + ")")
     return result
 
 
