@@ -11,6 +11,7 @@ from tunesmith.ppo.core import (
     KL_KINDS,
     AdaptiveKLController,
     FixedKLController,
+    PolicyLossSpec,
     aggregate_loss,
     compute_gae,
     compute_rewards,
@@ -258,7 +259,7 @@ def test_policy_loss_hand_computed_clipping_and_gradient():
     logp = (old + t([[math.log(1.5), math.log(0.9), math.log(1.5), 1000.0]])).requires_grad_(True)
     adv = t([[1.0, 2.0, -1.0, 10.0]])
     mask = t([[1, 1, 1, 0]], dtype=torch.long)
-    loss, stats = policy_loss(logp, old, adv, mask, eps)
+    loss, stats = policy_loss(logp, old, adv, mask, PolicyLossSpec("bnpo", eps))
     torch.testing.assert_close(loss, t(-0.5))
     torch.testing.assert_close(stats["clipfrac"], t(1 / 3))
     torch.testing.assert_close(stats["ratio_mean"], t(1.3))
@@ -276,7 +277,7 @@ def test_policy_loss_is_minus_mean_advantage_at_ratio_one():
     logp = torch.randn(3, 5, generator=gen, dtype=F64)
     adv = torch.randn(3, 5, generator=gen, dtype=F64)
     mask = random_right_padded_mask(gen, 3, 5)
-    loss, stats = policy_loss(logp, logp.clone(), adv, mask, 0.2)
+    loss, stats = policy_loss(logp, logp.clone(), adv, mask, PolicyLossSpec("bnpo", 0.2))
     torch.testing.assert_close(loss, -masked_mean(adv, mask))
     assert stats["clipfrac"].item() == 0.0 and stats["approx_kl"].item() == 0.0
     torch.testing.assert_close(stats["ratio_mean"], t(1.0))
@@ -422,18 +423,18 @@ def test_rloo_is_each_score_minus_the_mean_of_the_others():
                                torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0, 0.0]))
 
 
-def test_token_and_sequence_loss_aggregation_on_a_toy_batch():
+def test_token_and_reply_averaged_losses_on_a_toy_batch():
     # Reply 1 has 3 tokens of loss 1, reply 2 one token of loss 5 (padding holds garbage).
     losses = t([[1.0, 1.0, 1.0], [5.0, float("nan"), float("inf")], [9.0, 9.0, 9.0]])
     mask = t([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
-    assert aggregate_loss(losses, mask, "token").item() == pytest.approx((3 * 1 + 5) / 4)  # 2.0
+    assert aggregate_loss(losses, mask, "bnpo").item() == pytest.approx((3 * 1 + 5) / 4)  # 2.0
     # Per reply: 1 and 5; the empty third row counts for nothing: (1 + 5) / 2.
-    assert aggregate_loss(losses, mask, "sequence").item() == pytest.approx(3.0)
+    assert aggregate_loss(losses, mask, "grpo").item() == pytest.approx(3.0)
     same_length = t([[1, 1, 1], [1, 1, 1], [0, 0, 0]])
     finite = t([[1.0, 2.0, 3.0], [5.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
-    assert aggregate_loss(finite, same_length, "token").item() == pytest.approx(
-        aggregate_loss(finite, same_length, "sequence").item())
-    with pytest.raises(ValueError, match="unknown loss aggregation"):
+    assert aggregate_loss(finite, same_length, "bnpo").item() == pytest.approx(
+        aggregate_loss(finite, same_length, "grpo").item())
+    with pytest.raises(ValueError, match="unknown loss type"):
         aggregate_loss(losses, mask, "batch")
 
 
@@ -442,8 +443,8 @@ def test_policy_loss_sequence_aggregation_weighs_replies_equally():
     logp = t([[-1.0, -1.0, -1.0], [-2.0, 0.0, 0.0]])
     adv = t([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]])
     mask = t([[1, 1, 1], [1, 0, 0]])
-    token, _ = policy_loss(logp, logp, adv, mask, 0.2, "token")
-    sequence, _ = policy_loss(logp, logp, adv, mask, 0.2, "sequence")
+    token, _ = policy_loss(logp, logp, adv, mask, PolicyLossSpec("bnpo"))
+    sequence, _ = policy_loss(logp, logp, adv, mask, PolicyLossSpec("grpo"))
     assert token.item() == pytest.approx(-(3 - 1) / 4) and sequence.item() == pytest.approx(0.0)
 
 
@@ -451,7 +452,7 @@ def test_kl_loss_is_k3_of_the_policy_against_the_reference_with_its_gradient():
     ref = t([[-1.0, -2.0, -0.5], [-1.0, 0.0, 0.0]])
     logp = t([[-1.0, -1.0, -1.0], [-3.0, 50.0, -50.0]]).requires_grad_()
     mask = t([[1, 1, 1], [1, 0, 0]])
-    loss = kl_loss(logp, ref, mask, "k3", "token")
+    loss = kl_loss(logp, ref, mask, "k3", "bnpo")
     # k3 = exp(ref - logp) - 1 - (ref - logp) per real token: 0, e^-1 - 1 + 1, e^0.5 - 1 - 0.5, e^2 - 1 - 2.
     k3 = [0.0, math.exp(-1), math.exp(0.5) - 1.5, math.exp(2) - 3]
     assert loss.item() == pytest.approx(sum(k3) / 4)
@@ -460,5 +461,5 @@ def test_kl_loss_is_k3_of_the_policy_against_the_reference_with_its_gradient():
     expected = [[0.0, (1 - math.exp(-1)) / 4, (1 - math.exp(0.5)) / 4], [(1 - math.exp(2)) / 4, 0.0, 0.0]]
     torch.testing.assert_close(logp.grad, t(expected))
     assert kl_loss(ref, ref, mask).item() == 0.0  # the policy at the reference
-    seq = kl_loss(logp.detach(), ref, mask, "k3", "sequence")
+    seq = kl_loss(logp.detach(), ref, mask, "k3", "grpo")
     assert seq.item() == pytest.approx((sum(k3[:3]) / 3 + k3[3]) / 2)

@@ -359,6 +359,18 @@ def ppo_settings(**overrides):
     ({"max_new_tokens": 0}, r"--max_new_tokens \(0\) and --ppo_epochs \(2\) must be at least 1"),
     ({"gradient_checkpointing": True}, r"--gradient_checkpointing cannot be used with LoRA PPO"),
     ({"max_steps": -1, "num_train_epochs": 0}, r"set --max_steps .* or --num_train_epochs"),
+    ({"loss_type": "luspo"}, r"--loss_type luspo is LUSPO: .* add --importance_sampling_level sequence"),
+    ({"loss_type": "vespo", "importance_sampling_level": "sequence"}, r"--loss_type vespo .* leave"),
+    ({"epsilon_high": -0.1}, r"--epsilon_high must be >= 0 \(got -0.1\)"),
+    ({"delta": 4.0, "loss_type": "sapo"}, r"--loss_type sapo has none: drop --delta"),
+    ({"delta": 1.1}, r"--delta 1.1 must exceed the clip's ceiling"),
+    ({"scale_rewards": "none"}, r"--scale_rewards none scales --advantage grpo's group advantages; --advantage gae"),
+    ({"multi_objective_aggregation": "normalize_then_sum", "advantage": "grpo", "samples_per_prompt": 2},
+     r"normalize_then_sum \(GDPO\) .* two or more sources"),
+    ({"dynamic_sampling": True}, r"--dynamic_sampling drops groups .* use --advantage grpo or rloo"),
+    ({"top_entropy_quantile": 1.5}, r"--top_entropy_quantile must be between 0 and 1 \(got 1.5"),
+    ({"overlong_buffer": 100}, r"--overlong_buffer 100 must be between 0 \(off\) and --max_new_tokens \(48\)"),
+    ({"sapo_temperature_neg": 0.0}, r"--sapo_temperature_pos and --sapo_temperature_neg must be positive"),
 ])
 def test_bad_ppo_settings_say_what_to_change(overrides, match):
     with pytest.raises(UserError, match=match):

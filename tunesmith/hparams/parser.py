@@ -53,6 +53,7 @@ DEPRECATED_UNTIL = "0.3"
 # mapped silently (a DPO config with `gamma` would otherwise mean something else in PPO); refused in one line.
 MEANING_MOVED = {
     "gamma": ("simpo_gamma", "SimPO's target margin is --simpo_gamma; --gamma is only PPO's GAE discount"),
+    "loss_aggregation": ("loss_type", "token is --loss_type bnpo (or dapo, the default), sequence is --loss_type grpo"),
 }
 
 RUN_CONFIG_HELP = (

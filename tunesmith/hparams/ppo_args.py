@@ -85,12 +85,6 @@ class PPOArguments(RewardSourceArguments):
         metadata={"help": "Add kl_coef times the KL to the reference to the loss (GRPO's way) instead of subtracting "
                   "it from the reward (PPO's way)."},
     )
-    loss_aggregation: Literal["token", "sequence"] = field(
-        default="token",
-        metadata={"help": "How the per-token losses of a mini-batch are averaged: token: over all real tokens "
-                  "(longer replies weigh more); sequence: over each reply first, then over replies (each reply "
-                  "weighs the same)."},
-    )
     max_new_tokens: int = field(default=48, metadata={"help": "Longest reply generated in a rollout."})
     temperature: float = field(
         default=1.0,
@@ -111,9 +105,102 @@ class PPOArguments(RewardSourceArguments):
                   "split into this many shuffled mini-batches; each may be split further by "
                   "gradient_accumulation_steps."},
     )
+    # The GRPO loss family (the maths: ppo/core.py; TRL 1.16's GRPOConfig has the same names).
+    loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"] = field(
+        default="dapo",
+        metadata={"help": "The policy loss, for every --advantage. dapo (DAPO, Yu et al. 2025, arXiv 2503.14476; TRL's "
+                  "default): PPO's clipped surrogate, every real token of the optimizer step (all micro-batches "
+                  "and processes) weighing the same. bnpo: the same averaged over each micro-batch's tokens. grpo "
+                  "(DeepSeekMath, Shao et al. 2024, arXiv 2402.03300): averaged over each reply, then over replies "
+                  "(long replies' tokens weigh less). dr_grpo (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783): summed "
+                  "and divided by batch x --max_new_tokens (no length bias). cispo (MiniMax-M1, arXiv 2506.13585): "
+                  "the ratio capped at 1 + --epsilon_high and detached, times A log p (every token keeps a "
+                  "gradient). sapo (SAPO, arXiv 2511.20347): a smooth sigmoid gate in place of the clip. luspo "
+                  "(LUSPO, arXiv 2602.05261): GSPO's sequence ratio, each reply's loss times its length (needs "
+                  "--importance_sampling_level sequence). vespo (VESPO, arXiv 2602.10693): -phi(w) A log p, phi a "
+                  "Gamma-shaped weight of the reply's ratio w."},
+    )
+    epsilon_high: float | None = field(
+        default=None,
+        metadata={"help": "Upper clip of the ratio, 1 + epsilon_high (default: --cliprange, the lower one). DAPO's "
+                  "clip-higher (arXiv 2503.14476) uses 0.28: rare tokens may gain more probability, which keeps "
+                  "exploration alive. cispo: the cap of its weight is 1 + epsilon_high (TRL's epsilon_high is the "
+                  "cap itself: its 5.0 is 4.0 here)."},
+    )
+    delta: float | None = field(
+        default=None,
+        metadata={"help": "Two-sided clip (INTELLECT-2, arXiv 2505.07291): the unclipped ratio is capped at delta "
+                  "too, so a token with a negative advantage whose ratio has grown large cannot make a huge step "
+                  "(they use 4; must exceed 1 + epsilon_high). Clipped loss types only."},
+    )
+    importance_sampling_level: Literal["token", "sequence"] = field(
+        default="token",
+        metadata={"help": "token: one ratio pi/pi_old per token (PPO, GRPO). sequence: one ratio per reply, the "
+                  "geometric mean of its tokens' (GSPO, Zheng et al. 2025, arXiv 2507.18071), which suits a "
+                  "reward given to the whole reply; GSPO's setting is --loss_type grpo with it."},
+    )
+    scale_rewards: Literal["group", "batch", "none"] = field(
+        default="group",
+        metadata={"help": "--advantage grpo: each reward less its group's mean, divided by the group's standard "
+                  "deviation (group: GRPO), by the whole rollout batch's (batch: PPO Lite, arXiv 2508.08221), or "
+                  "not divided (none: Dr. GRPO, arXiv 2503.20783, which found the division favours prompts that "
+                  "are too easy or too hard)."},
+    )
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = field(
+        default="sum_then_normalize",
+        metadata={"help": "--advantage grpo with several reward sources: sum the weighted scores, then take "
+                  "advantages (sum_then_normalize), or standardise each source within each group first, then sum "
+                  "and standardise over the batch (normalize_then_sum: GDPO, arXiv 2601.05242), so that no source "
+                  "drowns the others by its range."},
+    )
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata={"help": "Leave replies cut at --max_new_tokens out of the loss (DAPO): an unfinished reply's score "
+                  "says little about its tokens. They still count in the advantages of their group."},
+    )
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata={"help": "Train only the most uncertain tokens (Wang et al. 2025, \"Beyond the 80/20 rule\", arXiv "
+                  "2506.01939, who use 0.2): the policy loss keeps the tokens whose entropy at sampling time is in "
+                  "the top share of the rollout batch's real tokens. 1.0 keeps all."},
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "DAPO's dynamic sampling (grpo, rloo): drop the groups whose rewards are all equal (their "
+                  "advantages are 0: nothing to learn) and sample more prompts until the batch is full, at most "
+                  "--dynamic_sampling_rounds rounds; a batch still short is filled with dropped groups. Logged as "
+                  "groups_dropped and sampling_rounds; score_sampled is the mean score before filtering."},
+    )
+    dynamic_sampling_rounds: int = field(
+        default=4, metadata={"help": "With --dynamic_sampling: the most rounds of sampling for one batch."}
+    )
+    overlong_buffer: int = field(
+        default=0,
+        metadata={"help": "DAPO's soft overlong punishment (0: off): a reply longer than --max_new_tokens minus this "
+                  "many tokens loses up to --overlong_penalty (linearly, all of it at --max_new_tokens)."},
+    )
+    overlong_penalty: float = field(
+        default=1.0, metadata={"help": "With --overlong_buffer: the most a reply loses for its length."}
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0, metadata={"help": "sapo: the gate's temperature for tokens with a positive advantage."}
+    )
+    sapo_temperature_neg: float = field(
+        default=1.05, metadata={"help": "sapo: the gate's temperature for the others (SAPO's paper: a bit sharper)."}
+    )
+    vespo_k_pos: float = field(default=2.0, metadata={"help": "vespo: the power k of phi(w) for positive advantages."})
+    vespo_lambda_pos: float = field(
+        default=3.0, metadata={"help": "vespo: the decay lambda of phi(w) for positive advantages."}
+    )
+    vespo_k_neg: float = field(default=3.0, metadata={"help": "vespo: the power k of phi(w) for negative advantages."})
+    vespo_lambda_neg: float = field(
+        default=2.0, metadata={"help": "vespo: the decay lambda of phi(w) for negative advantages."}
+    )
     gamma: float = field(default=1.0, metadata={"help": "GAE discount factor (gae only)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda (bias/variance trade-off of the advantages; gae only)."})
-    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio."})
+    cliprange: float = field(
+        default=0.2, metadata={"help": "Clip range of the policy ratio: 1 - cliprange below (TRL's epsilon), 1 + "
+                               "--epsilon_high above."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value prediction (gae only)."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss in the total loss (gae only)."})
     kl_coef: float = field(

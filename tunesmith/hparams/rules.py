@@ -469,6 +469,49 @@ RULES: list[Rule] = [
          "--temperature must be positive (got {ppo.temperature}); PPO needs a sampling policy."),
     Rule("ppo_lengths", ("ppo",), lambda a: a.ppo.max_new_tokens < 1 or a.ppo.ppo_epochs < 1,
          "--max_new_tokens ({ppo.max_new_tokens}) and --ppo_epochs ({ppo.ppo_epochs}) must be at least 1."),
+    Rule("ppo_luspo_level", ("ppo",),
+         lambda a: a.ppo.loss_type == "luspo" and a.ppo.importance_sampling_level != "sequence",
+         "--loss_type luspo is LUSPO: GSPO's one ratio per reply, each reply's loss times its length; add "
+         "--importance_sampling_level sequence."),
+    Rule("ppo_vespo_level", ("ppo",),
+         lambda a: a.ppo.loss_type == "vespo" and a.ppo.importance_sampling_level != "token",
+         "--loss_type vespo builds its one weight per reply from the token ratios itself: leave "
+         "--importance_sampling_level at token."),
+    Rule("ppo_epsilon_high", ("ppo",), lambda a: a.ppo.epsilon_high is not None and a.ppo.epsilon_high < 0,
+         "--epsilon_high must be >= 0 (got {ppo.epsilon_high}): the ratio's ceiling is 1 + epsilon_high."),
+    Rule("ppo_delta_loss", ("ppo",),
+         lambda a: a.ppo.delta is not None and a.ppo.loss_type not in ("dapo", "bnpo", "grpo", "dr_grpo", "luspo"),
+         "--delta caps the unclipped ratio of PPO's clipped surrogate; --loss_type {ppo.loss_type} has none: drop "
+         "--delta, or use dapo, bnpo, grpo, dr_grpo or luspo."),
+    Rule("ppo_delta", ("ppo",),
+         lambda a: a.ppo.delta is not None and a.ppo.delta <= 1 + (a.ppo.cliprange if a.ppo.epsilon_high is None
+                                                                    else a.ppo.epsilon_high),
+         "--delta {ppo.delta} must exceed the clip's ceiling 1 + --epsilon_high (or --cliprange), or it would cut "
+         "ratios the clip lets through; INTELLECT-2 uses 4."),
+    Rule("ppo_scale_rewards", ("ppo",), lambda a: a.ppo.scale_rewards != "group" and a.ppo.advantage != "grpo",
+         "--scale_rewards {ppo.scale_rewards} scales --advantage grpo's group advantages; --advantage "
+         "{ppo.advantage} has its own baseline: drop the flag, or use --advantage grpo."),
+    Rule("ppo_multi_objective", ("ppo",),
+         lambda a: a.ppo.multi_objective_aggregation == "normalize_then_sum"
+         and (a.ppo.advantage != "grpo" or len(a.ppo.reward_funcs) + bool(a.ppo.reward_model) < 2),
+         "--multi_objective_aggregation normalize_then_sum (GDPO) standardises each reward source within its "
+         "group: it needs --advantage grpo and two or more sources (--reward_funcs and --reward_model; got "
+         "--advantage {ppo.advantage} with {ppo.reward_funcs})."),
+    Rule("ppo_dynamic_sampling", ("ppo",), lambda a: a.ppo.dynamic_sampling and a.ppo.advantage == "gae",
+         "--dynamic_sampling drops groups whose rewards are all equal, which only a group baseline makes useless: "
+         "use --advantage grpo or rloo."),
+    Rule("ppo_dynamic_sampling_rounds", ("ppo",), lambda a: a.ppo.dynamic_sampling_rounds < 1,
+         "--dynamic_sampling_rounds must be at least 1 (got {ppo.dynamic_sampling_rounds})."),
+    Rule("ppo_entropy_quantile", ("ppo",), lambda a: not 0 <= a.ppo.top_entropy_quantile <= 1,
+         "--top_entropy_quantile must be between 0 and 1 (got {ppo.top_entropy_quantile}; 0.2 trains the 20% most "
+         "uncertain tokens, 1.0 all)."),
+    Rule("ppo_overlong", ("ppo",), lambda a: not 0 <= a.ppo.overlong_buffer <= a.ppo.max_new_tokens,
+         "--overlong_buffer {ppo.overlong_buffer} must be between 0 (off) and --max_new_tokens "
+         "({ppo.max_new_tokens}): the penalty ramps over the last that many tokens."),
+    Rule("ppo_sapo_temperatures", ("ppo",),
+         lambda a: min(a.ppo.sapo_temperature_pos, a.ppo.sapo_temperature_neg) <= 0,
+         "--sapo_temperature_pos and --sapo_temperature_neg must be positive (got {ppo.sapo_temperature_pos}, "
+         "{ppo.sapo_temperature_neg})."),
     Rule("ppo_length_of_run", ("ppo", "training"),
          lambda a: a.training.max_steps <= 0 and a.training.num_train_epochs <= 0,
          "set --max_steps (PPO steps, one rollout batch each) or --num_train_epochs."),

@@ -18,7 +18,9 @@ Conventions used throughout
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -42,11 +44,24 @@ __all__ = [
     "first_true_indices",
     "truncate_after_eos",
     "KL_KINDS",
-    "LOSS_AGGREGATIONS",
+    "LOSS_TYPES",
+    "IMPORTANCE_LEVELS",
+    "REWARD_SCALINGS",
+    "REWARD_AGGREGATIONS",
+    "PolicyLossSpec",
+    "log_importance_weights",
+    "clipped_surrogate",
+    "cispo_surrogate",
+    "sapo_surrogate",
+    "vespo_weights",
+    "high_entropy_mask",
+    "overlong_penalty",
+    "varied_groups",
+    "scaled_group_advantages",
+    "decoupled_group_advantages",
 ]
 
 KL_KINDS = ("k1", "abs", "mse", "k3")
-LOSS_AGGREGATIONS = ("token", "sequence")
 
 # Low-precision dtypes whose log-softmax/entropy we compute in float32: bf16 has ~3
 # significant digits, which is not enough for log-prob differences that feed exp(ratio).
@@ -251,6 +266,45 @@ def group_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-4) -
     return torch.where(tied, torch.zeros_like(advantages), advantages).reshape(scores.shape)
 
 
+def scaled_group_advantages(scores: torch.Tensor, group_size: int, scaling: str = "group",
+                            eps: float = 1e-4) -> torch.Tensor:
+    """Each reply's advantage from its group's mean, scaled one of three ways (``r_i``, group mean ``mean_g``):
+
+    * ``group``: ``(r_i - mean_g) / (std_g + eps)``, :func:`group_advantages` (GRPO, DeepSeekMath);
+    * ``batch``: ``(r_i - mean_g) / (std_B + eps)``, ``std_B`` the population standard deviation of every score
+      in ``scores`` (the whole rollout batch; PPO Lite, arXiv 2508.08221): a prompt whose replies barely differ
+      no longer gets the same step as one whose replies differ a lot;
+    * ``none``: ``r_i - mean_g`` (Dr. GRPO, arXiv 2503.20783: dividing by the group's spread favours prompts
+      that are too easy or too hard).
+
+    A group whose scores are all equal gets exactly 0 under each."""
+    if scaling == "group":
+        return group_advantages(scores, group_size, eps)
+    if scaling not in REWARD_SCALINGS:
+        raise ValueError(f"unknown reward scaling {scaling!r}; expected one of {REWARD_SCALINGS}")
+    if group_size < 2 or scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size} >= 2")
+    groups = scores.reshape(-1, group_size)
+    centred = groups - groups.mean(1, keepdim=True)
+    if scaling == "batch":
+        centred = centred / (scores.std(correction=0) + eps)
+    tied = groups.amax(1, keepdim=True) == groups.amin(1, keepdim=True)
+    return torch.where(tied, torch.zeros_like(centred), centred).reshape(scores.shape)
+
+
+def decoupled_group_advantages(source_scores: torch.Tensor, weights: torch.Tensor, group_size: int,
+                               eps: float = 1e-4) -> torch.Tensor:
+    """GDPO's (arXiv 2601.05242) advantages for several reward sources: each source standardised within each
+    group first, ``z_ik = (r_ik - mean_gk) / (std_gk + eps)`` (0 for a group where the source does not vary),
+    then summed with the weights, ``s_i = sum_k w_k z_ik``, and ``s`` standardised over the batch,
+    ``A_i = (s_i - mean(s)) / (std(s) + eps)``. Summing first (GRPO) lets the source with the widest range
+    decide every comparison; standardising first gives each source its say. ``source_scores``: ``[B, K]``."""
+    per_source = torch.stack([group_advantages(source_scores[:, k], group_size, eps)
+                              for k in range(source_scores.size(1))], dim=1)
+    summed = per_source @ weights.to(per_source.dtype)
+    return (summed - summed.mean()) / (summed.std(correction=0) + eps)
+
+
 # --------------------------------------------------------------------------- GAE
 
 
@@ -293,25 +347,141 @@ def compute_gae(
     return advantages, returns
 
 
-# --------------------------------------------------------------------------- losses
+# --------------------------------------------------------------------------- the GRPO loss family
 
 
-def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token") -> torch.Tensor:
-    """Average a per-token loss ``[B, T]`` over the real tokens of a batch, in one of two ways:
 
-    * ``"token"``: ``sum_{i,t} m_it l_it / sum_{i,t} m_it`` -- every token weighs the same, so a long
-      reply moves the policy more than a short one (DAPO's token-level loss);
-    * ``"sequence"``: ``(1/B') sum_i (sum_t m_it l_it / sum_t m_it)`` over the ``B'`` rows with at least
-      one real token -- every reply weighs the same, its tokens share its weight (GRPO as published).
+# Each loss type: how the per-token surrogate is formed and how it is averaged (aggregate_loss).
+# The papers: grpo (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300), dapo (Yu et al. 2025, DAPO, arXiv
+# 2503.14476), dr_grpo (Liu et al. 2025, Dr. GRPO, arXiv 2503.20783), bnpo (TRL's batch-normalised GRPO),
+# cispo (MiniMax 2025, MiniMax-M1, arXiv 2506.13585), sapo (Gao et al. 2025, SAPO, arXiv 2511.20347), luspo
+# (LUSPO, arXiv 2602.05261), vespo (VESPO, arXiv 2602.10693).
+LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
+CLIPPED_LOSSES = ("dapo", "bnpo", "grpo", "dr_grpo", "luspo")  # PPO's clipped surrogate, averaged differently
+IMPORTANCE_LEVELS = ("token", "sequence")
+REWARD_SCALINGS = ("group", "batch", "none")
+REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
-    The two agree when every reply has the same length.
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """What the policy loss computes: the loss type and its constants (the RL stage's flags of the same names).
+
+    ``epsilon_high`` defaults to ``epsilon_low`` (PPO's symmetric clip); DAPO's clip-higher raises it (0.28).
+    ``delta`` (INTELLECT-2, arXiv 2505.07291) caps the unclipped ratio too. ``max_new_tokens`` is Dr. GRPO's
+    constant denominator. ``vespo`` holds (k_pos, lambda_pos, k_neg, lambda_neg)."""
+
+    loss_type: str = "dapo"
+    epsilon_low: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0)
+    max_new_tokens: int | None = None
+
+    @property
+    def high(self) -> float:
+        return self.epsilon_low if self.epsilon_high is None else self.epsilon_high
+
+
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str = "dapo",
+                   num_tokens: float | torch.Tensor | None = None, max_new_tokens: int | None = None) -> torch.Tensor:
+    """Average a per-token loss ``[B, T]`` (``l``, real tokens ``m``) as each loss type does:
+
+    * ``bnpo``: ``sum_{i,t} m l / sum_{i,t} m`` over this micro-batch: every token weighs the same;
+    * ``dapo``, ``cispo``, ``vespo``: ``sum_{i,t} m l / N``, ``N`` = ``num_tokens``, the real tokens of the whole
+      optimizer step (every micro-batch and process) divided by (micro-batches x processes), so that after
+      gradient accumulation and the processes' average every token of the step weighs the same (DAPO's
+      token-level loss). Without ``num_tokens``: this micro-batch's tokens (= ``bnpo``);
+    * ``grpo``, ``sapo``: ``(1/B') sum_i (sum_t m_it l_it / sum_t m_it)`` over the ``B'`` rows with a real token:
+      every reply weighs the same (GRPO as published; longer replies' tokens weigh less);
+    * ``dr_grpo``: ``sum_{i,t} m l / (B * max_new_tokens)``: a constant denominator (no length bias);
+    * ``luspo``: ``(1/B') sum_i sum_t m_it l_it``: each reply's loss scaled by its length.
     """
-    if how == "token":
+    keep = mask.bool()
+    total = torch.where(keep, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+    has_tokens = keep.any(-1)
+    if loss_type == "bnpo" or (loss_type in ("dapo", "cispo", "vespo") and num_tokens is None):
         return masked_mean(per_token, mask)
-    if how == "sequence":
-        has_tokens = mask.bool().any(-1)
+    if loss_type in ("dapo", "cispo", "vespo"):
+        return total.sum() / torch.as_tensor(num_tokens, dtype=total.dtype, device=total.device).clamp(min=1)
+    if loss_type in ("grpo", "sapo"):
         return masked_mean(masked_mean(per_token, mask, dim=-1), has_tokens)
-    raise ValueError(f"unknown loss aggregation {how!r}; expected one of {LOSS_AGGREGATIONS}")
+    if loss_type == "dr_grpo":
+        if not max_new_tokens:
+            raise ValueError("dr_grpo divides by the batch size times max_new_tokens: give max_new_tokens")
+        return total.sum() / (per_token.size(0) * max_new_tokens)
+    if loss_type == "luspo":
+        return masked_mean(total.sum(-1), has_tokens)
+    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
+
+
+def log_importance_weights(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
+                           level: str = "token") -> torch.Tensor:
+    """``log w`` of the policy ratio ``pi / pi_old``, 0 on padding.
+
+    * ``token``: ``log w_it = logp_it - old_it`` (``[B, T]``), PPO's and GRPO's ratio;
+    * ``sequence``: ``log w_i = (1/|y_i|) sum_t (logp_it - old_it)`` (``[B, 1]``, one ratio per reply, the
+      geometric mean of its tokens' ratios: GSPO, Zheng et al. 2025, arXiv 2507.18071), whose gradient reaches
+      every token of the reply.
+    """
+    # Zeroed on padding before any exp: garbage there could overflow, and a where()-masked inf still turns the
+    # backward pass into nan.
+    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)
+    raise ValueError(f"unknown importance sampling level {level!r}; expected one of {IMPORTANCE_LEVELS}")
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float,
+                      delta: float | None = None) -> torch.Tensor:
+    """PPO's clipped surrogate per token (Schulman et al. 2017), with DAPO's clip-higher and INTELLECT-2's
+    two-sided clip: ``-min(r' A, clip(r, 1 - eps_low, 1 + eps_high) A)`` with ``r' = min(r, delta)`` when
+    ``delta`` is given (else ``r' = r``). The min takes the pessimistic bound: a token whose ratio has already
+    moved past the clip in the advantage's direction gets no gradient; ``delta`` also bounds the step of a
+    token with a negative advantage whose ratio has grown large."""
+    clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+    return -torch.minimum(unclipped * advantages, clipped * advantages)
+
+
+def cispo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, logprobs: torch.Tensor,
+                    epsilon_high: float) -> torch.Tensor:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, not the update, and keep every token's
+    gradient: ``-sg(min(r, 1 + eps_high)) A logp`` (``sg``: no gradient). TRL names the cap itself
+    (``epsilon_high`` 5.0 there is ``--epsilon_high 4.0`` here)."""
+    weight = torch.clamp(ratio, max=1.0 + epsilon_high).detach()
+    return -weight * advantages * logprobs
+
+
+def sapo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, temperature_pos: float,
+                   temperature_neg: float) -> torch.Tensor:
+    """SAPO (arXiv 2511.20347): a smooth gate in place of the hard clip,
+    ``-(4 / tau) sigmoid(tau (r - 1)) A`` with ``tau = tau_pos`` where ``A > 0`` and ``tau_neg`` elsewhere; its
+    gradient is PPO's at ``r = 1`` (``4 sigmoid'(0) = 1``) and fades smoothly as ``r`` leaves 1."""
+    tau = torch.where(advantages > 0, temperature_pos, temperature_neg)
+    return -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * advantages
+
+
+def vespo_weights(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  vespo: tuple[float, float, float, float]) -> torch.Tensor:
+    """VESPO's (arXiv 2602.10693) weight per reply ``[B, 1]``, no gradient: with the sequence ratio
+    ``w = exp(clamp(sum_t log r_t, log 1e-8, 20))``, ``phi(w) = exp(lam + k log w - lam w)`` (a Gamma shape,
+    ``phi(1) = 1``), ``(k, lam) = (k_pos, lam_pos)`` where ``A >= 0`` else ``(k_neg, lam_neg)``."""
+    k_pos, lambda_pos, k_neg, lambda_neg = vespo
+    with torch.no_grad():
+        lower = math.log(1e-8)
+        per_token = torch.where(mask.bool(), log_ratio.clamp(-20.0, 20.0), torch.zeros_like(log_ratio))
+        log_w = per_token.sum(-1, keepdim=True).clamp(lower, 20.0)
+        positive = advantages >= 0
+        k = torch.where(positive, k_pos, k_neg)
+        lam = torch.where(positive, lambda_pos, lambda_neg).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+        return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def policy_loss(
@@ -319,35 +489,85 @@ def policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cliprange: float,
-    aggregation: str = "token",
+    spec: PolicyLossSpec,
+    num_tokens: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate loss (Schulman et al. 2017).
+    """The policy loss of ``spec.loss_type``: a per-token surrogate of the ratio ``r = exp(log w)``
+    (:func:`log_importance_weights` at ``spec.importance_sampling_level``) averaged by :func:`aggregate_loss`.
 
-    ``ratio = exp(logp - old_logp)``,
-    ``loss = aggregate_loss(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)), aggregation)``
-    (``"token"``: the masked mean over every real token of the batch).
+    * ``dapo``, ``bnpo``, ``grpo``, ``dr_grpo``, ``luspo``: :func:`clipped_surrogate`;
+    * ``cispo``: :func:`cispo_surrogate`; ``sapo``: :func:`sapo_surrogate`;
+    * ``vespo``: ``-phi(w) A logp`` with :func:`vespo_weights` (token ratios summed per reply).
 
-    Stats (detached): ``clipfrac`` = fraction of real tokens where the clipped term won,
-    ``approx_kl = 0.5 * masked_mean((logp - old_logp)^2)``, ``ratio_mean``.
+    ``advantages``: ``[B, T]`` or ``[B]`` (one per reply). ``mask``: the tokens that train (zero for padding,
+    tool results, truncated replies or tokens the entropy filter drops). Stats (detached): ``clipfrac`` (the
+    share of tokens whose gradient the clip cut: ``r < 1 - eps_low`` with ``A < 0`` or ``r > 1 + eps_high``
+    with ``A > 0``; for cispo the share whose weight was capped; none for sapo and vespo), ``approx_kl =
+    0.5 * mean((logp - old)^2)`` per token, ``ratio_mean``.
     """
-    keep = mask.bool()
-    # Zero the log-ratio on padding *before* exp: garbage there could overflow to inf,
-    # and even a where()-masked inf turns into nan in the backward pass.
-    log_ratio = torch.where(keep, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
-    ratio = torch.exp(log_ratio)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
     advantages = advantages.detach()
-    pg_unclipped = -advantages * ratio
-    pg_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    # max of the two negated objectives = pessimistic (lower) bound on the improvement.
-    loss = aggregate_loss(torch.maximum(pg_unclipped, pg_clipped), mask, aggregation)
+    log_w = log_importance_weights(logprobs, old_logprobs, mask, spec.importance_sampling_level)
+    ratio = torch.exp(log_w)
+    kind = spec.loss_type
+    if kind in CLIPPED_LOSSES:
+        per_token = clipped_surrogate(ratio, advantages, spec.epsilon_low, spec.high, spec.delta)
+        cut = ((ratio < 1 - spec.epsilon_low) & (advantages < 0)) | ((ratio > 1 + spec.high) & (advantages > 0))
+    elif kind == "cispo":
+        per_token = cispo_surrogate(ratio, advantages, logprobs, spec.high)
+        cut = (ratio > 1 + spec.high) & (advantages > 0)
+    elif kind == "sapo":
+        per_token, cut = sapo_surrogate(ratio, advantages, spec.sapo_temperature_pos, spec.sapo_temperature_neg), None
+    elif kind == "vespo":
+        token_log_ratio = log_importance_weights(logprobs, old_logprobs, mask, "token")
+        per_token = -vespo_weights(token_log_ratio, advantages, mask, spec.vespo) * advantages * logprobs
+        cut = None
+    else:
+        raise ValueError(f"unknown loss type {kind!r}; expected one of {LOSS_TYPES}")
+    per_token = per_token.expand_as(logprobs)
+    loss = aggregate_loss(per_token, mask, kind, num_tokens, spec.max_new_tokens)
     with torch.no_grad():
-        stats = {
-            "clipfrac": masked_mean((pg_clipped > pg_unclipped).to(logprobs.dtype), mask),
-            "approx_kl": 0.5 * masked_mean(log_ratio.square(), mask),
-            "ratio_mean": masked_mean(ratio, mask),
-        }
+        token_log_ratio = log_importance_weights(logprobs, old_logprobs, mask, "token")
+        stats = {"approx_kl": 0.5 * masked_mean(token_log_ratio.square(), mask),
+                 "ratio_mean": masked_mean(ratio.expand_as(logprobs), mask)}
+        if cut is not None:
+            stats["clipfrac"] = masked_mean(cut.expand_as(logprobs).to(logprobs.dtype), mask)
     return loss, stats
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float,
+                      pool: torch.Tensor | None = None) -> torch.Tensor:
+    """The tokens the policy loss keeps under "Beyond the 80/20 rule" (Wang et al. 2025, arXiv 2506.01939):
+    ``m_it and H_it >= q``, ``q`` the ``(1 - quantile)`` quantile of the entropies ``H`` of the real tokens
+    (``quantile`` 0.2: the 20% most uncertain tokens, the "forks" where reasoning branches). ``quantile`` 1.0
+    keeps every real token; 0.0 keeps the most uncertain one(s). ``pool``: the entropies the quantile is taken
+    over, when they are more than this batch's (every process's real tokens); default ``entropy[mask]``."""
+    keep = mask.bool()
+    pool = entropy[keep] if pool is None else pool
+    if quantile >= 1.0 or not pool.numel():
+        return keep
+    threshold = torch.quantile(pool.float(), 1.0 - quantile)
+    return keep & (entropy >= threshold)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13), added to the reward: with ``L_max =
+    max_new_tokens`` and ``L_cache = buffer``,
+    ``0`` for ``|y| <= L_max - L_cache``, ``((L_max - L_cache) - |y|) / L_cache`` up to ``L_max`` (falling
+    linearly to -1), and ``-1`` beyond."""
+    lengths = lengths.float()
+    start = max_new_tokens - buffer
+    ramp = (start - lengths) / max(buffer, 1)
+    return torch.where(lengths <= start, torch.zeros_like(lengths),
+                       torch.where(lengths <= max_new_tokens, ramp, torch.full_like(lengths, -1.0)))
+
+
+def varied_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """DAPO's dynamic sampling filter: ``[B / G]`` booleans, True for a group whose rewards are not all equal.
+    A group of equal rewards has zero advantage under every group baseline, so it only dilutes the batch."""
+    groups = scores.reshape(-1, group_size)
+    return groups.amax(1) != groups.amin(1)
 
 
 def value_loss(
@@ -377,11 +597,11 @@ def value_loss(
 
 def kl_loss(
     logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, kind: str = "k3",
-    aggregation: str = "token",
+    loss_type: str = "dapo", num_tokens: float | torch.Tensor | None = None, max_new_tokens: int | None = None,
 ) -> torch.Tensor:
     """The KL to the reference as a loss term (GRPO's way; PPO's puts it in the reward instead):
-    ``aggregate_loss(per_token_kl(logp, ref_logp, kind), aggregation)``, differentiated through the
-    policy's ``logp`` on the sampled tokens (the reference is fixed).
+    ``aggregate_loss(per_token_kl(logp, ref_logp, kind), loss_type)``, averaged as the policy loss is, and
+    differentiated through the policy's ``logp`` on the sampled tokens (the reference is fixed).
 
     Which estimator matters here, unlike in a reward: ``k1 = logp - ref`` has gradient ``grad logp``,
     whose expectation over the policy's own samples is 0 -- it penalises nothing. ``k3`` (the
@@ -392,7 +612,7 @@ def kl_loss(
     # Padding gets logp = ref (KL 0) before the estimator: an exp of garbage there could overflow, and
     # a where()-masked inf still turns the backward pass into nan.
     logprobs = torch.where(mask.bool(), logprobs, ref_logprobs)
-    return aggregate_loss(per_token_kl(logprobs, ref_logprobs, kind), mask, aggregation)
+    return aggregate_loss(per_token_kl(logprobs, ref_logprobs, kind), mask, loss_type, num_tokens, max_new_tokens)
 
 
 # --------------------------------------------------------------------------- KL control

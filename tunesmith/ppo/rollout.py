@@ -7,7 +7,7 @@ is [B, R] right-padded and cut after the first EOS; the model sees cat(query, re
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,12 +49,18 @@ def generate_responses(engine: Engine, prompts: Sequence[Sequence[int]], params:
     right-padded; ended is False for a reply cut at max_new_tokens."""
     completions = [c[0] for c in engine.generate(prompts, params, max_batch_size=max_batch_size)]
     replies = [c.token_ids + ([c.stop_token_id] if c.stop_token_id is not None else []) for c in completions]
-    width = max(1, max(map(len, replies)))
-    device = engine.model.device
-    response_ids = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in replies], device=device)
-    response_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in replies], device=device)
-    ended = torch.tensor([c.stop_token_id is not None for c in completions], device=device)
+    response_ids, response_mask = pad_replies(replies, pad_token_id, engine.model.device)
+    ended = torch.tensor([c.stop_token_id is not None for c in completions], device=engine.model.device)
     return response_ids, response_mask, ended
+
+
+def pad_replies(replies: Sequence[Sequence[int]], pad_token_id: int,
+                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) [B, R]: the replies right-padded to the longest (at least one column)."""
+    width = max(1, max(map(len, replies)))
+    ids = torch.tensor([list(r) + [pad_token_id] * (width - len(r)) for r in replies], device=device)
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in replies], device=device)
+    return ids, mask
 
 
 def reply_tokens(response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
@@ -110,6 +116,9 @@ class Rollout:
     kl: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    action_mask: torch.Tensor | None = None  # [B, R]: the tokens the policy sampled (not a tool's result)
+    loss_mask: torch.Tensor | None = None  # [B, R]: the tokens the policy loss trains (PPOTrainer.loss_mask)
+    sampling_stats: dict[str, float] = field(default_factory=dict)  # dynamic sampling's counts
 
     @property
     def context_length(self) -> int:

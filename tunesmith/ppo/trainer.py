@@ -44,16 +44,21 @@ from ..utils.io import atomic_write_json
 from .core import (
     AdaptiveKLController,
     FixedKLController,
+    PolicyLossSpec,
     compute_gae,
     compute_rewards,
-    group_advantages,
+    decoupled_group_advantages,
+    high_entropy_mask,
     kl_loss,
     leave_one_out_scores,
     logprobs_from_logits,
     masked_mean,
     masked_whiten,
+    overlong_penalty,
     policy_loss,
+    scaled_group_advantages,
     value_loss,
+    varied_groups,
 )
 from .models import POLICY, VALUE_DIR, ActorCritic
 from .rewards import RewardFunction, Rewards, load_reward_function
@@ -62,6 +67,7 @@ from .rollout import (
     RewardModelScorer,
     Rollout,
     generate_responses,
+    pad_replies,
     policy_statistics,
     reply_tokens,
     rollout_sampling,
@@ -154,6 +160,7 @@ class PPOTrainer:
 
         self.kl_ctl = (AdaptiveKLController(ppo_args.kl_coef, ppo_args.kl_target, ppo_args.kl_horizon)
                        if ppo_args.adaptive_kl else FixedKLController(ppo_args.kl_coef))
+        self.loss_spec = policy_loss_spec(ppo_args)
         self.sampling = rollout_sampling(ppo_args.max_new_tokens, ppo_args.temperature, ppo_args.top_k,
                                          ppo_args.top_p)
         # Under ZeRO-3 every rank must keep stepping until all are done: each forward gathers the sharded
@@ -244,12 +251,18 @@ class PPOTrainer:
             self.control = self.callbacks.on_save(self.args, self.state, self.control)
         return row
 
-    def batch_prompts(self, step: int) -> list[Prompt]:
+    def batch_prompts(self, step: int, sampling_round: int = 0) -> list[Prompt]:
         """This process's prompts for a step: a fresh seeded shuffle for every pass over the data,
         a function of the step alone, so a resumed run sees the same batches. Each prompt appears
-        samples_per_prompt times in a row, and every process gets whole groups."""
+        samples_per_prompt times in a row, and every process gets whole groups. Dynamic sampling's later
+        rounds (sampling_round >= 1) draw prompts at random, seeded by the step and the round (so a resumed
+        run draws them again), without moving the schedule of the steps that follow."""
         picked = []
-        for k in range(self.prompts_per_step):
+        if sampling_round:
+            gen = torch.Generator().manual_seed(self.args.seed + 1_000_003 * (step + 1) + sampling_round)
+            drawn = torch.randint(len(self.prompts), (self.prompts_per_step,), generator=gen)
+            picked = [self.prompts[int(i)] for i in drawn for _ in range(self.ppo.samples_per_prompt)]
+        for k in range(0 if sampling_round else self.prompts_per_step):
             epoch, position = divmod(step * self.prompts_per_step + k, len(self.prompts))
             if epoch not in self._perms:
                 gen = torch.Generator().manual_seed(self.args.seed + epoch)
@@ -280,55 +293,141 @@ class PPOTrainer:
 
     @torch.no_grad()
     def rollout(self, prompts: list[Prompt]) -> Rollout:
+        """Sample and score replies (sample()), then everything the update needs: log-probs under the policy and
+        the reference, entropies, values, per-token rewards, advantages and the mask of the tokens that train."""
         device = self.accelerator.device
         model = self.unwrapped
+        start = time.perf_counter()
+        prompts, replies, ended, scores, source_scores, sampling_stats = self.sample(prompts)
         query_ids, query_mask = (t.to(device) for t in left_pad([p.input_ids for p in prompts],
                                                                   self.tokenizer.pad_token_id))
-        start = time.perf_counter()
-        response_ids, response_mask, ended = generate_responses(
-            self.engine, [p.input_ids for p in prompts], self.sampling, self.tokenizer.pad_token_id)
-        scores, source_scores = self.score(prompts, response_ids, response_mask)
+        response_ids, response_mask = pad_replies(replies, self.tokenizer.pad_token_id, device)
+        ended = torch.tensor(ended, dtype=torch.bool, device=device)
         r = Rollout(query_ids, query_mask, response_ids, response_mask, ended,
                     logprobs=None, ref_logprobs=None, values=None, entropy=None,
                     generate_seconds=time.perf_counter() - start, scores=scores.to(device),
-                    source_scores=source_scores.to(device))
+                    source_scores=source_scores.to(device), sampling_stats=sampling_stats)
         with self.accelerator.autocast():  # the precision of the update's forward, so an unchanged policy's ratio is 1
             stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.mini_batch)
         r.logprobs, r.ref_logprobs, r.values, r.entropy = (stats.get(k) for k in ("logprobs", "ref_logprobs",
                                                                                    "values", "entropy"))
-        # Replies that hit max_new_tokens lose missing_eos_penalty: otherwise the policy may learn to
-        # ramble past the point where the reward model can judge a finished answer.
-        penalised = r.scores - self.ppo.missing_eos_penalty * (~ended).float()
+        r.action_mask = response_mask  # every reply token was sampled by the policy
+        r.loss_mask = self.loss_mask(r)
+        penalised = r.scores - self.shaping(r)
         group = self.ppo.samples_per_prompt
         if self.ppo.uses_value_model:
             penalised = leave_one_out_scores(penalised, group)
         # With --kl_in_loss the KL is a loss term of the update instead (kl_coef 0 here).
         kl_coef = 0.0 if self.ppo.kl_in_loss else self.kl_ctl.value
-        r.rewards, _, r.kl = compute_rewards(penalised, r.logprobs, r.ref_logprobs, response_mask, kl_coef,
+        r.rewards, _, r.kl = compute_rewards(penalised, r.logprobs, r.ref_logprobs, r.action_mask, kl_coef,
                                              self.ppo.kl_estimator)
         if not self.ppo.uses_value_model:
             # One advantage per reply, from its whole reward (the score less the KL penalty, when that is in
             # the reward), for each of its tokens.
-            sequence_reward = r.rewards.sum(1)
-            advantages = (group_advantages(sequence_reward, group) if self.ppo.advantage == "grpo"
-                          else leave_one_out_scores(sequence_reward, group))
-            r.advantages = torch.where(response_mask.bool(), advantages.unsqueeze(1), 0.0)
+            advantages = self.sequence_advantages(r.rewards.sum(1), r.source_scores)
+            r.advantages = torch.where(r.action_mask.bool(), advantages.unsqueeze(1), 0.0)
             return r
         if self.ppo.whiten_rewards:
-            r.rewards = masked_whiten(r.rewards, response_mask, shift_mean=False)
+            r.rewards = masked_whiten(r.rewards, r.action_mask, shift_mean=False)
         advantages, r.returns = compute_gae(r.values, r.rewards, response_mask, self.ppo.gamma, self.ppo.lam)
-        r.advantages = masked_whiten(advantages, response_mask)
+        r.advantages = masked_whiten(advantages, r.action_mask)
         return r
 
-    def score(self, prompts: list[Prompt], response_ids: torch.Tensor,
-              response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]], list[bool], torch.Tensor,
+                                                     torch.Tensor, dict[str, float]]:
+        """(prompts, replies, ended, scores [B], source scores [B, sources], sampling stats): the replies to the
+        prompts, scored. With --dynamic_sampling (DAPO), the groups whose scores are all equal are set aside
+        and more prompts are sampled (batch_prompts' later rounds) until every process holds a batch of groups
+        that differ, or --dynamic_sampling_rounds is reached; a batch still short is filled with groups set
+        aside. Every process samples in every round while any process is short: under ZeRO-3 their forwards
+        are collective."""
+        replies, ended, scores, sources = self._sample_round(prompts)
+        if not self.ppo.dynamic_sampling:
+            return prompts, replies, ended, scores, sources, {}
+        group = self.ppo.samples_per_prompt
+        wanted = len(prompts) // group
+        rounds = [(prompts, replies, ended, scores, sources)]
+        varied = [varied_groups(scores, group)]
+        while (len(rounds) < self.ppo.dynamic_sampling_rounds
+               and self._anyone_short(sum(int(v.sum()) for v in varied) < wanted)):
+            more = self.batch_prompts(self.step, len(rounds))
+            rounds.append((more, *self._sample_round(more)))
+            varied.append(varied_groups(rounds[-1][3], group))
+        # Groups that differ first, in the order sampled; then, if the batch is still short, the others.
+        order = sorted(((not v, k, g) for k, flags in enumerate(varied) for g, v in enumerate(flags.tolist())))
+        picked = [(k, g) for _, k, g in order[:wanted]]
+        rows = [(k, g * group + i) for k, g in picked for i in range(group)]
+        all_scores = torch.cat([r[3] for r in rounds])
+        stats = {"sampling_rounds": float(len(rounds)),
+                 "groups_dropped": float(sum(int((~v).sum()) for v in varied)),
+                 "score_sampled": float(all_scores.mean())}
+        return ([rounds[k][0][i] for k, i in rows], [rounds[k][1][i] for k, i in rows],
+                [rounds[k][2][i] for k, i in rows], torch.stack([rounds[k][3][i] for k, i in rows]),
+                torch.stack([rounds[k][4][i] for k, i in rows]), stats)
+
+    def _sample_round(self, prompts: list[Prompt]) -> tuple[list[list[int]], list[bool], torch.Tensor, torch.Tensor]:
+        response_ids, response_mask, ended = generate_responses(
+            self.engine, [p.input_ids for p in prompts], self.sampling, self.tokenizer.pad_token_id)
+        replies = reply_tokens(response_ids, response_mask)
+        scores, source_scores = self.score(prompts, replies)
+        return replies, ended.tolist(), scores.float(), source_scores.float()
+
+    def _anyone_short(self, short: bool) -> bool:
+        """Whether any process still lacks groups (all processes take part, and all get the same answer)."""
+        flag = torch.tensor(float(short), device=self.accelerator.device)
+        return bool(self.accelerator.reduce(flag, reduction="sum") > 0)
+
+    def shaping(self, r: Rollout) -> torch.Tensor:
+        """What each reply loses beside its score [B]: --missing_eos_penalty for a reply that hit max_new_tokens
+        without ending (otherwise the policy may learn to ramble past the point where the reward can judge a
+        finished answer), and DAPO's soft overlong punishment (--overlong_buffer)."""
+        penalty = self.ppo.missing_eos_penalty * (~r.ended).float()
+        if self.ppo.overlong_buffer:
+            lengths = r.action_mask.sum(1)
+            penalty = penalty - self.ppo.overlong_penalty * overlong_penalty(lengths, self.ppo.max_new_tokens,
+                                                                             self.ppo.overlong_buffer)
+        return penalty
+
+    def loss_mask(self, r: Rollout) -> torch.Tensor:
+        """The reply tokens the policy loss trains [B, R]: the policy's own tokens, less the replies cut at
+        max_new_tokens (--mask_truncated_completions), less all but the most uncertain tokens
+        (--top_entropy_quantile; the quantile is taken over every process's rollout tokens)."""
+        mask = r.action_mask.bool()
+        if self.ppo.mask_truncated_completions:
+            mask = mask & r.ended.unsqueeze(1)
+        if self.ppo.top_entropy_quantile < 1.0:
+            acc = self.accelerator
+            pool = acc.gather(acc.pad_across_processes(r.entropy[mask].float(), dim=0, pad_index=-1.0))
+            mask = high_entropy_mask(r.entropy, mask, self.ppo.top_entropy_quantile, pool=pool[pool >= 0])
+        return mask.long()
+
+    def sequence_advantages(self, rewards: torch.Tensor, source_scores: torch.Tensor | None) -> torch.Tensor:
+        """One advantage per reply [B] for grpo (--scale_rewards, --multi_objective_aggregation) and rloo, taken
+        over the rollout batch of every process (equal sizes, whole groups each), then this process's share."""
+        acc = self.accelerator
+        everyone = acc.gather(rewards.float())
+        group = self.ppo.samples_per_prompt
+        if self.ppo.advantage == "rloo":
+            advantages = leave_one_out_scores(everyone, group)
+        elif self.ppo.multi_objective_aggregation == "normalize_then_sum" and self.rewards is not None:
+            # What the reward holds beside the weighted sources (penalties, the KL) counts as one more source.
+            sources = source_scores.float()
+            rest = rewards.float() - sources @ self.rewards.weights.to(sources)
+            columns = acc.gather(torch.cat([sources, rest.unsqueeze(1)], dim=1))
+            weights = torch.cat([self.rewards.weights, torch.ones(1)]).to(columns)
+            advantages = decoupled_group_advantages(columns, weights, group)
+        else:
+            advantages = scaled_group_advantages(everyone, group, self.ppo.scale_rewards)
+        rank, size = acc.process_index, rewards.numel()
+        return advantages[rank * size:(rank + 1) * size]
+
+    def score(self, prompts: list[Prompt], replies: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(the reward of each reply [B], each reward source's score [B, sources])."""
-        responses = reply_tokens(response_ids, response_mask)
         if self.reward_fn is not None:
-            scores = self.reward_fn([list(p.input_ids) for p in prompts], responses)
+            scores = self.reward_fn([list(p.input_ids) for p in prompts], replies)
             scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
             return scores, scores.unsqueeze(1)
-        return self.rewards(prompts, responses)
+        return self.rewards(prompts, replies)
 
     # ------------------------------------------------------------------ update
 
@@ -339,24 +438,35 @@ class PPOTrainer:
         self._ptx_place = self.step * self.ppo.ppo_epochs * math.ceil(r.query_ids.size(0) / self.micro_batch)
         for _ in range(self.ppo.ppo_epochs):
             order = torch.randperm(r.query_ids.size(0)).to(r.query_ids.device)
-            for micro_rows in order.split(self.micro_batch):
-                with self.accelerator.accumulate(self.model):
-                    stats = self._micro_step(r, micro_rows)
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
+            for mini_rows in order.split(self.mini_batch):
+                num_tokens = self.tokens_per_micro_step(r.loss_mask[mini_rows])
+                kl_tokens = self.tokens_per_micro_step(r.action_mask[mini_rows]) if self.ppo.kl_in_loss else None
+                for micro_rows in mini_rows.split(self.micro_batch):
+                    with self.accelerator.accumulate(self.model):
+                        stats = self._micro_step(r, micro_rows, num_tokens, kl_tokens)
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                    count += 1
         return {k: v / count for k, v in sums.items()}
 
-    def _micro_step(self, r: Rollout, rows: torch.Tensor) -> dict[str, float]:
+    def tokens_per_micro_step(self, mini_batch_mask: torch.Tensor) -> torch.Tensor:
+        """DAPO's denominator as each micro-step divides by it: the trained tokens of the optimizer step (this
+        mini-batch on every process) over (micro-steps x processes), because accumulation and the processes'
+        average each divide the summed gradients once more."""
+        total = self.accelerator.reduce(mini_batch_mask.sum().float(), reduction="sum")
+        return total / (self.args.gradient_accumulation_steps * self.accelerator.num_processes)
+
+    def _micro_step(self, r: Rollout, rows: torch.Tensor, num_tokens: torch.Tensor,
+                    kl_tokens: torch.Tensor | None) -> dict[str, float]:
         ptx = self.ptx_batch() if self.ptx_dataset is not None else None
         logits, values, ptx_loss = self.model(*r.inputs(rows), r.context_length, ptx=ptx)
         logprobs = logprobs_from_logits(logits, r.response_ids[rows])
-        mask = r.response_mask[rows]
-        how = self.ppo.loss_aggregation
-        loss, pg_stats = policy_loss(logprobs, r.logprobs[rows], r.advantages[rows], mask, self.ppo.cliprange, how)
+        mask, actions = r.loss_mask[rows], r.action_mask[rows]
+        loss, pg_stats = policy_loss(logprobs, r.logprobs[rows], r.advantages[rows], mask, self.loss_spec,
+                                     num_tokens)
         stats = {"policy_loss": loss.item()}
         if values is not None:
-            vf_loss, vf_stats = value_loss(values, r.values[rows], r.returns[rows], mask, self.ppo.cliprange_value)
+            vf_loss, vf_stats = value_loss(values, r.values[rows], r.returns[rows], actions, self.ppo.cliprange_value)
             # Policy and value weights are disjoint, so one backward of the sum gives each its own gradient.
             loss = loss + self.ppo.vf_coef * vf_loss
             stats["value_loss"] = vf_loss.item()
@@ -365,7 +475,10 @@ class PPOTrainer:
             loss = loss + self.ppo.ptx_weight * ptx_loss
             stats["ptx_loss"] = ptx_loss.item()
         if self.ppo.kl_in_loss:
-            kl_term = kl_loss(logprobs, r.ref_logprobs[rows], mask, self.ppo.kl_estimator, how)
+            # Over every token the policy sampled (a truncated reply, or one the entropy filter leaves out of the
+            # policy loss, is still held near the reference), averaged as the policy loss is.
+            kl_term = kl_loss(logprobs, r.ref_logprobs[rows], actions, self.ppo.kl_estimator, self.ppo.loss_type,
+                              kl_tokens, self.ppo.max_new_tokens)
             loss = loss + self.kl_ctl.value * kl_term
             stats["kl_loss"] = kl_term.item()
         self.accelerator.backward(loss)
@@ -396,6 +509,8 @@ class PPOTrainer:
             "reply_length": acc.reduce(lengths.mean(), reduction="mean"),
             "eos_rate": acc.reduce(r.ended.float().mean(), reduction="mean"),
         }
+        stats |= {k: acc.reduce(torch.tensor(v, device=lengths.device), reduction="mean")
+                  for k, v in r.sampling_stats.items()}
         if r.values is not None:
             stats["value_mean"] = acc.reduce(masked_mean(r.values, r.response_mask), reduction="mean")
         if self.rewards is not None and self.rewards.functions:  # each source's mean score, e.g. the accuracy
@@ -526,6 +641,14 @@ class PPOTrainer:
         logger.info("restored the optimizer, scheduler, random state and kl_coef (%.4g) of %s", self.kl_ctl.value, ckpt)
 
 
+def policy_loss_spec(ppo: PPOArguments) -> PolicyLossSpec:
+    """The policy loss's constants from the RL stage's flags."""
+    return PolicyLossSpec(ppo.loss_type, ppo.cliprange, ppo.epsilon_high, ppo.delta, ppo.importance_sampling_level,
+                          ppo.sapo_temperature_pos, ppo.sapo_temperature_neg,
+                          (ppo.vespo_k_pos, ppo.vespo_lambda_pos, ppo.vespo_k_neg, ppo.vespo_lambda_neg),
+                          ppo.max_new_tokens)
+
+
 def fill_deepspeed_config(training_args: Any, policy: torch.nn.Module, micro_batch: int, updates: int,
                           num_processes: int) -> None:
     """Fill the "auto" values of the run's DeepSpeed config as transformers' Trainer does, but with
@@ -543,9 +666,10 @@ def rollout_line(state: TrainerState, logs: dict[str, Any]) -> str:
     sources = "".join(f" | {k[6:]} {v:.3f}" for k, v in logs.items() if k.startswith("score/"))
     value = f" | value_loss {logs['value_loss']:.4f}" if "value_loss" in logs else ""
     ptx = f" | ptx_loss {logs['ptx_loss']:.4f}" if "ptx_loss" in logs else ""
+    clip = f"clipfrac {logs['clipfrac']:.3f} | " if "clipfrac" in logs else ""  # sapo and vespo do not clip
     return (f"step {state.global_step}/{state.max_steps} | score {logs['score']:.3f} ± {logs['score_std']:.3f}"
             f"{sources} | kl {logs['kl']:.3f} (coef {logs['kl_coef']:.3g}) | entropy {logs['entropy']:.2f} | "
-            f"clipfrac {logs['clipfrac']:.3f} | approx_kl {logs['approx_kl']:.4f}{value}{ptx} | "
+            f"{clip}approx_kl {logs['approx_kl']:.4f}{value}{ptx} | "
             f"reply {logs['reply_length']:.1f} tok (eos {logs['eos_rate']:.2f}) | "
             f"gen {logs['time_generate']:.1f}s score {logs['time_score']:.1f}s train {logs['time_train']:.1f}s")
 
