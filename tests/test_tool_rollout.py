@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -112,8 +113,10 @@ class ScriptedLM(nn.Module):
         return target[len(written)] if target[:len(written)] == written and len(written) < len(target) \
             else self.tokenizer.eos_token_id
 
-    def forward(self, input_ids, attention_mask, position_ids=None, cache=None, use_cache=True, logits_to_keep=0,
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True, logits_to_keep=0,
                 **_):
+        if cache is None:  # the idle forward of a ZeRO-3 rank whose rows are done
+            return SimpleNamespace(logits=torch.zeros(input_ids.size(0), 1, len(self.tokenizer)))
         keys = input_ids.float()[:, None, :, None]
         history = cache.update(keys, keys, 0)[0][:, 0, :, 0].long()
         logits = torch.full((input_ids.size(0), 1, len(self.tokenizer)), -30.0)
@@ -275,6 +278,50 @@ def test_rows_continue_independently_in_one_batch(tools_tokenizer):
     for t in counting:
         assert [m["content"] for m in t.new_messages if m["role"] == "tool"] == ["1", "2"]
         assert (t.tool_calls, t.new_messages[-1]["content"], t.respliced) == (2, "Done.", 0)
+
+
+def _synced_rank(rank: int, port: int, model_path: str, out: str) -> None:
+    """One of two ranks of a synced engine (as under ZeRO-3): rank 0's row calls twice, rank 1's answers at once."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    from tunesmith.hparams import ModelArguments
+    from tunesmith.models.loader import load_tokenizer
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        tok = load_tokenizer(ModelArguments(model_name_or_path=model_path))
+        apply_chat_template_override(tok, "chatml_tools")
+        toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+        script = lambda text: ("Four." if "direct" in text else  # noqa: E731
+                               call("add", '{"a": 1, "b": 1}') if text.count("<|im_start|>tool") < 2 else "Done.")
+        engine = Engine(ScriptedLM(tok, script), tok, synced=True)
+        prompts = prompts_for(tok, toolbox, "Count twice" if rank == 0 else "direct answer")
+        [t] = tool_rollout(engine, tok, prompts, rollout_sampling(48, greedy=True), toolbox, 4)
+        Path(out, f"rank{rank}.json").write_text(json.dumps([t.tool_calls, t.new_messages[-1]["content"]]))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_synced_ranks_run_as_many_rounds_as_the_busiest(tmp_path, default_model_path):
+    """Under ZeRO-3 every forward is collective: the rank whose row is done after one round keeps stepping
+    (idle forwards) while the other's row calls its tools, and both finish."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_synced_rank, args=(port, default_model_path, str(tmp_path)), nprocs=2, start_method="spawn")
+    assert json.loads((tmp_path / "rank0.json").read_text()) == [2, "Done."]
+    assert json.loads((tmp_path / "rank1.json").read_text()) == [0, "Four."]
 
 
 def test_prompts_must_be_encoded_with_their_tools(tools_tokenizer):
