@@ -26,7 +26,7 @@ RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
-    "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, TrainingArguments),
+    "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, ToolUseArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
     "export": (ExportModelArguments, ExportArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),

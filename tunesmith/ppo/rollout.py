@@ -97,6 +97,30 @@ class RewardModelScorer:
 
 
 @dataclass
+class Sampled:
+    """Replies to prompts, scored: a rollout before any forward pass. `trained` marks, per reply token, the
+    tokens the policy sampled (all of a plain reply; not a tool's result); `tool_calls` and `failed_calls`
+    count each trajectory's calls (0 without tools)."""
+
+    prompts: list[Prompt]
+    replies: list[list[int]]
+    trained: list[list[bool]]
+    ended: list[bool]
+    scores: torch.Tensor  # [B]
+    source_scores: torch.Tensor  # [B, sources]
+    tool_calls: list[int]
+    failed_calls: list[int]
+
+    @classmethod
+    def gather(cls, picked: Sequence[tuple[Sampled, int]]) -> Sampled:
+        """The rows `(sampled, index)` picked from several samplings, in that order."""
+        column = [[getattr(s, f)[i] for s, i in picked] for f in ("prompts", "replies", "trained", "ended",
+                                                                    "tool_calls", "failed_calls")]
+        return cls(*column[:4], torch.stack([s.scores[i] for s, i in picked]),
+                   torch.stack([s.source_scores[i] for s, i in picked]), *column[4:])
+
+
+@dataclass
 class Rollout:
     """One batch of episodes. Per-token tensors are [B, R] over the response positions."""
 

@@ -27,7 +27,7 @@ from ..constants import REWARD_PLOT_FILE
 from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
 from ..generation import Engine
-from ..hparams import PPOArguments, check, save_run_config, zero_stage
+from ..hparams import PPOArguments, ToolUseArguments, check, save_run_config, zero_stage
 from ..train.callbacks import MetricsFileCallback, plot_loss
 from ..train.checkpoints import (
     STATE_FILE,
@@ -66,12 +66,15 @@ from .rollout import (
     RewardFn,
     RewardModelScorer,
     Rollout,
+    Sampled,
     generate_responses,
     pad_replies,
     policy_statistics,
     reply_tokens,
     rollout_sampling,
 )
+from .tool_rollout import tool_rollout
+from .tools import Toolbox
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +96,8 @@ class PPOTrainer:
                  training_args: Any, reward_model: RewardModelScorer | None = None,
                  reward_fn: RewardFn | None = None, reward_funcs: Sequence[RewardFunction] | None = None,
                  run_configs: tuple = (), resume_from: str | None = None,
-                 lora_learning_rate: float | None = None, ptx_dataset: Any = None) -> None:
+                 lora_learning_rate: float | None = None, ptx_dataset: Any = None,
+                 toolbox: Toolbox | None = None, tool_use: ToolUseArguments | None = None) -> None:
         if reward_funcs is None:  # those ppo_args names (the recipe loads them itself, to fail before any weight loads)
             reward_funcs = [load_reward_function(spec) for spec in ppo_args.reward_funcs]
         if (reward_fn is None) == (reward_model is None and not reward_funcs):
@@ -108,6 +112,8 @@ class PPOTrainer:
         self.tokenizer, self.prompts = tokenizer, prompts
         self.reward_model, self.reward_fn = reward_model, reward_fn
         self.ptx_dataset = ptx_dataset  # PPO-ptx: encoded SFT records (input_ids, labels)
+        # Tools in rollouts (--tool_funcs): the prompts must be encoded with them (tool_rollout.encode_tool_prompts).
+        self.toolbox, self.tool_use = toolbox, tool_use
         self._ptx_place = 0  # the micro-step (of the whole run) whose PPO-ptx batch comes next
         self.rewards = None if reward_fn else Rewards(tokenizer, reward_funcs, ppo_args.reward_weights, reward_model,
                                                       ppo_args.reward_model_weight)
@@ -298,20 +304,21 @@ class PPOTrainer:
         device = self.accelerator.device
         model = self.unwrapped
         start = time.perf_counter()
-        prompts, replies, ended, scores, source_scores, sampling_stats = self.sample(prompts)
-        query_ids, query_mask = (t.to(device) for t in left_pad([p.input_ids for p in prompts],
+        sampled, sampling_stats = self.sample(prompts)
+        query_ids, query_mask = (t.to(device) for t in left_pad([p.input_ids for p in sampled.prompts],
                                                                   self.tokenizer.pad_token_id))
-        response_ids, response_mask = pad_replies(replies, self.tokenizer.pad_token_id, device)
-        ended = torch.tensor(ended, dtype=torch.bool, device=device)
+        response_ids, response_mask = pad_replies(sampled.replies, self.tokenizer.pad_token_id, device)
+        ended = torch.tensor(sampled.ended, dtype=torch.bool, device=device)
         r = Rollout(query_ids, query_mask, response_ids, response_mask, ended,
                     logprobs=None, ref_logprobs=None, values=None, entropy=None,
-                    generate_seconds=time.perf_counter() - start, scores=scores.to(device),
-                    source_scores=source_scores.to(device), sampling_stats=sampling_stats)
+                    generate_seconds=time.perf_counter() - start, scores=sampled.scores.to(device),
+                    source_scores=sampled.source_scores.to(device), sampling_stats=sampling_stats)
         with self.accelerator.autocast():  # the precision of the update's forward, so an unchanged policy's ratio is 1
             stats = policy_statistics(model, *r.inputs(), r.context_length, response_ids, self.mini_batch)
         r.logprobs, r.ref_logprobs, r.values, r.entropy = (stats.get(k) for k in ("logprobs", "ref_logprobs",
                                                                                    "values", "entropy"))
-        r.action_mask = response_mask  # every reply token was sampled by the policy
+        # The tokens the policy sampled: a tool's result and the template's wrapping around it are context.
+        r.action_mask = pad_replies([[int(m) for m in t] for t in sampled.trained], 0, device)[0]
         r.loss_mask = self.loss_mask(r)
         penalised = r.scores - self.shaping(r)
         group = self.ppo.samples_per_prompt
@@ -333,44 +340,52 @@ class PPOTrainer:
         r.advantages = masked_whiten(advantages, r.action_mask)
         return r
 
-    def sample(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]], list[bool], torch.Tensor,
-                                                     torch.Tensor, dict[str, float]]:
-        """(prompts, replies, ended, scores [B], source scores [B, sources], sampling stats): the replies to the
-        prompts, scored. With --dynamic_sampling (DAPO), the groups whose scores are all equal are set aside
-        and more prompts are sampled (batch_prompts' later rounds) until every process holds a batch of groups
-        that differ, or --dynamic_sampling_rounds is reached; a batch still short is filled with groups set
-        aside. Every process samples in every round while any process is short: under ZeRO-3 their forwards
-        are collective."""
-        replies, ended, scores, sources = self._sample_round(prompts)
+    def sample(self, prompts: list[Prompt]) -> tuple[Sampled, dict[str, float]]:
+        """The replies to the prompts (with --tool_funcs, whole trajectories), scored, and the sampling's counts.
+        With --dynamic_sampling (DAPO), the groups whose scores are all equal are set aside and more prompts are
+        sampled (batch_prompts' later rounds) until every process holds a batch of groups that differ, or
+        --dynamic_sampling_rounds is reached; a batch still short is filled with groups set aside. Every
+        process samples in every round while any process is short: under ZeRO-3 their forwards are collective."""
+        first = self._sample_round(prompts)
+        stats = self._tool_stats(first) if self.toolbox is not None else {}
         if not self.ppo.dynamic_sampling:
-            return prompts, replies, ended, scores, sources, {}
+            return first, stats
         group = self.ppo.samples_per_prompt
         wanted = len(prompts) // group
-        rounds = [(prompts, replies, ended, scores, sources)]
-        varied = [varied_groups(scores, group)]
+        rounds, varied = [first], [varied_groups(first.scores, group)]
         while (len(rounds) < self.ppo.dynamic_sampling_rounds
                and self._anyone_short(sum(int(v.sum()) for v in varied) < wanted)):
-            more = self.batch_prompts(self.step, len(rounds))
-            rounds.append((more, *self._sample_round(more)))
-            varied.append(varied_groups(rounds[-1][3], group))
+            rounds.append(self._sample_round(self.batch_prompts(self.step, len(rounds))))
+            varied.append(varied_groups(rounds[-1].scores, group))
         # Groups that differ first, in the order sampled; then, if the batch is still short, the others.
-        order = sorted(((not v, k, g) for k, flags in enumerate(varied) for g, v in enumerate(flags.tolist())))
-        picked = [(k, g) for _, k, g in order[:wanted]]
-        rows = [(k, g * group + i) for k, g in picked for i in range(group)]
-        all_scores = torch.cat([r[3] for r in rounds])
-        stats = {"sampling_rounds": float(len(rounds)),
-                 "groups_dropped": float(sum(int((~v).sum()) for v in varied)),
-                 "score_sampled": float(all_scores.mean())}
-        return ([rounds[k][0][i] for k, i in rows], [rounds[k][1][i] for k, i in rows],
-                [rounds[k][2][i] for k, i in rows], torch.stack([rounds[k][3][i] for k, i in rows]),
-                torch.stack([rounds[k][4][i] for k, i in rows]), stats)
+        order = sorted((not v, k, g) for k, flags in enumerate(varied) for g, v in enumerate(flags.tolist()))
+        batch = Sampled.gather([(rounds[k], g * group + i) for _, k, g in order[:wanted] for i in range(group)])
+        stats |= {"sampling_rounds": float(len(rounds)),
+                  "groups_dropped": float(sum(int((~v).sum()) for v in varied)),
+                  "score_sampled": float(torch.cat([r.scores for r in rounds]).mean())}
+        return batch, stats
 
-    def _sample_round(self, prompts: list[Prompt]) -> tuple[list[list[int]], list[bool], torch.Tensor, torch.Tensor]:
-        response_ids, response_mask, ended = generate_responses(
-            self.engine, [p.input_ids for p in prompts], self.sampling, self.tokenizer.pad_token_id)
-        replies = reply_tokens(response_ids, response_mask)
-        scores, source_scores = self.score(prompts, replies)
-        return replies, ended.tolist(), scores.float(), source_scores.float()
+    def _sample_round(self, prompts: list[Prompt]) -> Sampled:
+        if self.toolbox is not None:
+            runs = tool_rollout(self.engine, self.tokenizer, prompts, self.sampling, self.toolbox,
+                                self.tool_use.max_tool_calls, self.tool_use.max_trajectory_tokens)
+            replies, trained = [t.token_ids for t in runs], [t.trained for t in runs]
+            ended, calls, failed = [t.ended for t in runs], [t.tool_calls for t in runs], [t.failed_calls for t in runs]
+        else:
+            response_ids, response_mask, ended = generate_responses(
+                self.engine, [p.input_ids for p in prompts], self.sampling, self.tokenizer.pad_token_id)
+            replies = reply_tokens(response_ids, response_mask)
+            trained, ended = [[True] * len(r) for r in replies], ended.tolist()
+            calls = failed = [0] * len(replies)
+        scores, source_scores = self.score(prompts, replies)  # a trajectory is scored whole, tool results included
+        return Sampled(list(prompts), replies, trained, ended, scores.float(), source_scores.float(), calls, failed)
+
+    @staticmethod
+    def _tool_stats(sampled: Sampled) -> dict[str, float]:
+        """Calls per trajectory, and the share of calls that failed (an error or a timeout as the result)."""
+        calls = sum(sampled.tool_calls)
+        return {"tool_calls": calls / len(sampled.tool_calls),
+                "tool_failures": sum(sampled.failed_calls) / calls if calls else 0.0}
 
     def _anyone_short(self, short: bool) -> bool:
         """Whether any process still lacks groups (all processes take part, and all get the same answer)."""
@@ -667,10 +682,12 @@ def rollout_line(state: TrainerState, logs: dict[str, Any]) -> str:
     value = f" | value_loss {logs['value_loss']:.4f}" if "value_loss" in logs else ""
     ptx = f" | ptx_loss {logs['ptx_loss']:.4f}" if "ptx_loss" in logs else ""
     clip = f"clipfrac {logs['clipfrac']:.3f} | " if "clipfrac" in logs else ""  # sapo and vespo do not clip
+    tools = (f" | tool calls {logs['tool_calls']:.2f} (failed {logs['tool_failures']:.2f})"
+             if "tool_calls" in logs else "")
     return (f"step {state.global_step}/{state.max_steps} | score {logs['score']:.3f} ± {logs['score_std']:.3f}"
             f"{sources} | kl {logs['kl']:.3f} (coef {logs['kl_coef']:.3g}) | entropy {logs['entropy']:.2f} | "
             f"{clip}approx_kl {logs['approx_kl']:.4f}{value}{ptx} | "
-            f"reply {logs['reply_length']:.1f} tok (eos {logs['eos_rate']:.2f}) | "
+            f"reply {logs['reply_length']:.1f} tok (eos {logs['eos_rate']:.2f}){tools} | "
             f"gen {logs['time_generate']:.1f}s score {logs['time_score']:.1f}s train {logs['time_train']:.1f}s")
 
 

@@ -9,6 +9,7 @@ the reference by a KL term.
     python ppo/train.py configs/grpo_demo.yaml     # GRPO: answers with `Answer: N`, rewarded by exact_answer
     python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
         --reward_funcs exact_answer answer_format --max_new_tokens 32
+    python ppo/train.py configs/grpo_tools_demo.yaml   # GRPO whose rollouts call a calculator (--tool_funcs)
 """
 
 from __future__ import annotations
@@ -27,16 +28,22 @@ from ..models.loader import (
 )
 from ..ppo import PPOTrainer, RewardModelScorer, build_actor_critic, critic_start
 from ..ppo.rewards import load_reward_function
+from ..ppo.tool_rollout import encode_tool_prompts
+from ..ppo.tools import Toolbox
 from ..train.run_setup import prepare_training_run
 
 
 def run(argv: Sequence[str] | None = None) -> PPOTrainer:
     args, resume = prepare_training_run("ppo", argv, __doc__)
     reward_funcs = [load_reward_function(spec) for spec in args.ppo.reward_funcs]  # a bad name fails before loading
+    tools = args.tool_use
+    toolbox = Toolbox.from_specs(tools.tool_funcs, tools.tool_timeout) if tools.enabled else None  # likewise
 
     tokenizer = load_trained_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):  # one process fills the cache, the others read it
         prompts = build_prompts(tokenizer, args.data, "train", args.training.seed)
+        if toolbox is not None:  # rendered with the functions listed, as the policy will see them
+            prompts = encode_tool_prompts(tokenizer, prompts, toolbox, args.data.max_prompt_length)
         ptx = build_ptx_dataset(tokenizer, args.ppo, args.data) if args.ppo.ptx_data_path else None
     set_seed(args.training.seed)  # a new policy (and value) adapter is drawn at random: make it the same every run
     model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume,
@@ -55,6 +62,7 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
         resume_from=resume,
         lora_learning_rate=args.finetuning.lora_learning_rate,
         ptx_dataset=ptx,
+        toolbox=toolbox, tool_use=tools,
     )
     trainer.train()
     return trainer
