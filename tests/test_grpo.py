@@ -21,7 +21,13 @@ from tunesmith.errors import ConfigError, DataError, UserError
 from tunesmith.hparams import FinetuningArguments, ModelArguments, PPOArguments, TrainingArguments, check
 from tunesmith.ppo import PPOTrainer, build_actor_critic
 from tunesmith.ppo.core import group_advantages, truncate_after_eos
-from tunesmith.ppo.reward_funcs import answer_format, exact_answer, extract_answer, length_penalty
+from tunesmith.ppo.reward_funcs import (
+    answer_format,
+    exact_answer,
+    extract_answer,
+    final_number,
+    length_penalty,
+)
 from tunesmith.ppo.rewards import Rewards, load_reward_function
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,6 +199,13 @@ def test_shipped_reward_functions():
     assert answer_format([], ["So: Answer: 7"]) == [0.0] and extract_answer("So: Answer: 7", strict=True) is None
     assert exact_answer([], ["Answer: Paris", "Answer: Paris, France"], answer=["paris"] * 2) == [1.0, 0.0]
     assert length_penalty([], ["x" * 50, "x" * 100, "x" * 150]) == [0.0, 0.0, -0.5]
+    # final_number: the last number of the last line, no format asked; a tool's result on an earlier line is not it.
+    trajectory = '<tool_call>{"name": "calculate"}</tool_call>\ntool\n10063\nassistant\n'
+    got = final_number([], [trajectory + "It is 10,063.", trajectory, "10063 or maybe 5", "= 10063.0\n"],
+                       answer=["10063"] * 4)
+    assert got == [1.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="final_number needs a number"):
+        final_number([], ["Paris"], answer=["Paris"])
 
 
 def test_reward_function_errors_name_the_function_and_the_row(prompts):

@@ -15,8 +15,10 @@ import torch
 from test_grpo import make_grpo_trainer
 from test_tool_rollout import HEADER, ScriptedLM, answer_from_result, call, prompts_for
 
+from tunesmith.data.tool_calls import ToolCall
 from tunesmith.generation import Engine
 from tunesmith.hparams import ToolUseArguments
+from tunesmith.ppo.tool_funcs import calculate
 from tunesmith.ppo.tools import Toolbox, load_tool
 
 one_thread, policy_dir = test_grpo.one_thread, test_grpo.policy_dir  # their fixtures
@@ -82,3 +84,15 @@ def test_a_step_with_tool_calls_trains_and_logs_the_calls(tmp_path, policy_dir, 
     assert row["tool_calls"] == 1.0 and row["tool_failures"] == 0.0 and row["eos_rate"] == 1.0
     assert math.isfinite(row["policy_loss"])
     assert any(not torch.equal(p, before[n]) for n, p in trainer.unwrapped.named_parameters() if n in before)
+
+
+def test_the_shipped_calculator_is_exact_and_runs_no_code():
+    assert [calculate(e) for e in ("347 * 29", "(12 + 7) / 4", "10 / 2", "-3 ** 2", "7 // 2")] == [
+        "10063", "4.75", "5", "-9", "3"]
+    toolbox = Toolbox([load_tool("tunesmith.ppo.tool_funcs:calculate")])
+    assert toolbox.schemas[0]["function"]["parameters"]["required"] == ["expression"]
+    calls = [ToolCall("calculate", '{"expression": "__import__(\\"os\\").getcwd()"}'),
+             ToolCall("calculate", '{"expression": "2 ** 100000"}')]
+    results = toolbox.run(calls)
+    assert all(r.failed for r in results)
+    assert "not arithmetic" in results[0].text and "too large" in results[1].text

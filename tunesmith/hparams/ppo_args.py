@@ -25,7 +25,7 @@ class RewardSourceArguments:
     reward_funcs: list[str] = field(
         default_factory=list,
         metadata={"help": "Reward functions, each `package.module:function` (or the bare name of one tunesmith ships "
-                  "in tunesmith/ppo/reward_funcs.py: exact_answer, answer_format, length_penalty). Each is called "
+                  "in tunesmith/ppo/reward_funcs.py: exact_answer, final_number, answer_format, length_penalty). Each is called "
                   "as f(prompts, replies, **fields) on a batch: prompts are the conversations (lists of {role, "
                   "content}), replies the decoded reply texts, and every other field of the data rows (e.g. "
                   "`answer`) comes as a keyword argument, one value per reply (None where a row lacks it); it "

@@ -29,6 +29,7 @@ from typing import Any
 ANSWER = re.compile(r"^(?P<before>.*)Answer:[ \t]*(?P<answer>.*?)[ \t]*$")
 NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
 NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?")
+THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")  # the comma of 10,063
 LENGTH_BUDGET = 100  # characters a reply may use before length_penalty starts to count
 
 
@@ -69,6 +70,23 @@ def exact_answer(prompts: Sequence[Any], replies: Sequence[str], answer: Sequenc
             raise ValueError("the row has no `answer` field (exact_answer needs the reference answer)")
         given = extract_answer(reply)
         scores.append(float(given is not None and same_answer(given, reference)))
+    return scores
+
+
+def final_number(prompts: Sequence[Any], replies: Sequence[str], answer: Sequence[Any] | None = None,
+                 **fields: Any) -> list[float]:
+    """1.0 when the last number of the reply's last non-empty line (thousands separators allowed: 10,063) equals the
+    row's numeric `answer`, else 0.0: no answer format asked for, so a reply such as `347 x 29 is 10063.` counts.
+    For an agent trajectory (--tool_funcs) the reply is the whole trajectory and its last line the final answer,
+    so a number that only appears in a tool's result does not count. A row without a numeric `answer` is an error."""
+    if answer is None:
+        answer = [None] * len(replies)
+    scores = []
+    for reply, reference in zip(replies, answer):
+        if reference is None or not NUMBER.match(str(reference).strip()):
+            raise ValueError(f"the row's `answer` is {reference!r}: final_number needs a number to check against")
+        numbers = NUMBERS.findall(THOUSANDS.sub("", last_line(reply)))
+        scores.append(float(bool(numbers) and float(numbers[-1]) == float(reference)))
     return scores
 
 
