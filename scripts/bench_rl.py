@@ -1,24 +1,49 @@
 """RL rollouts: tunesmith's GRPO against TRL's GRPOTrainer (`--peer trl`), or against tunesmith's PPO, on the same
-model, prompts, reward function, group size, completion length and steps.
+model, prompts, reward function, group size, completion length, loss and steps; and the same with a calculator tool
+in the rollouts.
 
-    python scripts/bench_rl.py --peer trl                 # GRPO vs TRL GRPOTrainer, both bf16, 3 runs each, interleaved
+    python scripts/bench_rl.py --peer trl                 # both workloads vs TRL, bf16, dapo, 3 runs each, interleaved
+    python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16             # the arithmetic workload alone
+    python scripts/bench_rl.py --peer trl --variants grpo_tools_bf16,trl_tools_bf16 --adapter outputs/sft_tools_demo
     python scripts/bench_rl.py --variants grpo_bf16,gae_bf16   # GRPO vs PPO (value adapter and head, KL in the reward)
-    python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16,grpo_fp32,trl_fp32
+    python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16,grpo_fp32,trl_fp32 --loss_type bnpo
 
-The work is configs/grpo_demo.yaml's (the embedded SmolLM2-135M-Instruct with a fresh LoRA r 16 on every linear
-layer; a step samples 8 replies of at most 20 tokens to each of 2 prompts at temperature 0.5, rewards each with
-exact_answer, and takes 2 AdamW steps of 8 replies, KL 0.04 to the LoRA-free model in the loss, clip 0.2).
-TRL gets the same as a GRPOConfig: num_generations 8, per_device_train_batch_size 8, steps_per_generation 2,
-beta 0.04, loss_type bnpo (tokens of the mini-batch, as tunesmith's `loss_aggregation: token`), LoRA through
-its peft_config, no gradient checkpointing, and the prompts in tunesmith's seeded order (shuffle_dataset off), so
-step k of both samples the same two prompts. Each side otherwise keeps its own defaults. `_bf16` and `_fp32` name
-the precision: bf16 is TRL's default (autocast over float32 weights) and tunesmith's `--bf16 true` (a bf16 base
-under the float32 LoRA, autocast), float32 is tunesmith's default for RL and TRL's `bf16=False`.
+Two workloads, each tunesmith's (`grpo_*`) against TRL's (`trl_*`):
+- arithmetic (grpo_bf16 / trl_bf16): configs/grpo_demo.yaml's work. The embedded SmolLM2-135M-Instruct with a fresh
+  LoRA r 16 on every linear layer; a step samples 8 replies of at most 20 tokens to each of 2 prompts at temperature
+  0.5, rewards each with exact_answer, and takes 2 AdamW steps of 8 replies, KL 0.04 (k3) to the LoRA-free model in
+  the loss, clip 0.2.
+- tools (grpo_tools_bf16 / trl_tools_bf16): the same settings on prompts that ask for the product of a 3-digit and a
+  2-digit number (written by this script, seeded), with the calculator offered (tunesmith.ppo.tool_funcs:calculate,
+  the same function on both sides) and at most 2 calls per trajectory, rewarded by final_number (the last number of
+  the trajectory's last line is the product). A trajectory, the model's turns and the tool results together, is at
+  most 64 tokens (TRL's max_completion_length; tunesmith's --max_new_tokens and --max_trajectory_tokens); the tool
+  results are context, not trained, on both sides. The template is tunesmith's chatml_tools on both sides. The policy
+  starts from --adapter (the tool-calling LoRA that scripts/tool_demo.sh trains; both sides train it, KL to it as it
+  was), or from a fresh LoRA with --adapter none.
+The loss is --loss_type on both sides: dapo, TRL 1.16's default (every trained token of the optimizer step weighs
+the same), or another of the names they share.
+
+TRL 1.16 gets the same as a GRPOConfig: num_generations 8, per_device_train_batch_size 8, steps_per_generation 2,
+beta 0.04, epsilon 0.2 (epsilon_high its default, = epsilon: the clip symmetric, as tunesmith's), loss_type,
+scale_rewards group, use_bias_correction_kl off (tunesmith's k3 KL has no importance weight), LoRA through its
+peft_config (or the adapter as a trainable PeftModel, TRL then copying it as its "ref" adapter), no gradient
+checkpointing, and the prompts in tunesmith's seeded order (shuffle_dataset off), so step k of both samples the same
+two prompts. Its reward function decodes the completion's tokens as tunesmith does (the whole trajectory, special
+tokens skipped) and calls the same function. With tools: tools=[calculate], max_tool_calling_iterations 2, and the
+tokenizer's response_template set to TRL's own Qwen3 one (`<tool_call>{json}</tool_call>`, the call format
+chatml_tools teaches; TRL's add_response_schema recognises no template but the models' own). Each side otherwise
+keeps its own defaults. `_bf16` and `_fp32` name the precision: bf16 is TRL's default (autocast over float32
+weights) and tunesmith's `--bf16 true` (a bf16 base under the float32 LoRA, autocast), float32 is tunesmith's
+default for RL and TRL's `bf16=False`.
 
 Each run is its own process (benchlib: the variants take turns, each once the cores are idle, with the other
 processes' share of the CPU recorded). completions/s counts the steps' own wall time, first step included
 (tunesmith: the generate/score/update phases it logs; TRL: train begin to end), not the model loading; peak RSS
-is the worker's, loading included. Last line with --peer trl: `completions/s ratio vs TRL GRPOTrainer: X.XX`.
+is the worker's, loading included. The table gives, per variant, the medians of the runs, and the mean reward per
+step (the batch's accuracy: both rewards are 0 or 1) and, with tools, the calls per completion per step, each the
+median over the runs. Last lines with --peer trl: `completions/s ratio vs TRL GRPOTrainer: X.XX` (arithmetic) and
+`completions/s ratio vs TRL GRPOTrainer (tools): X.XX`, after the peak RSS ratios.
 """
 
 from __future__ import annotations
@@ -26,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -52,33 +78,86 @@ OURS = {  # variant: tunesmith's flags on top of CONFIG
     "grpo_fp32": ["--bf16", "false"],
     "gae_bf16": ["--advantage", "gae", "--kl_in_loss", "false", "--bf16", "true"],
     "gae_fp32": ["--advantage", "gae", "--kl_in_loss", "false", "--bf16", "false"],
+    "grpo_tools_bf16": ["--bf16", "true"],
+    "grpo_tools_fp32": ["--bf16", "false"],
 }
-PEERS = {"trl_bf16": True, "trl_fp32": False}  # variant: TRL's bf16 (its default: on)
+PEERS = {"trl_bf16": True, "trl_fp32": False, "trl_tools_bf16": True, "trl_tools_fp32": False}  # TRL's bf16
 VARIANTS = [*OURS, *PEERS]
+# Names both trainers give the same loss. Left out: cispo (tunesmith caps the ratio at 1 + epsilon_high, TRL at
+# epsilon_high) and luspo (needs sequence-level ratios, which this bench does not set).
+LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo", "sapo", "vespo")
+
+# The tools workload (see the docstring).
+TOOL = "tunesmith.ppo.tool_funcs:calculate"
+TOOL_REWARD = "final_number"
+TOOL_PROMPTS = 200  # more than 2 prompts x any --steps here: both sides see each prompt once, in the same order
+MAX_TOOL_CALLS = 2
+TRAJECTORY_TOKENS = 64  # a call (~30 tokens), its result wrapped (~10) and the answer (~15)
+DEFAULT_ADAPTER = ROOT / "outputs/sft_tools_demo"  # scripts/tool_demo.sh
+
+
+def is_tools(variant: str) -> bool:
+    return "_tools_" in variant
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--peer", choices=["trl"], help="Compare with TRL's GRPOTrainer (variants grpo_bf16,trl_bf16).")
-    p.add_argument("--variants", help=f"Comma-separated, of {', '.join(VARIANTS)} (default: grpo_bf16,trl_bf16 "
-                                      "with --peer trl, else grpo_bf16,gae_bf16).")
+    p.add_argument("--peer", choices=["trl"], help="Compare with TRL's GRPOTrainer (variants grpo_bf16,trl_bf16,"
+                                                   "grpo_tools_bf16,trl_tools_bf16).")
+    p.add_argument("--variants", help=f"Comma-separated, of {', '.join(VARIANTS)} (default: grpo_bf16,trl_bf16,"
+                                      "grpo_tools_bf16,trl_tools_bf16 with --peer trl, else grpo_bf16,gae_bf16).")
     p.add_argument("--model", default=None, help="Model directory (default: the embedded SmolLM2-135M-Instruct).")
+    p.add_argument("--adapter", default=None,
+                   help="The LoRA adapter the tools variants start from (both sides train it), or `none` for a fresh "
+                        f"LoRA. Default: {DEFAULT_ADAPTER.relative_to(ROOT)} (scripts/tool_demo.sh) when it holds one, "
+                        "else a fresh LoRA.")
+    p.add_argument("--loss_type", default="dapo", choices=LOSS_TYPES,
+                   help="The policy loss on both sides (default dapo, TRL's default).")
     p.add_argument("--steps", type=int, default=6, help="Rollout batches (tunesmith steps) per run.")
     add_quiet_arguments(p)
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.variants = (args.variants or ("grpo_bf16,trl_bf16" if args.peer else "grpo_bf16,gae_bf16")).split(",")
+    default = "grpo_bf16,trl_bf16,grpo_tools_bf16,trl_tools_bf16" if args.peer else "grpo_bf16,gae_bf16"
+    args.variants = (args.variants or default).split(",")
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         p.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     return args
 
 
+def resolve_adapter(adapter: str | None) -> str | None:
+    """The adapter folder the tools variants start from, or None for a fresh LoRA."""
+    if adapter == "none":
+        return None
+    if adapter is None:
+        return str(DEFAULT_ADAPTER) if (DEFAULT_ADAPTER / "adapter_config.json").is_file() else None
+    if not (Path(adapter) / "adapter_config.json").is_file():
+        raise SystemExit(f"bench_rl.py: --adapter {adapter}: no adapter_config.json there (give a LoRA adapter "
+                         "folder, e.g. from scripts/tool_demo.sh, or `none` for a fresh LoRA)")
+    return adapter
+
+
 def demo_config() -> dict[str, Any]:
     import yaml
 
     return yaml.safe_load(CONFIG.read_text())
+
+
+def tool_prompts(n: int = TOOL_PROMPTS, seed: int = 0) -> list[dict]:
+    """Rows that ask for a 3-digit times a 2-digit number, the product as `answer`: the same rows every run."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(100, 999), rng.randint(11, 99)
+        rows.append({"messages": [{"role": "user", "content": f"What is {a} * {b}? Use the calculator."}],
+                     "answer": a * b})
+    return rows
+
+
+def data_path(args: argparse.Namespace) -> Path:
+    """The prompts of the worker's workload: the demo's, or the tool prompts the driver wrote to the workdir."""
+    return Path(args.workdir) / "tools.jsonl" if is_tools(args.worker) else ROOT / demo_config()["data_path"]
 
 
 # ---------------------------------------------------------------- variants
@@ -89,45 +168,81 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
 
     argv = [str(CONFIG), "--model_name_or_path", args.model, "--max_steps", str(args.steps), "--save_strategy", "no",
             "--rollout_log_samples", "0", "--report_to", "none", "--output_dir", str(workdir / args.worker),
-            *OURS[args.worker]]
+            "--loss_type", args.loss_type, *OURS[args.worker]]
+    if is_tools(args.worker):
+        argv += ["--data_path", str(data_path(args)), "--chat_template", "chatml_tools", "--reward_funcs", TOOL_REWARD,
+                 "--tool_funcs", TOOL, "--max_tool_calls", str(MAX_TOOL_CALLS),
+                 "--max_new_tokens", str(TRAJECTORY_TOKENS), "--max_trajectory_tokens", str(TRAJECTORY_TOKENS)]
+        if args.adapter != "none":
+            argv += ["--adapter_name_or_path", args.adapter]
     trainer = run(argv)
     steps = [r for r in trainer.log_history if "time_generate" in r]
     seconds = [r["time_generate"] + r["time_score"] + r["time_train"] for r in steps]
-    return summarize(seconds, [r["score"] for r in steps], trainer.batch_size, trainer.args.bf16)
+    calls = [r["tool_calls"] for r in steps if "tool_calls" in r]
+    return summarize(seconds, [r["score"] for r in steps], trainer.batch_size, trainer.args.bf16, calls)
+
+
+def trl_tokenizer(args: argparse.Namespace) -> Any:
+    """The tokenizer TRL gets with tools: chatml_tools, and a response template that parses its calls."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_template
+
+    from tunesmith.data.template import apply_chat_template_override
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    apply_chat_template_override(tokenizer, "chatml_tools")
+    # TRL's add_response_schema knows the models' own templates only (it raises "Unrecognized chat template" for
+    # this one), so set the parser it would pick for Qwen3: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+    # after the reply's text, as chatml_tools renders a call (tests/test_bench_rl.py checks it parses them).
+    tokenizer.response_template = qwen3_template
+    return tokenizer
 
 
 def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import TrainerCallback
+    from peft import LoraConfig, PeftModel
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tunesmith.ppo.reward_funcs import exact_answer
+    from tunesmith.ppo.rewards import load_reward_function
 
     demo = demo_config()
-    rows = [json.loads(line) for line in (ROOT / demo["data_path"]).read_text().splitlines() if line.strip()]
+    tools = is_tools(args.worker)
+    rows = [json.loads(line) for line in data_path(args).read_text().splitlines() if line.strip()]
     # tunesmith's order (PPOTrainer.batch_prompts: a randperm seeded by seed + epoch), so both sample the same prompts
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(demo["seed"])).tolist()
     dataset = Dataset.from_list([{"prompt": rows[i]["messages"], "answer": str(rows[i]["answer"])} for i in order])
+    tokenizer = trl_tokenizer(args) if tools else None
+    score = load_reward_function(TOOL_REWARD if tools else demo["reward_funcs"][0]).fn
 
-    def exact(prompts, completions, answer, **_):  # TRL passes conversational completions as message lists
-        return exact_answer(prompts, [c[0]["content"] for c in completions], answer=answer)
+    def reward(prompts, completions, completion_ids, answer, **_):
+        # As tunesmith scores: the completion's tokens decoded, special tokens skipped (with tools: the whole
+        # trajectory, the tool results included).
+        return score(prompts, decode.batch_decode(completion_ids, skip_special_tokens=True), answer=answer)
 
+    reward.__name__ = TOOL_REWARD if tools else demo["reward_funcs"][0]
     mini_batches = demo["num_mini_batches"]
+    length = TRAJECTORY_TOKENS if tools else demo["max_new_tokens"]
+    adapter = args.adapter if tools and args.adapter != "none" else None
     config = GRPOConfig(
         output_dir=str(workdir / args.worker), max_steps=args.steps * mini_batches, seed=demo["seed"],
         per_device_train_batch_size=demo["per_device_train_batch_size"] // mini_batches,
         steps_per_generation=mini_batches, num_generations=demo["samples_per_prompt"], num_iterations=demo["ppo_epochs"],
-        max_completion_length=demo["max_new_tokens"], temperature=demo["temperature"], beta=demo["kl_coef"],
-        epsilon=0.2, loss_type="bnpo", scale_rewards="group", use_bias_correction_kl=False,
+        max_completion_length=length, temperature=demo["temperature"], beta=demo["kl_coef"],
+        epsilon=0.2, loss_type=args.loss_type, scale_rewards="group", use_bias_correction_kl=False,
+        max_tool_calling_iterations=MAX_TOOL_CALLS if tools else None,
         learning_rate=demo["learning_rate"], lr_scheduler_type="constant", shuffle_dataset=False,
         gradient_checkpointing=False, bf16=PEERS[args.worker], use_cpu=not torch.cuda.is_available(),
         disable_dropout=True, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
-        model_init_kwargs={"dtype": torch.float32},
+        model_init_kwargs=None if adapter else {"dtype": torch.float32},
     )
     lora = LoraConfig(r=demo["lora_r"], lora_alpha=demo["lora_alpha"], lora_dropout=0.05, target_modules="all-linear",
                       task_type="CAUSAL_LM")
+    model: Any = args.model
+    if adapter:  # TRL's way for a trained adapter: a trainable PeftModel, no peft_config
+        base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
     span: list[float] = []
 
     class Clock(TrainerCallback):
@@ -137,20 +252,31 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
         def on_train_end(self, *_, **__):
             span.append(time.perf_counter())
 
-    trainer = GRPOTrainer(model=args.model, reward_funcs=[exact], args=config, train_dataset=dataset,
-                          peft_config=lora, callbacks=[Clock()])
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
+                          processing_class=tokenizer, peft_config=None if adapter else lora,
+                          tools=[load_tool()] if tools else None, callbacks=[Clock()])
+    decode = trainer.processing_class
     assert trainer.args.generation_batch_size == demo["per_device_train_batch_size"]  # one rollout batch a step
     trainer.train()
-    rewards = [r["reward"] for r in trainer.state.log_history if "reward" in r]  # one per generation
+    logs = trainer.state.log_history
+    rewards = [r["reward"] for r in logs if "reward" in r]  # one per generation
+    calls = [r["tools/call_frequency"] for r in logs if "tools/call_frequency" in r]
     per_step = (span[1] - span[0]) / args.steps
-    return summarize([per_step] * args.steps, rewards, demo["per_device_train_batch_size"], PEERS[args.worker])
+    return summarize([per_step] * args.steps, rewards, demo["per_device_train_batch_size"], PEERS[args.worker], calls)
 
 
-def summarize(step_seconds: list[float], rewards: list[float], completions_per_step: int, bf16: bool) -> dict:
+def load_tool() -> Any:
+    from tunesmith.ppo.tools import load_tool as load
+
+    return load(TOOL).fn
+
+
+def summarize(step_seconds: list[float], rewards: list[float], completions_per_step: int, bf16: bool,
+              tool_calls: list[float]) -> dict:
     seconds = sum(step_seconds)
     return {"completions_per_s": completions_per_step * len(step_seconds) / seconds,
-            "seconds_per_step": seconds / len(step_seconds), "rewards": rewards, "bf16": bool(bf16),
-            "peak_rss_mb": peak_rss_mb(), **peak_gpu_memory()}  # both sides train on the GPU when there is one
+            "seconds_per_step": seconds / len(step_seconds), "rewards": rewards, "tool_calls": tool_calls,
+            "bf16": bool(bf16), "peak_rss_mb": peak_rss_mb(), **peak_gpu_memory()}  # both train on the GPU if any
 
 
 RUNS = {**dict.fromkeys(OURS, run_ours), **dict.fromkeys(PEERS, run_trl)}
@@ -164,30 +290,49 @@ def main(argv: list[str] | None = None) -> None:
     if run_worker(args, RUNS):
         return
     args.model = benchmark_model(args.model)
-    print(f"model {args.model}\n{CONFIG.relative_to(ROOT)}, {args.steps} rollout batches of 16 completions per run, "
-          f"{args.repeats} runs each, interleaved", flush=True)
+    args.adapter = resolve_adapter(args.adapter) or "none"
+    tools = [v for v in args.variants if is_tools(v)]
+    print(f"model {args.model}\n{CONFIG.relative_to(ROOT)}, loss_type {args.loss_type}, {args.steps} rollout batches "
+          f"of 16 completions per run, {args.repeats} runs each, interleaved", flush=True)
+    if tools:
+        start = (f"the adapter {args.adapter}" if args.adapter != "none" else
+                 f"a fresh LoRA (no --adapter, none in {DEFAULT_ADAPTER.relative_to(ROOT)}: the policy may never call)")
+        print(f"tools: {TOOL}, at most {MAX_TOOL_CALLS} calls and {TRAJECTORY_TOKENS} tokens a trajectory, rewarded "
+              f"by {TOOL_REWARD}; the policy starts from {start}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_rl.") as tmp:
         os.environ["TUNESMITH_CACHE"] = str(Path(tmp) / "cache")  # the prompts are encoded alike in every run
+        if tools:
+            (Path(tmp) / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tool_prompts()))
         results = run_interleaved(__file__, args.variants, args.repeats, Path(tmp),
-                                  ["--model", args.model, "--steps", str(args.steps)], args.quiet_share,
-                                  lambda r: f"{r['completions_per_s']:.2f} completions/s, {r['seconds_per_step']:.1f} "
-                                            f"s/step, peak RSS {r['peak_rss_mb']:.0f} MB, rewards "
-                                            + " ".join(f"{x:.2f}" for x in r["rewards"]),
-                                  args.settle)
+                                  ["--model", args.model, "--steps", str(args.steps), "--loss_type", args.loss_type,
+                                   "--adapter", args.adapter], args.quiet_share, describe, args.settle)
     print_table(results, args.quiet_share)
+
+
+def describe(r: dict) -> str:
+    calls = " ".join(f"{x:.2f}" for x in r["tool_calls"])
+    return (f"{r['completions_per_s']:.2f} completions/s, {r['seconds_per_step']:.1f} s/step, peak RSS "
+            f"{r['peak_rss_mb']:.0f} MB, rewards " + " ".join(f"{x:.2f}" for x in r["rewards"])
+            + (f", tool calls per completion {calls}" if calls else ""))
+
+
+def median_curve(runs: list[dict], key: str) -> list[float]:
+    """Step by step, the median over the runs of a per-step list (as long as the shortest run's)."""
+    return [sorted(x[key][i] for x in runs)[len(runs) // 2] for i in range(min(len(x[key]) for x in runs))]
 
 
 def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
     rows = {name: medians(runs) for name, runs in results.items() if runs}
-    print(f"\n{'variant':<11}{'bf16':>5}{'completions/s':>14}{'spread':>12}{'s/step':>8}{'peak RSS MB':>12}"
+    print(f"\n{'variant':<16}{'bf16':>5}{'completions/s':>14}{'spread':>12}{'s/step':>8}{'peak RSS MB':>12}"
           f"{'other CPU':>10}  mean reward per step (median of runs)")
     for name, r in rows.items():
         runs = results[name]
-        curve = [sorted(x["rewards"][i] for x in runs)[len(runs) // 2] for i in range(min(len(x["rewards"]) for x in runs))]
-        print(f"{name:<11}{'yes' if r['bf16'] else 'no':>5}{r['completions_per_s']:>14.2f}"
+        calls = median_curve(runs, "tool_calls")
+        print(f"{name:<16}{'yes' if r['bf16'] else 'no':>5}{r['completions_per_s']:>14.2f}"
               f"{spread(runs, 'completions_per_s', 2):>12}{r['seconds_per_step']:>8.1f}{r['peak_rss_mb']:>12.0f}"
-              f"{max(x['other_cpu'] for x in runs):>10.0%}  {' '.join(f'{x:.2f}' for x in curve)}"
-              f"{loaded(runs, quiet_share)}" + (f", peak GPU {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else ""))
+              f"{max(x['other_cpu'] for x in runs):>10.0%}  {' '.join(f'{x:.2f}' for x in median_curve(runs, 'rewards'))}"
+              f"{loaded(runs, quiet_share)}" + (f", peak GPU {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else "")
+              + (f"; tool calls per completion {' '.join(f'{x:.2f}' for x in calls)}" if calls else ""))
 
     def ratio(a: str, b: str, key: str) -> str:
         return f"{rows[a][key] / rows[b][key]:.2f}" if a in rows and b in rows else "n/a"
@@ -197,15 +342,22 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
             grpo, gae = f"grpo_{precision}", f"gae_{precision}"
             print(f"GRPO / PPO ({precision}): {ratio(grpo, gae, 'completions_per_s')}x the completions/s, "
                   f"{ratio(grpo, gae, 'peak_rss_mb')}x the peak RSS")
-    if "grpo_fp32" in rows and "trl_fp32" in rows:
-        print(f"float32 both: completions/s ratio {ratio('grpo_fp32', 'trl_fp32', 'completions_per_s')}, "
-              f"peak RSS ratio {ratio('grpo_fp32', 'trl_fp32', 'peak_rss_mb')}")
-    if "grpo_fp32" in rows and "trl_bf16" in rows:
-        print(f"each at its default precision (tunesmith float32, TRL bf16): completions/s ratio "
-              f"{ratio('grpo_fp32', 'trl_bf16', 'completions_per_s')}")
-    if "trl_bf16" in rows:  # both in bf16, TRL's default
-        print(f"peak RSS ratio vs TRL GRPOTrainer: {ratio('grpo_bf16', 'trl_bf16', 'peak_rss_mb')}")
-        print(f"completions/s ratio vs TRL GRPOTrainer: {ratio('grpo_bf16', 'trl_bf16', 'completions_per_s')}")
+    for tools in ("", "tools_"):
+        label = " (tools)" if tools else ""
+        ours32, trl32, trl16 = f"grpo_{tools}fp32", f"trl_{tools}fp32", f"trl_{tools}bf16"
+        if ours32 in rows and trl32 in rows:
+            print(f"float32 both{label}: completions/s ratio {ratio(ours32, trl32, 'completions_per_s')}, "
+                  f"peak RSS ratio {ratio(ours32, trl32, 'peak_rss_mb')}")
+        if ours32 in rows and trl16 in rows:
+            print(f"each at its default precision (tunesmith float32, TRL bf16){label}: completions/s ratio "
+                  f"{ratio(ours32, trl16, 'completions_per_s')}")
+    # Both in bf16, TRL's default: the memory ratios, then the speed ratios as the last lines.
+    pairs = [(label, f"grpo_{tools}bf16", f"trl_{tools}bf16") for label, tools in (("", ""), (" (tools)", "tools_"))
+             if f"trl_{tools}bf16" in rows]
+    for label, ours, trl in pairs:
+        print(f"peak RSS ratio vs TRL GRPOTrainer{label}: {ratio(ours, trl, 'peak_rss_mb')}")
+    for label, ours, trl in pairs:
+        print(f"completions/s ratio vs TRL GRPOTrainer{label}: {ratio(ours, trl, 'completions_per_s')}")
 
 
 if __name__ == "__main__":
