@@ -1,0 +1,115 @@
+"""scripts/bench_rl.py: the tools workload's prompts, that TRL's tool loop reads tunesmith's chatml_tools calls and
+inserts the same tool-result tokens as tunesmith's (so both sides do the same work), the ratio lines, and a smoke run
+of every variant on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench_rl.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_rl  # noqa: E402
+
+
+def test_the_tool_prompts_ask_for_a_product_and_are_the_same_every_run():
+    rows = bench_rl.tool_prompts()
+    assert rows == bench_rl.tool_prompts() and len(rows) == bench_rl.TOOL_PROMPTS
+    for row in rows:
+        a, b = (int(x) for x in row["messages"][0]["content"].split("?")[0].removeprefix("What is ").split(" * "))
+        assert 100 <= a <= 999 and 11 <= b <= 99 and row["answer"] == a * b
+    assert len({r["messages"][0]["content"] for r in rows}) > 0.95 * len(rows)
+
+
+def test_trl_reads_the_calls_of_chatml_tools_and_inserts_the_results_as_tunesmith_does(default_model_path):
+    """The prompt, the parsed call and the tokens after it (the tool's result, the next assistant header) are the
+    same on both sides of the tools workload."""
+    from transformers.utils import get_json_schema
+    from trl import GRPOTrainer
+    from trl.chat_template_utils import parse_response
+
+    from tunesmith.data.template import encode_prompt
+    from tunesmith.data.tool_calls import parse_calls
+    from tunesmith.hparams import ModelArguments
+    from tunesmith.models.loader import load_tokenizer
+    from tunesmith.ppo.tool_funcs import calculate
+    from tunesmith.ppo.tool_rollout import continuation_ids
+
+    ours = load_tokenizer(ModelArguments(model_name_or_path=default_model_path, chat_template="chatml_tools"))
+    trl = bench_rl.trl_tokenizer(SimpleNamespace(model=default_model_path))
+    schema = get_json_schema(calculate)
+    messages = [{"role": "user", "content": "What is 347 * 29? Use the calculator."}]
+    prompt = encode_prompt(ours, messages, [schema])
+    assert trl.apply_chat_template(messages, tools=[calculate], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False) == prompt
+
+    text = 'Let me see.\n<tool_call>{"name": "calculate", "arguments": {"expression": "347 * 29"}}</tool_call>'
+    call = ours(text, add_special_tokens=False)["input_ids"] + [ours.eos_token_id]
+    parsed = parse_response(trl, call, prefix=prompt, tools=[calculate])
+    assert parsed["content"] == "Let me see."
+    assert parsed["tool_calls"] == [{"type": "function", "function": {"name": "calculate",
+                                                                       "arguments": {"expression": "347 * 29"}}}]
+    content, [mine] = parse_calls(text, ["calculate"])
+    assert (content, mine.name, json.loads(mine.arguments)) == ("Let me see.", "calculate", {"expression": "347 * 29"})
+
+    result = calculate("347 * 29")
+    trainer = SimpleNamespace(processing_class=trl, _tokenizer=trl, chat_template=None, chat_template_kwargs={},
+                              _is_vlm=False)
+    theirs = GRPOTrainer._get_tool_suffix_ids(trainer, [{"role": "tool", "name": "calculate", "content": result}])
+    turn = {"role": "assistant", "content": content, "tool_calls": [mine.openai() | {"function": {
+        "name": mine.name, "arguments": json.loads(mine.arguments)}}]}
+    inserted, exact = continuation_ids(ours, [*messages, turn], [{"role": "tool", "name": "calculate",
+                                                                  "content": result}], [schema], prompt + call,
+                                       ours.eos_token_id)
+    assert exact and inserted == theirs
+    assert ours.decode(inserted) == "\n<|im_start|>tool\n10063<|im_end|>\n<|im_start|>assistant\n"
+
+
+def run(variant: str, speed: float, rss: float) -> dict:
+    return {"completions_per_s": speed, "seconds_per_step": 16 / speed, "rewards": [0.5, 1.0],
+            "tool_calls": [1.0, 0.5] if "tools" in variant else [], "bf16": True, "peak_rss_mb": rss,
+            "other_cpu": 0.0}
+
+
+def test_the_table_ends_with_both_ratios_against_trl(capsys):
+    results = {v: [run(v, speed, rss)] for v, speed, rss in (("grpo_bf16", 3.0, 1000.0), ("trl_bf16", 1.5, 2000.0),
+                                                             ("grpo_tools_bf16", 2.0, 1500.0),
+                                                             ("trl_tools_bf16", 1.0, 2500.0))}
+    bench_rl.print_table(results, 0.1)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-4:] == ["peak RSS ratio vs TRL GRPOTrainer: 0.50", "peak RSS ratio vs TRL GRPOTrainer (tools): 0.60",
+                          "completions/s ratio vs TRL GRPOTrainer: 2.00",
+                          "completions/s ratio vs TRL GRPOTrainer (tools): 2.00"]
+    row = next(line for line in lines if line.startswith("grpo_tools_bf16 "))
+    assert row.endswith("0.50 1.00; tool calls per completion 1.00 0.50")
+
+
+def test_a_loss_the_two_trainers_define_apart_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench_rl.parse(["--loss_type", "cispo"])
+    assert "invalid choice: 'cispo'" in capsys.readouterr().err
+
+
+@pytest.mark.heavy  # 4-6 minutes: a worker per variant, each importing transformers and TRL; -m heavy
+def test_every_variant_runs_a_step_on_a_tiny_model(tmp_path, tiny_model_dir):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--model", tiny_model_dir, "--adapter", "none",
+                           "--variants", ",".join(bench_rl.VARIANTS), "--steps", "1", "--repeats", "1",
+                           "--settle", "0"], capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "failed" not in out, out
+    for variant in bench_rl.VARIANTS:
+        row = next(line for line in out.splitlines() if line.startswith(variant + " "))
+        assert ("; tool calls per completion " in row) == ("tools" in variant), row
+    assert "float32 both: completions/s ratio" in out and "float32 both (tools): completions/s ratio" in out
+    assert "GRPO / PPO (bf16)" in out and "GRPO / PPO (fp32)" in out
+    lines = out.strip().splitlines()
+    assert lines[-2].startswith("completions/s ratio vs TRL GRPOTrainer: ")
+    assert lines[-1].startswith("completions/s ratio vs TRL GRPOTrainer (tools): ")
