@@ -199,11 +199,11 @@ def test_shipped_reward_functions():
     assert answer_format([], ["So: Answer: 7"]) == [0.0] and extract_answer("So: Answer: 7", strict=True) is None
     assert exact_answer([], ["Answer: Paris", "Answer: Paris, France"], answer=["paris"] * 2) == [1.0, 0.0]
     assert length_penalty([], ["x" * 50, "x" * 100, "x" * 150]) == [0.0, 0.0, -0.5]
-    # final_number: the last number of the last line, no format asked; a tool's result on an earlier line is not it.
+    # final_number: a number of the last line, no format asked; a tool's result on an earlier line is not it.
     trajectory = '<tool_call>{"name": "calculate"}</tool_call>\ntool\n10063\nassistant\n'
-    got = final_number([], [trajectory + "It is 10,063.", trajectory, "10063 or maybe 5", "= 10063.0\n"],
-                       answer=["10063"] * 4)
-    assert got == [1.0, 0.0, 0.0, 1.0]
+    got = final_number([], [trajectory + "It is 10,063.", trajectory, "10063 is 347 times 29.", "= 10063.0\n",
+                            "10063\nIt is 10062."], answer=["10063"] * 5)
+    assert got == [1.0, 0.0, 1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="final_number needs a number"):
         final_number([], ["Paris"], answer=["Paris"])
 

@@ -75,10 +75,12 @@ def exact_answer(prompts: Sequence[Any], replies: Sequence[str], answer: Sequenc
 
 def final_number(prompts: Sequence[Any], replies: Sequence[str], answer: Sequence[Any] | None = None,
                  **fields: Any) -> list[float]:
-    """1.0 when the last number of the reply's last non-empty line (thousands separators allowed: 10,063) equals the
-    row's numeric `answer`, else 0.0: no answer format asked for, so a reply such as `347 x 29 is 10063.` counts.
-    For an agent trajectory (--tool_funcs) the reply is the whole trajectory and its last line the final answer,
-    so a number that only appears in a tool's result does not count. A row without a numeric `answer` is an error."""
+    """1.0 when a number of the reply's last non-empty line (thousands separators allowed: 10,063) equals the row's
+    numeric `answer`, else 0.0: no answer format asked for, so `It is 10063.` and `10063 is 347 times 29.` both
+    count. Meant for answers that cannot be guessed (a product of large numbers: a line listing numbers will not
+    hold it by chance); where an answer is small, prefer exact_answer's format. For an agent trajectory
+    (--tool_funcs) the reply is the whole trajectory and its last line the final answer, so a number that appears
+    only in a tool's result does not count. A row without a numeric `answer` is an error."""
     if answer is None:
         answer = [None] * len(replies)
     scores = []
@@ -86,7 +88,7 @@ def final_number(prompts: Sequence[Any], replies: Sequence[str], answer: Sequenc
         if reference is None or not NUMBER.match(str(reference).strip()):
             raise ValueError(f"the row's `answer` is {reference!r}: final_number needs a number to check against")
         numbers = NUMBERS.findall(THOUSANDS.sub("", last_line(reply)))
-        scores.append(float(bool(numbers) and float(numbers[-1]) == float(reference)))
+        scores.append(float(any(float(n) == float(reference) for n in numbers)))
     return scores
 
 

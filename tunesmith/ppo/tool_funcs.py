@@ -38,3 +38,13 @@ def _evaluate(node: ast.AST) -> int | float:
             raise ValueError(f"exponent {right} is too large (at most {MAX_EXPONENT})")
         return _OPERATORS[type(node.op)](left, right)
     raise ValueError(f"not arithmetic: {ast.unparse(node)!r}")
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two whole numbers exactly.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a * b
