@@ -14,9 +14,12 @@ tunesmith.ppo.tool_funcs:calculate` offering the calculator (configs/grpo_tools_
 from __future__ import annotations
 
 import argparse
-import json
 import random
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_grpo_demo import write_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
@@ -42,10 +45,6 @@ def questions() -> list[tuple[int, int, str]]:
 
 def row(a: int, b: int, question: str) -> dict:
     return {"messages": [{"role": "user", "content": question.format(a=a, b=b)}], "answer": str(a * b)}
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
 def main() -> None:

@@ -5,7 +5,6 @@ ConfigError naming it; an exception inside it is a DataError naming it and the d
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ import torch
 from ..data.prompts import Prompt
 from ..errors import ConfigError, DataError
 from ..hparams import SHIPPED_REWARD_FUNCS_MODULE, RewardSourceArguments
+from ..utils.imports import import_function
 from .rollout import RewardModelScorer
 
 # Row fields that hold the prompt itself; every other field is passed to the reward functions.
@@ -25,24 +25,8 @@ REWARD_MODEL = "reward_model"
 
 def load_reward_function(spec: str) -> RewardFunction:
     """`package.module:function`, or the bare name of a function in tunesmith/ppo/reward_funcs.py."""
-    module_name, colon, name = spec.rpartition(":")
-    if not colon:
-        module_name = SHIPPED_REWARD_FUNCS_MODULE
-    where = f"--reward_funcs {spec}"
-    if not name or not module_name:
-        raise ConfigError(f"{where}: expected package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"{where}: cannot import {module_name} ({e}); is its folder on PYTHONPATH?") from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                        and getattr(v, "__module__", None) == module.__name__)
-        raise ConfigError(f"{where}: {module_name} has no function {name!r} (it has: {', '.join(public) or 'none'})")
-    if not callable(fn):
-        raise ConfigError(f"{where}: {module_name}.{name} is a {type(fn).__name__}, not a function")
-    _check_signature(fn, where)
+    fn = import_function(spec, "reward_funcs", SHIPPED_REWARD_FUNCS_MODULE)
+    _check_signature(fn, f"--reward_funcs {spec}")
     return RewardFunction(spec, fn)
 
 

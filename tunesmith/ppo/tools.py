@@ -11,7 +11,6 @@ own, so a function that never returns costs its thread, not the training run."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import threading
@@ -23,6 +22,7 @@ from ..data.formats import offered_tools
 from ..data.prompts import Prompt
 from ..data.tool_calls import ToolCall, tool_names
 from ..errors import ConfigError
+from ..utils.imports import import_function
 
 DEFAULT_TIMEOUT = 10.0  # seconds a call may run (--tool_timeout)
 
@@ -135,21 +135,8 @@ def load_tool(spec: str) -> Tool:
     from transformers.utils import get_json_schema
     from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
-    module_name, colon, name = spec.rpartition(":")
     where = f"--tool_funcs {spec}"
-    if not colon or not module_name or not name:
-        raise ConfigError(f"{where}: expected package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"{where}: cannot import {module_name} ({e}); is its folder on PYTHONPATH?") from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                        and getattr(v, "__module__", None) == module.__name__)
-        raise ConfigError(f"{where}: {module_name} has no function {name!r} (it has: {', '.join(public) or 'none'})")
-    if not callable(fn):
-        raise ConfigError(f"{where}: {module_name}.{name} is a {type(fn).__name__}, not a function")
+    fn = import_function(spec, "tool_funcs")
     try:
         schema = get_json_schema(fn)
     except (DocstringParsingException, TypeHintParsingException) as e:
