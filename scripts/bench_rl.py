@@ -13,11 +13,11 @@ Two workloads, each tunesmith's (`grpo_*`) against TRL's (`trl_*`):
   LoRA r 16 on every linear layer; a step samples 8 replies of at most 20 tokens to each of 2 prompts at temperature
   0.5, rewards each with exact_answer, and takes 2 AdamW steps of 8 replies, KL 0.04 (k3) to the LoRA-free model in
   the loss, clip 0.2.
-- tools (grpo_tools_bf16 / trl_tools_bf16): the same settings on prompts that ask for the product of a 3-digit and a
-  2-digit number (written by this script, seeded), with the calculator offered (tunesmith.ppo.tool_funcs:calculate,
-  the same function on both sides) and at most 2 calls per trajectory, rewarded by final_number (the last number of
-  the trajectory's last line is the product). A trajectory, the model's turns and the tool results together, is at
-  most 64 tokens (TRL's max_completion_length; tunesmith's --max_new_tokens and --max_trajectory_tokens); the tool
+- tools (grpo_tools_bf16 / trl_tools_bf16): the same settings on data/demo/grpo_tools_train.jsonl (the product of a
+  3-digit and a 2-digit number asked for), with --tool offered (default tunesmith.ppo.tool_funcs:calculate, the same
+  function on both sides) and at most 1 call per trajectory, rewarded by final_number (the last number of the
+  trajectory's last line is the product). A trajectory, the model's turns and the tool result together, is at most
+  80 tokens (TRL's max_completion_length; tunesmith's --max_new_tokens and --max_trajectory_tokens); the tool
   results are context, not trained, on both sides. The template is tunesmith's chatml_tools on both sides. The policy
   starts from --adapter (the tool-calling LoRA that scripts/tool_demo.sh trains; both sides train it, KL to it as it
   was), or from a fresh LoRA with --adapter none.
@@ -30,7 +30,7 @@ scale_rewards group, use_bias_correction_kl off (tunesmith's k3 KL has no import
 peft_config (or the adapter as a trainable PeftModel, TRL then copying it as its "ref" adapter), no gradient
 checkpointing, and the prompts in tunesmith's seeded order (shuffle_dataset off), so step k of both samples the same
 two prompts. Its reward function decodes the completion's tokens as tunesmith does (the whole trajectory, special
-tokens skipped) and calls the same function. With tools: tools=[calculate], max_tool_calling_iterations 2, and the
+tokens skipped) and calls the same function. With tools: tools=[the function], max_tool_calling_iterations 1, and the
 tokenizer's response_template set to TRL's own Qwen3 one (`<tool_call>{json}</tool_call>`, the call format
 chatml_tools teaches; TRL's add_response_schema recognises no template but the models' own). Each side otherwise
 keeps its own defaults. `_bf16` and `_fp32` name the precision: bf16 is TRL's default (autocast over float32
@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -88,11 +87,11 @@ VARIANTS = [*OURS, *PEERS]
 LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo", "sapo", "vespo")
 
 # The tools workload (see the docstring).
+TOOL_DATA = ROOT / "data/demo/grpo_tools_train.jsonl"  # scripts/make_grpo_tools_demo.py: 240 prompts, each seen once
 TOOL = "tunesmith.ppo.tool_funcs:calculate"
 TOOL_REWARD = "final_number"
-TOOL_PROMPTS = 200  # more than 2 prompts x any --steps here: both sides see each prompt once, in the same order
-MAX_TOOL_CALLS = 2
-TRAJECTORY_TOKENS = 64  # a call (~30 tokens), its result wrapped (~10) and the answer (~15)
+MAX_TOOL_CALLS = 1
+TRAJECTORY_TOKENS = 80  # a call (30-40 tokens from the tool demo's adapter), its result wrapped (~10), the answer (~15)
 DEFAULT_ADAPTER = ROOT / "outputs/sft_tools_demo"  # scripts/tool_demo.sh
 
 
@@ -111,6 +110,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="The LoRA adapter the tools variants start from (both sides train it), or `none` for a fresh "
                         f"LoRA. Default: {DEFAULT_ADAPTER.relative_to(ROOT)} (scripts/tool_demo.sh) when it holds one, "
                         "else a fresh LoRA.")
+    p.add_argument("--tool", default=TOOL, help="The function the tools variants offer, package.module:function "
+                                                 f"(default {TOOL}).")
     p.add_argument("--loss_type", default="dapo", choices=LOSS_TYPES,
                    help="The policy loss on both sides (default dapo, TRL's default).")
     p.add_argument("--steps", type=int, default=6, help="Rollout batches (tunesmith steps) per run.")
@@ -144,20 +145,9 @@ def demo_config() -> dict[str, Any]:
     return yaml.safe_load(CONFIG.read_text())
 
 
-def tool_prompts(n: int = TOOL_PROMPTS, seed: int = 0) -> list[dict]:
-    """Rows that ask for a 3-digit times a 2-digit number, the product as `answer`: the same rows every run."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        a, b = rng.randint(100, 999), rng.randint(11, 99)
-        rows.append({"messages": [{"role": "user", "content": f"What is {a} * {b}? Use the calculator."}],
-                     "answer": a * b})
-    return rows
-
-
 def data_path(args: argparse.Namespace) -> Path:
-    """The prompts of the worker's workload: the demo's, or the tool prompts the driver wrote to the workdir."""
-    return Path(args.workdir) / "tools.jsonl" if is_tools(args.worker) else ROOT / demo_config()["data_path"]
+    """The prompts of the worker's workload."""
+    return TOOL_DATA if is_tools(args.worker) else ROOT / demo_config()["data_path"]
 
 
 # ---------------------------------------------------------------- variants
@@ -171,7 +161,7 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
             "--loss_type", args.loss_type, *OURS[args.worker]]
     if is_tools(args.worker):
         argv += ["--data_path", str(data_path(args)), "--chat_template", "chatml_tools", "--reward_funcs", TOOL_REWARD,
-                 "--tool_funcs", TOOL, "--max_tool_calls", str(MAX_TOOL_CALLS),
+                 "--tool_funcs", args.tool, "--max_tool_calls", str(MAX_TOOL_CALLS),
                  "--max_new_tokens", str(TRAJECTORY_TOKENS), "--max_trajectory_tokens", str(TRAJECTORY_TOKENS)]
         if args.adapter != "none":
             argv += ["--adapter_name_or_path", args.adapter]
@@ -206,6 +196,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from tunesmith.ppo.rewards import load_reward_function
+    from tunesmith.ppo.tools import load_tool
 
     demo = demo_config()
     tools = is_tools(args.worker)
@@ -254,7 +245,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
 
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
                           processing_class=tokenizer, peft_config=None if adapter else lora,
-                          tools=[load_tool()] if tools else None, callbacks=[Clock()])
+                          tools=[load_tool(args.tool).fn] if tools else None, callbacks=[Clock()])
     decode = trainer.processing_class
     assert trainer.args.generation_batch_size == demo["per_device_train_batch_size"]  # one rollout batch a step
     trainer.train()
@@ -263,12 +254,6 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
     calls = [r["tools/call_frequency"] for r in logs if "tools/call_frequency" in r]
     per_step = (span[1] - span[0]) / args.steps
     return summarize([per_step] * args.steps, rewards, demo["per_device_train_batch_size"], PEERS[args.worker], calls)
-
-
-def load_tool() -> Any:
-    from tunesmith.ppo.tools import load_tool as load
-
-    return load(TOOL).fn
 
 
 def summarize(step_seconds: list[float], rewards: list[float], completions_per_step: int, bf16: bool,
@@ -297,15 +282,14 @@ def main(argv: list[str] | None = None) -> None:
     if tools:
         start = (f"the adapter {args.adapter}" if args.adapter != "none" else
                  f"a fresh LoRA (no --adapter, none in {DEFAULT_ADAPTER.relative_to(ROOT)}: the policy may never call)")
-        print(f"tools: {TOOL}, at most {MAX_TOOL_CALLS} calls and {TRAJECTORY_TOKENS} tokens a trajectory, rewarded "
-              f"by {TOOL_REWARD}; the policy starts from {start}", flush=True)
+        print(f"tools: {args.tool} on {TOOL_DATA.relative_to(ROOT)}, calls per trajectory at most {MAX_TOOL_CALLS}, "
+              f"tokens {TRAJECTORY_TOKENS}, rewarded by {TOOL_REWARD}; the policy starts from {start}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_rl.") as tmp:
         os.environ["TUNESMITH_CACHE"] = str(Path(tmp) / "cache")  # the prompts are encoded alike in every run
-        if tools:
-            (Path(tmp) / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tool_prompts()))
         results = run_interleaved(__file__, args.variants, args.repeats, Path(tmp),
                                   ["--model", args.model, "--steps", str(args.steps), "--loss_type", args.loss_type,
-                                   "--adapter", args.adapter], args.quiet_share, describe, args.settle)
+                                   "--adapter", args.adapter, "--tool", args.tool],
+                                  args.quiet_share, describe, args.settle)
     print_table(results, args.quiet_share)
 
 
@@ -327,10 +311,10 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
           f"{'other CPU':>10}  mean reward per step (median of runs)")
     for name, r in rows.items():
         runs = results[name]
-        calls = median_curve(runs, "tool_calls")
+        calls, curve = median_curve(runs, "tool_calls"), median_curve(runs, "rewards")
         print(f"{name:<16}{'yes' if r['bf16'] else 'no':>5}{r['completions_per_s']:>14.2f}"
               f"{spread(runs, 'completions_per_s', 2):>12}{r['seconds_per_step']:>8.1f}{r['peak_rss_mb']:>12.0f}"
-              f"{max(x['other_cpu'] for x in runs):>10.0%}  {' '.join(f'{x:.2f}' for x in median_curve(runs, 'rewards'))}"
+              f"{max(x['other_cpu'] for x in runs):>10.0%}  {' '.join(f'{x:.2f}' for x in curve)}"
               f"{loaded(runs, quiet_share)}" + (f", peak GPU {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else "")
               + (f"; tool calls per completion {' '.join(f'{x:.2f}' for x in calls)}" if calls else ""))
 
