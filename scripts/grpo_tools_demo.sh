@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Agent RL, shown: the tool-calling SFT adapter (scripts/tool_demo.sh; trained here if missing) learns with GRPO
-# to answer multiplications it cannot do in its head by calling the shipped calculator
-# (configs/grpo_tools_demo.yaml), then base-of-GRPO (the SFT adapter) and GRPO policy answer 60 held-out
-# multiplications as agents, with the calculator, greedily: accuracy before and after, with its paired standard
+# to answer multiplications it cannot do in its head by calling the shipped multiply tool
+# (configs/grpo_tools_demo.yaml), then the SFT adapter (GRPO's start) and the GRPO policy answer 60 held-out
+# multiplications as agents, with the tool, greedily: accuracy before and after, with its paired standard
 # error, and the calls each made. Extra arguments go to ppo/train.py.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,7 +11,7 @@ bash scripts/setup.sh
 PY=.venv/bin/python
 SFT="${SFT:-outputs/sft_tools_demo}"
 OUT="${OUT:-outputs/grpo_tools_demo}"
-TOOLS=tunesmith.ppo.tool_funcs:calculate
+TOOLS=tunesmith.ppo.tool_funcs:multiply
 if [ ! -f "$SFT/adapter_model.safetensors" ]; then
     echo "== 0/2 the tool-calling SFT adapter -> $SFT"
     "$PY" sft/train.py configs/sft_tools_demo.yaml --output_dir "$SFT"
