@@ -158,9 +158,9 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
 
     argv = [str(CONFIG), "--model_name_or_path", args.model, "--max_steps", str(args.steps), "--save_strategy", "no",
             "--rollout_log_samples", "0", "--report_to", "none", "--output_dir", str(workdir / args.worker),
-            "--loss_type", args.loss_type, *OURS[args.worker]]
+            "--loss_type", args.loss_type, "--data_path", str(data_path(args)), *OURS[args.worker]]  # from any folder
     if is_tools(args.worker):
-        argv += ["--data_path", str(data_path(args)), "--chat_template", "chatml_tools", "--reward_funcs", TOOL_REWARD,
+        argv += ["--chat_template", "chatml_tools", "--reward_funcs", TOOL_REWARD,
                  "--tool_funcs", args.tool, "--max_tool_calls", str(MAX_TOOL_CALLS),
                  "--max_new_tokens", str(TRAJECTORY_TOKENS), "--max_trajectory_tokens", str(TRAJECTORY_TOKENS)]
         if args.adapter != "none":
