@@ -93,7 +93,7 @@ def test_a_loss_the_two_trainers_define_apart_is_refused(capsys):
     assert "invalid choice: 'cispo'" in capsys.readouterr().err
 
 
-@pytest.mark.heavy  # about 5 minutes on a busy 2-core CPU: a worker per variant (10), each importing transformers and TRL; -m heavy
+@pytest.mark.heavy  # ~5 min on a busy 2-core CPU: a worker per variant (10), each importing TRL; -m heavy
 def test_every_variant_runs_a_step_on_a_tiny_model(tmp_path, tiny_model_dir):
     done = subprocess.run([sys.executable, str(SCRIPT), "--model", tiny_model_dir, "--adapter", "none",
                            "--variants", ",".join(bench_rl.VARIANTS), "--steps", "1", "--repeats", "1",
