@@ -1,6 +1,6 @@
 """RL rollouts: tunesmith's GRPO against TRL's GRPOTrainer (`--peer trl`), or against tunesmith's PPO, on the same
-model, prompts, reward function, group size, completion length, loss and steps; and the same with a calculator tool
-in the rollouts.
+model, prompts, reward function, group size, completion length, loss and steps; and the same with a tool called in
+the rollouts.
 
     python scripts/bench_rl.py --peer trl                 # both workloads vs TRL, bf16, dapo, 3 runs each, interleaved
     python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16             # the arithmetic workload alone
@@ -8,42 +8,44 @@ in the rollouts.
     python scripts/bench_rl.py --variants grpo_bf16,gae_bf16   # GRPO vs PPO (value adapter and head, KL in the reward)
     python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16,grpo_fp32,trl_fp32 --loss_type bnpo
 
-Two workloads, each tunesmith's (`grpo_*`) against TRL's (`trl_*`):
-- arithmetic (grpo_bf16 / trl_bf16): configs/grpo_demo.yaml's work. The embedded SmolLM2-135M-Instruct with a fresh
-  LoRA r 16 on every linear layer; a step samples 8 replies of at most 20 tokens to each of 2 prompts at temperature
-  0.5, rewards each with exact_answer, and takes 2 AdamW steps of 8 replies, KL 0.04 (k3) to the LoRA-free model in
-  the loss, clip 0.2.
-- tools (grpo_tools_bf16 / trl_tools_bf16): the same settings on data/demo/grpo_tools_train.jsonl (the product of a
-  3-digit and a 2-digit number asked for), with --tool offered (default tunesmith.ppo.tool_funcs:calculate, the same
-  function on both sides) and at most 1 call per trajectory, rewarded by final_number (the last number of the
-  trajectory's last line is the product). A trajectory, the model's turns and the tool result together, is at most
-  80 tokens (TRL's max_completion_length; tunesmith's --max_new_tokens and --max_trajectory_tokens); the tool
-  results are context, not trained, on both sides. The template is tunesmith's chatml_tools on both sides. The policy
-  starts from --adapter (the tool-calling LoRA that scripts/tool_demo.sh trains; both sides train it, KL to it as it
-  was), or from a fresh LoRA with --adapter none.
+Two workloads, each tunesmith's (`grpo_*`) against TRL's (`trl_*`), each a demo config's work:
+- arithmetic (grpo_bf16 / trl_bf16): configs/grpo_demo.yaml. The embedded SmolLM2-135M-Instruct with a fresh LoRA
+  r 16 on every linear layer; a step samples 8 replies of at most 20 tokens to each of 2 prompts at temperature 0.5,
+  rewards each with exact_answer, and takes 2 AdamW steps of 8 replies, KL 0.04 (k3) to the LoRA-free model in the
+  loss, clip 0.2.
+- tools (grpo_tools_bf16 / trl_tools_bf16): configs/grpo_tools_demo.yaml. Multiplications of a 3-digit by a 2-digit
+  number (data/demo/grpo_tools_train.jsonl), its tool offered (tunesmith.ppo.tool_funcs:multiply, the same function
+  on both sides), at most 1 call a trajectory, rewarded by final_number (the last line states the product), 2
+  prompts x 8 trajectories at temperature 0.8, learning rate 2e-4, the rest as above. The policy starts from
+  --adapter (default the config's, outputs/sft_tools_demo, the tool-calling LoRA scripts/tool_demo.sh trains, when it
+  exists; `none`: a fresh LoRA): both sides train it, the KL to it as it was. What the bench changes so that TRL can
+  do the same: no dynamic sampling (TRL has none), and one budget of 80 tokens for the whole trajectory, the model's
+  turns and the tool result together (TRL's max_completion_length; tunesmith's --max_trajectory_tokens, and each
+  turn's --max_new_tokens). The template is tunesmith's chatml_tools on both sides; the tool results are context,
+  not trained, on both.
 The loss is --loss_type on both sides: dapo, TRL 1.16's default (every trained token of the optimizer step weighs
 the same), or another of the names they share.
 
 TRL 1.16 gets the same as a GRPOConfig: num_generations 8, per_device_train_batch_size 8, steps_per_generation 2,
 beta 0.04, epsilon 0.2 (epsilon_high its default, = epsilon: the clip symmetric, as tunesmith's), loss_type,
 scale_rewards group, use_bias_correction_kl off (tunesmith's k3 KL has no importance weight), LoRA through its
-peft_config (or the adapter as a trainable PeftModel, TRL then copying it as its "ref" adapter), no gradient
+peft_config (or the adapter as a trainable PeftModel, which TRL copies as its frozen "ref" adapter), no gradient
 checkpointing, and the prompts in tunesmith's seeded order (shuffle_dataset off), so step k of both samples the same
 two prompts. Its reward function decodes the completion's tokens as tunesmith does (the whole trajectory, special
-tokens skipped) and calls the same function. With tools: tools=[the function], max_tool_calling_iterations 1, and the
-tokenizer's response_template set to TRL's own Qwen3 one (`<tool_call>{json}</tool_call>`, the call format
-chatml_tools teaches; TRL's add_response_schema recognises no template but the models' own). Each side otherwise
-keeps its own defaults. `_bf16` and `_fp32` name the precision: bf16 is TRL's default (autocast over float32
-weights) and tunesmith's `--bf16 true` (a bf16 base under the float32 LoRA, autocast), float32 is tunesmith's
-default for RL and TRL's `bf16=False`.
+tokens skipped) and calls the same function. With tools: tools=[the function], max_tool_calling_iterations = the
+config's max_tool_calls, and the tokenizer's response_template set to TRL's own Qwen3 one
+(`<tool_call>{json}</tool_call>`, the call format chatml_tools teaches; TRL's add_response_schema recognises no
+template but the models' own). Each side otherwise keeps its own defaults. `_bf16` and `_fp32` name the precision:
+bf16 is TRL's default (autocast over float32 weights) and tunesmith's `--bf16 true` (a bf16 base under the float32
+LoRA, autocast), float32 is tunesmith's default for RL and TRL's `bf16=False`.
 
 Each run is its own process (benchlib: the variants take turns, each once the cores are idle, with the other
 processes' share of the CPU recorded). completions/s counts the steps' own wall time, first step included
 (tunesmith: the generate/score/update phases it logs; TRL: train begin to end), not the model loading; peak RSS
 is the worker's, loading included. The table gives, per variant, the medians of the runs, and the mean reward per
 step (the batch's accuracy: both rewards are 0 or 1) and, with tools, the calls per completion per step, each the
-median over the runs. Last lines with --peer trl: `completions/s ratio vs TRL GRPOTrainer: X.XX` (arithmetic) and
-`completions/s ratio vs TRL GRPOTrainer (tools): X.XX`, after the peak RSS ratios.
+median over the runs. Last lines with --peer trl: the peak RSS ratios, then `completions/s ratio vs TRL
+GRPOTrainer: X.XX` (arithmetic) and `completions/s ratio vs TRL GRPOTrainer (tools): X.XX`.
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ from benchlib import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs/grpo_demo.yaml"
-OURS = {  # variant: tunesmith's flags on top of CONFIG
+CONFIGS = {False: ROOT / "configs/grpo_demo.yaml", True: ROOT / "configs/grpo_tools_demo.yaml"}  # by is_tools
+OURS = {  # variant: tunesmith's flags on top of its workload's config
     "grpo_bf16": ["--bf16", "true"],
     "grpo_fp32": ["--bf16", "false"],
     "gae_bf16": ["--advantage", "gae", "--kl_in_loss", "false", "--bf16", "true"],
@@ -85,14 +87,10 @@ VARIANTS = [*OURS, *PEERS]
 # Names both trainers give the same loss. Left out: cispo (tunesmith caps the ratio at 1 + epsilon_high, TRL at
 # epsilon_high) and luspo (needs sequence-level ratios, which this bench does not set).
 LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo", "sapo", "vespo")
-
-# The tools workload (see the docstring).
-TOOL_DATA = ROOT / "data/demo/grpo_tools_train.jsonl"  # scripts/make_grpo_tools_demo.py: 240 prompts, each seen once
-TOOL = "tunesmith.ppo.tool_funcs:calculate"
-TOOL_REWARD = "final_number"
-MAX_TOOL_CALLS = 1
-TRAJECTORY_TOKENS = 80  # a call (30-40 tokens from the tool demo's adapter), its result wrapped (~10), the answer (~15)
-DEFAULT_ADAPTER = ROOT / "outputs/sft_tools_demo"  # scripts/tool_demo.sh
+# The tools workload's trajectories, the model's turns and the tool results together: TRL's max_completion_length
+# bounds the whole, so tunesmith gets it as --max_trajectory_tokens and as each turn's --max_new_tokens. Room for a
+# call (30-40 tokens from the tool demo's adapter), its result as the template wraps it (~10) and the answer (~15).
+TRAJECTORY_TOKENS = 80
 
 
 def is_tools(variant: str) -> bool:
@@ -108,10 +106,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="Model directory (default: the embedded SmolLM2-135M-Instruct).")
     p.add_argument("--adapter", default=None,
                    help="The LoRA adapter the tools variants start from (both sides train it), or `none` for a fresh "
-                        f"LoRA. Default: {DEFAULT_ADAPTER.relative_to(ROOT)} (scripts/tool_demo.sh) when it holds one, "
-                        "else a fresh LoRA.")
-    p.add_argument("--tool", default=TOOL, help="The function the tools variants offer, package.module:function "
-                                                 f"(default {TOOL}).")
+                        "LoRA. Default: configs/grpo_tools_demo.yaml's (outputs/sft_tools_demo, from "
+                        "scripts/tool_demo.sh) when it holds one, else a fresh LoRA.")
     p.add_argument("--loss_type", default="dapo", choices=LOSS_TYPES,
                    help="The policy loss on both sides (default dapo, TRL's default).")
     p.add_argument("--steps", type=int, default=6, help="Rollout batches (tunesmith steps) per run.")
@@ -127,44 +123,53 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def resolve_adapter(adapter: str | None) -> str | None:
-    """The adapter folder the tools variants start from, or None for a fresh LoRA."""
-    if adapter == "none":
-        return None
+def resolve_adapter(adapter: str | None) -> str:
+    """The adapter folder the tools variants start from, or "none" for a fresh LoRA."""
     if adapter is None:
-        return str(DEFAULT_ADAPTER) if (DEFAULT_ADAPTER / "adapter_config.json").is_file() else None
-    if not (Path(adapter) / "adapter_config.json").is_file():
+        default = ROOT / demo_config(True)["adapter_name_or_path"]
+        return str(default) if (default / "adapter_config.json").is_file() else "none"
+    if adapter != "none" and not (Path(adapter) / "adapter_config.json").is_file():
         raise SystemExit(f"bench_rl.py: --adapter {adapter}: no adapter_config.json there (give a LoRA adapter "
                          "folder, e.g. from scripts/tool_demo.sh, or `none` for a fresh LoRA)")
-    return adapter
+    return str(Path(adapter).resolve()) if adapter != "none" else adapter
 
 
-def demo_config() -> dict[str, Any]:
+def demo_config(tools: bool) -> dict[str, Any]:
     import yaml
 
-    return yaml.safe_load(CONFIG.read_text())
+    return yaml.safe_load(CONFIGS[tools].read_text())
 
 
-def data_path(args: argparse.Namespace) -> Path:
-    """The prompts of the worker's workload."""
-    return TOOL_DATA if is_tools(args.worker) else ROOT / demo_config()["data_path"]
+def workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The worker's run config, which both sides follow: its workload's demo config, paths made whole (a worker
+    may run from any folder), and for tools what TRL can do too: no dynamic sampling (TRL has none), one token
+    budget for the whole trajectory, chatml_tools, the bench's --adapter."""
+    config = demo_config(is_tools(args.worker))
+    config["data_path"] = str(ROOT / config["data_path"])
+    if is_tools(args.worker):
+        config.pop("dynamic_sampling", None)
+        config.pop("dynamic_sampling_rounds", None)
+        config.pop("adapter_name_or_path", None)
+        config |= {"max_new_tokens": TRAJECTORY_TOKENS, "max_trajectory_tokens": TRAJECTORY_TOKENS,
+                   "chat_template": "chatml_tools"}
+        if args.adapter != "none":
+            config["adapter_name_or_path"] = args.adapter
+    return config
 
 
 # ---------------------------------------------------------------- variants
 
 
 def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
+    import yaml
+
     from tunesmith.recipes.ppo import run
 
-    argv = [str(CONFIG), "--model_name_or_path", args.model, "--max_steps", str(args.steps), "--save_strategy", "no",
+    config = workdir / f"{args.worker}.yaml"
+    config.write_text(yaml.safe_dump(workload(args)))
+    argv = [str(config), "--model_name_or_path", args.model, "--max_steps", str(args.steps), "--save_strategy", "no",
             "--rollout_log_samples", "0", "--report_to", "none", "--output_dir", str(workdir / args.worker),
-            "--loss_type", args.loss_type, "--data_path", str(data_path(args)), *OURS[args.worker]]  # from any folder
-    if is_tools(args.worker):
-        argv += ["--chat_template", "chatml_tools", "--reward_funcs", TOOL_REWARD,
-                 "--tool_funcs", args.tool, "--max_tool_calls", str(MAX_TOOL_CALLS),
-                 "--max_new_tokens", str(TRAJECTORY_TOKENS), "--max_trajectory_tokens", str(TRAJECTORY_TOKENS)]
-        if args.adapter != "none":
-            argv += ["--adapter_name_or_path", args.adapter]
+            "--loss_type", args.loss_type, *OURS[args.worker]]
     trainer = run(argv)
     steps = [r for r in trainer.log_history if "time_generate" in r]
     seconds = [r["time_generate"] + r["time_score"] + r["time_train"] for r in steps]
@@ -198,38 +203,39 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
     from tunesmith.ppo.rewards import load_reward_function
     from tunesmith.ppo.tools import load_tool
 
-    demo = demo_config()
+    work = workload(args)
     tools = is_tools(args.worker)
-    rows = [json.loads(line) for line in data_path(args).read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in Path(work["data_path"]).read_text().splitlines() if line.strip()]
     # tunesmith's order (PPOTrainer.batch_prompts: a randperm seeded by seed + epoch), so both sample the same prompts
-    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(demo["seed"])).tolist()
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(work["seed"])).tolist()
     dataset = Dataset.from_list([{"prompt": rows[i]["messages"], "answer": str(rows[i]["answer"])} for i in order])
-    tokenizer = trl_tokenizer(args) if tools else None
-    score = load_reward_function(TOOL_REWARD if tools else demo["reward_funcs"][0]).fn
+    [reward_name] = work["reward_funcs"]
+    score = load_reward_function(reward_name).fn
 
     def reward(prompts, completions, completion_ids, answer, **_):
         # As tunesmith scores: the completion's tokens decoded, special tokens skipped (with tools: the whole
-        # trajectory, the tool results included).
+        # trajectory, the tool results included). `decode` is the trainer's tokenizer, set below.
         return score(prompts, decode.batch_decode(completion_ids, skip_special_tokens=True), answer=answer)
 
-    reward.__name__ = TOOL_REWARD if tools else demo["reward_funcs"][0]
-    mini_batches = demo["num_mini_batches"]
-    length = TRAJECTORY_TOKENS if tools else demo["max_new_tokens"]
-    adapter = args.adapter if tools and args.adapter != "none" else None
+    reward.__name__ = reward_name
+    mini_batches = work["num_mini_batches"]
+    adapter = work.get("adapter_name_or_path")
     config = GRPOConfig(
-        output_dir=str(workdir / args.worker), max_steps=args.steps * mini_batches, seed=demo["seed"],
-        per_device_train_batch_size=demo["per_device_train_batch_size"] // mini_batches,
-        steps_per_generation=mini_batches, num_generations=demo["samples_per_prompt"], num_iterations=demo["ppo_epochs"],
-        max_completion_length=length, temperature=demo["temperature"], beta=demo["kl_coef"],
+        output_dir=str(workdir / args.worker), max_steps=args.steps * mini_batches, seed=work["seed"],
+        per_device_train_batch_size=work["per_device_train_batch_size"] // mini_batches,
+        steps_per_generation=mini_batches, num_generations=work["samples_per_prompt"],
+        num_iterations=work["ppo_epochs"],
+        max_completion_length=work["max_new_tokens"], temperature=work["temperature"], beta=work["kl_coef"],
         epsilon=0.2, loss_type=args.loss_type, scale_rewards="group", use_bias_correction_kl=False,
-        max_tool_calling_iterations=MAX_TOOL_CALLS if tools else None,
-        learning_rate=demo["learning_rate"], lr_scheduler_type="constant", shuffle_dataset=False,
+        max_tool_calling_iterations=work["max_tool_calls"] if tools else None,
+        learning_rate=work["learning_rate"], lr_scheduler_type="constant", shuffle_dataset=False,
         gradient_checkpointing=False, bf16=PEERS[args.worker], use_cpu=not torch.cuda.is_available(),
         disable_dropout=True, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
         model_init_kwargs=None if adapter else {"dtype": torch.float32},
     )
-    lora = LoraConfig(r=demo["lora_r"], lora_alpha=demo["lora_alpha"], lora_dropout=0.05, target_modules="all-linear",
-                      task_type="CAUSAL_LM")
+    # tunesmith's LoRA defaults where the config leaves them (r 16, alpha 32, dropout 0.05, every linear layer)
+    lora = LoraConfig(r=work.get("lora_r", 16), lora_alpha=work.get("lora_alpha", 32), lora_dropout=0.05,
+                      target_modules="all-linear", task_type="CAUSAL_LM")
     model: Any = args.model
     if adapter:  # TRL's way for a trained adapter: a trainable PeftModel, no peft_config
         base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
@@ -244,16 +250,18 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
             span.append(time.perf_counter())
 
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
-                          processing_class=tokenizer, peft_config=None if adapter else lora,
-                          tools=[load_tool(args.tool).fn] if tools else None, callbacks=[Clock()])
+                          processing_class=trl_tokenizer(args) if tools else None,
+                          peft_config=None if adapter else lora,
+                          tools=[load_tool(spec).fn for spec in work["tool_funcs"]] if tools else None,
+                          callbacks=[Clock()])
     decode = trainer.processing_class
-    assert trainer.args.generation_batch_size == demo["per_device_train_batch_size"]  # one rollout batch a step
+    assert trainer.args.generation_batch_size == work["per_device_train_batch_size"]  # one rollout batch a step
     trainer.train()
     logs = trainer.state.log_history
     rewards = [r["reward"] for r in logs if "reward" in r]  # one per generation
     calls = [r["tools/call_frequency"] for r in logs if "tools/call_frequency" in r]
     per_step = (span[1] - span[0]) / args.steps
-    return summarize([per_step] * args.steps, rewards, demo["per_device_train_batch_size"], PEERS[args.worker], calls)
+    return summarize([per_step] * args.steps, rewards, work["per_device_train_batch_size"], PEERS[args.worker], calls)
 
 
 def summarize(step_seconds: list[float], rewards: list[float], completions_per_step: int, bf16: bool,
@@ -275,22 +283,31 @@ def main(argv: list[str] | None = None) -> None:
     if run_worker(args, RUNS):
         return
     args.model = benchmark_model(args.model)
-    args.adapter = resolve_adapter(args.adapter) or "none"
-    tools = [v for v in args.variants if is_tools(v)]
-    print(f"model {args.model}\n{CONFIG.relative_to(ROOT)}, loss_type {args.loss_type}, {args.steps} rollout batches "
-          f"of 16 completions per run, {args.repeats} runs each, interleaved", flush=True)
-    if tools:
-        start = (f"the adapter {args.adapter}" if args.adapter != "none" else
-                 f"a fresh LoRA (no --adapter, none in {DEFAULT_ADAPTER.relative_to(ROOT)}: the policy may never call)")
-        print(f"tools: {args.tool} on {TOOL_DATA.relative_to(ROOT)}, calls per trajectory at most {MAX_TOOL_CALLS}, "
-              f"tokens {TRAJECTORY_TOKENS}, rewarded by {TOOL_REWARD}; the policy starts from {start}", flush=True)
+    args.adapter = resolve_adapter(args.adapter)
+    print(f"model {args.model}, loss_type {args.loss_type}, {args.steps} rollout batches per run, {args.repeats} runs "
+          "each, interleaved", flush=True)
+    for tools in sorted({is_tools(v) for v in args.variants}):
+        print(f"{CONFIGS[tools].relative_to(ROOT)}: {describe_workload(tools, args.adapter)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_rl.") as tmp:
         os.environ["TUNESMITH_CACHE"] = str(Path(tmp) / "cache")  # the prompts are encoded alike in every run
         results = run_interleaved(__file__, args.variants, args.repeats, Path(tmp),
                                   ["--model", args.model, "--steps", str(args.steps), "--loss_type", args.loss_type,
-                                   "--adapter", args.adapter, "--tool", args.tool],
+                                   "--adapter", args.adapter],
                                   args.quiet_share, describe, args.settle)
     print_table(results, args.quiet_share)
+
+
+def describe_workload(tools: bool, adapter: str) -> str:
+    work = workload(argparse.Namespace(worker="grpo_tools_bf16" if tools else "grpo_bf16", adapter=adapter))
+    group = work["samples_per_prompt"]
+    text = (f"{work['per_device_train_batch_size'] // group} prompts x {group} completions a step, at most "
+            f"{work['max_new_tokens']} tokens, temperature {work['temperature']}, learning rate "
+            f"{work['learning_rate']:g}, rewarded by {', '.join(work['reward_funcs'])}")
+    if not tools:
+        return text
+    start = f"the adapter {adapter}" if adapter != "none" else "a fresh LoRA (no adapter: it may never call)"
+    return (f"{text}; tools {', '.join(work['tool_funcs'])}, at most {work['max_tool_calls']} call(s) a trajectory "
+            f"(the tokens count the tool results too), no dynamic sampling; the policy starts from {start}")
 
 
 def describe(r: dict) -> str:

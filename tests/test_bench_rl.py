@@ -19,9 +19,18 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_rl  # noqa: E402
 
 
-def test_the_tools_workload_has_a_prompt_for_every_step_it_may_run():
-    rows = [json.loads(line) for line in bench_rl.TOOL_DATA.read_text().splitlines() if line.strip()]
+def test_the_tools_workload_is_the_demo_config_less_what_trl_cannot_do():
+    from argparse import Namespace
+
+    work = bench_rl.workload(Namespace(worker="trl_tools_bf16", adapter="none"))
+    assert "dynamic_sampling" not in work and "adapter_name_or_path" not in work
+    assert work["max_new_tokens"] == work["max_trajectory_tokens"] == bench_rl.TRAJECTORY_TOKENS
+    assert work["chat_template"] == "chatml_tools" and work["tool_funcs"] and work["max_tool_calls"] >= 1
+    rows = [json.loads(line) for line in Path(work["data_path"]).read_text().splitlines() if line.strip()]
     assert len(rows) >= 2 * 60 and all(float(r["answer"]) for r in rows)  # 60 steps of 2 prompts, each seen once
+    assert bench_rl.workload(Namespace(worker="grpo_tools_fp32", adapter="/a"))["adapter_name_or_path"] == "/a"
+    plain = bench_rl.workload(Namespace(worker="grpo_bf16", adapter="/a"))
+    assert "adapter_name_or_path" not in plain and Path(plain["data_path"]).is_absolute()
 
 
 def test_trl_reads_the_calls_of_chatml_tools_and_inserts_the_results_as_tunesmith_does(default_model_path):
@@ -35,33 +44,34 @@ def test_trl_reads_the_calls_of_chatml_tools_and_inserts_the_results_as_tunesmit
     from tunesmith.data.tool_calls import parse_calls
     from tunesmith.hparams import ModelArguments
     from tunesmith.models.loader import load_tokenizer
-    from tunesmith.ppo.tool_funcs import calculate
+    from tunesmith.ppo.tool_funcs import multiply
     from tunesmith.ppo.tool_rollout import continuation_ids
 
     ours = load_tokenizer(ModelArguments(model_name_or_path=default_model_path, chat_template="chatml_tools"))
     trl = bench_rl.trl_tokenizer(SimpleNamespace(model=default_model_path))
-    schema = get_json_schema(calculate)
-    messages = [{"role": "user", "content": "What is 347 * 29? Use the calculator."}]
+    schema = get_json_schema(multiply)
+    messages = [{"role": "user", "content": "What is 347 times 29?"}]
     prompt = encode_prompt(ours, messages, [schema])
-    assert trl.apply_chat_template(messages, tools=[calculate], add_generation_prompt=True, tokenize=True,
+    assert trl.apply_chat_template(messages, tools=[multiply], add_generation_prompt=True, tokenize=True,
                                    return_dict=False) == prompt
 
-    text = 'Let me see.\n<tool_call>{"name": "calculate", "arguments": {"expression": "347 * 29"}}</tool_call>'
+    text = 'Let me see.\n<tool_call>{"name": "multiply", "arguments": {"a": 347, "b": 29}}</tool_call>'
     call = ours(text, add_special_tokens=False)["input_ids"] + [ours.eos_token_id]
-    parsed = parse_response(trl, call, prefix=prompt, tools=[calculate])
+    parsed = parse_response(trl, call, prefix=prompt, tools=[multiply])
     assert parsed["content"] == "Let me see."
-    assert parsed["tool_calls"] == [{"type": "function", "function": {"name": "calculate",
-                                                                       "arguments": {"expression": "347 * 29"}}}]
-    content, [mine] = parse_calls(text, ["calculate"])
-    assert (content, mine.name, json.loads(mine.arguments)) == ("Let me see.", "calculate", {"expression": "347 * 29"})
+    assert parsed["tool_calls"] == [{"type": "function", "function": {"name": "multiply",
+                                                                       "arguments": {"a": 347, "b": 29}}}]
+    content, [mine] = parse_calls(text, ["multiply"])
+    assert (content, mine.name, json.loads(mine.arguments)) == ("Let me see.", "multiply", {"a": 347, "b": 29})
 
-    result = calculate("347 * 29")
+    # TRL sends str(result), tunesmith result_text(result): the same text for a number
+    result = str(multiply(347, 29))
     trainer = SimpleNamespace(processing_class=trl, _tokenizer=trl, chat_template=None, chat_template_kwargs={},
                               _is_vlm=False)
-    theirs = GRPOTrainer._get_tool_suffix_ids(trainer, [{"role": "tool", "name": "calculate", "content": result}])
+    theirs = GRPOTrainer._get_tool_suffix_ids(trainer, [{"role": "tool", "name": "multiply", "content": result}])
     turn = {"role": "assistant", "content": content, "tool_calls": [mine.openai() | {"function": {
         "name": mine.name, "arguments": json.loads(mine.arguments)}}]}
-    inserted, exact = continuation_ids(ours, [*messages, turn], [{"role": "tool", "name": "calculate",
+    inserted, exact = continuation_ids(ours, [*messages, turn], [{"role": "tool", "name": "multiply",
                                                                   "content": result}], [schema], prompt + call,
                                        ours.eos_token_id)
     assert exact and inserted == theirs
