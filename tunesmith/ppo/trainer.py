@@ -515,19 +515,19 @@ class PPOTrainer:
     def _rollout_stats(self, r: Rollout) -> dict[str, float]:
         acc = self.accelerator
         scores = acc.gather(r.scores)
-        lengths = r.response_mask.sum(1).float()
+        lengths = r.action_mask.sum(1).float()  # the policy's own tokens: a tool's result is not its reply
         stats = {
             "score": scores.mean(),
             "score_std": scores.std() if scores.numel() > 1 else torch.zeros(()),
             "reward": acc.reduce(r.rewards.sum(1).mean(), reduction="mean"),
-            "entropy": acc.reduce(masked_mean(r.entropy, r.response_mask), reduction="mean"),
+            "entropy": acc.reduce(masked_mean(r.entropy, r.action_mask), reduction="mean"),
             "reply_length": acc.reduce(lengths.mean(), reduction="mean"),
             "eos_rate": acc.reduce(r.ended.float().mean(), reduction="mean"),
         }
         stats |= {k: acc.reduce(torch.tensor(v, device=lengths.device), reduction="mean")
                   for k, v in r.sampling_stats.items()}
         if r.values is not None:
-            stats["value_mean"] = acc.reduce(masked_mean(r.values, r.response_mask), reduction="mean")
+            stats["value_mean"] = acc.reduce(masked_mean(r.values, r.action_mask), reduction="mean")
         if self.rewards is not None and self.rewards.functions:  # each source's mean score, e.g. the accuracy
             source_means = acc.gather(r.source_scores).mean(0)
             stats |= {f"score/{name}": m for name, m in zip(self.rewards.names, source_means)}
