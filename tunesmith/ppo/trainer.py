@@ -347,9 +347,8 @@ class PPOTrainer:
         --dynamic_sampling_rounds is reached; a batch still short is filled with groups set aside. Every
         process samples in every round while any process is short: under ZeRO-3 their forwards are collective."""
         first = self._sample_round(prompts)
-        stats = self._tool_stats(first) if self.toolbox is not None else {}
         if not self.ppo.dynamic_sampling:
-            return first, stats
+            return first, self._tool_stats(first)
         group = self.ppo.samples_per_prompt
         wanted = len(prompts) // group
         rounds, varied = [first], [varied_groups(first.scores, group)]
@@ -360,9 +359,9 @@ class PPOTrainer:
         # Groups that differ first, in the order sampled; then, if the batch is still short, the others.
         order = sorted((not v, k, g) for k, flags in enumerate(varied) for g, v in enumerate(flags.tolist()))
         batch = Sampled.gather([(rounds[k], g * group + i) for _, k, g in order[:wanted] for i in range(group)])
-        stats |= {"sampling_rounds": float(len(rounds)),
-                  "groups_dropped": float(sum(int((~v).sum()) for v in varied)),
-                  "score_sampled": float(torch.cat([r.scores for r in rounds]).mean())}
+        stats = self._tool_stats(batch) | {"sampling_rounds": float(len(rounds)),
+                                           "groups_dropped": float(sum(int((~v).sum()) for v in varied)),
+                                           "score_sampled": float(torch.cat([r.scores for r in rounds]).mean())}
         return batch, stats
 
     def _sample_round(self, prompts: list[Prompt]) -> Sampled:
@@ -380,9 +379,11 @@ class PPOTrainer:
         scores, source_scores = self.score(prompts, replies)  # a trajectory is scored whole, tool results included
         return Sampled(list(prompts), replies, trained, ended, scores.float(), source_scores.float(), calls, failed)
 
-    @staticmethod
-    def _tool_stats(sampled: Sampled) -> dict[str, float]:
-        """Calls per trajectory, and the share of calls that failed (an error or a timeout as the result)."""
+    def _tool_stats(self, sampled: Sampled) -> dict[str, float]:
+        """Of the batch that trains (with tools): calls per trajectory, and the share of calls that failed (an error
+        or a timeout as the result)."""
+        if self.toolbox is None:
+            return {}
         calls = sum(sampled.tool_calls)
         return {"tool_calls": calls / len(sampled.tool_calls),
                 "tool_failures": sum(sampled.failed_calls) / calls if calls else 0.0}

@@ -47,6 +47,7 @@ from ..ppo.rewards import Rewards, load_reward_function
 from ..ppo.rollout import (
     RewardModelScorer,
     generate_responses,
+    pad_replies,
     reply_tokens,
     rollout_sampling,
     sequence_inputs,
@@ -87,11 +88,8 @@ def answer(engine: Engine, tokenizer: Any, prompts: list[Prompt], args: EvalArgu
                                     tools.max_trajectory_tokens)
         answers.trajectories += trajectories
         answers.replies += [t.token_ids for t in trajectories]
-        width = max(1, *(len(t.token_ids) for t in trajectories))
-        response_ids = torch.tensor([t.token_ids + [tokenizer.pad_token_id] * (width - len(t.token_ids))
-                                     for t in trajectories])
-        response_mask = torch.tensor([[1] * len(t.token_ids) + [0] * (width - len(t.token_ids)) for t in trajectories])
-        trained = torch.tensor([[int(m) for m in t.trained] + [0] * (width - len(t.trained)) for t in trajectories])
+        response_ids, response_mask = pad_replies([t.token_ids for t in trajectories], tokenizer.pad_token_id, "cpu")
+        trained = pad_replies([[int(m) for m in t.trained] for t in trajectories], 0, "cpu")[0]
         answers.batches.append((query_ids, query_mask, response_ids, response_mask, trained))
     return answers
 
