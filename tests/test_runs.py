@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from test_sft_training import run_sft, sft_data, sft_flags  # noqa: F401 (sft_data is a fixture)
 
+import tunesmith
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import parse_run, save_run_config
 from tunesmith.hparams.run_config import as_saved, describe_differences, result_differences
@@ -51,7 +52,9 @@ def test_rerun_with_another_learning_rate_is_refused_until_overwrite(tiny_model_
     assert replaced.returncode == 0, replaced.stderr
     assert "resuming" not in replaced.stderr
     assert "removed 2 old checkpoint(s)" in replaced.stderr
-    assert json.loads((out / "tunesmith_config.json").read_text())["TrainingArguments"]["learning_rate"] == 1e-3
+    record = json.loads((out / "tunesmith_config.json").read_text())
+    assert record["TrainingArguments"]["learning_rate"] == 1e-3
+    assert record["tunesmith"] == {"version": tunesmith.__version__}  # which release made it
     assert (out / "adapter_model.safetensors").read_bytes() != kept["adapter_model.safetensors"]
 
 

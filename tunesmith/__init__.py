@@ -1,7 +1,15 @@
 """tunesmith: SFT, reward model, PPO, merge and chat for causal LMs, on current library releases."""
 
+import importlib.metadata
 import logging
 import warnings
+
+# The version is setup.cfg's, read from the installed package's metadata, so it is written in one place
+# (scripts/setup.sh re-installs whenever setup.cfg changes, which keeps the metadata current).
+try:
+    __version__ = importlib.metadata.version("tunesmith")
+except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "unknown"
 
 # bitsandbytes warns at import, on CPUs with AVX512-BF16, that it could not fetch an optional 4-bit kernel
 # from the Hugging Face Hub through the `kernels` package. tunesmith never downloads at run time and

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import __version__
+
 # sub-command -> recipe module (each has run(argv) and main = entry_point(run))
 COMMANDS = {
     "sft": "tunesmith.recipes.sft",
@@ -50,13 +52,16 @@ def usage() -> str:
     return ("usage: tunesmith COMMAND [RUN_CONFIG.yaml] [--flag value ...]\n\n"
             "Fine-tune a causal LM into a chat model and use it. Commands:\n" + "\n".join(lines) +
             "\n\n`tunesmith COMMAND --help` lists a command's flags. Errors print one line and exit with status 2;"
-            "\n--debug (or TUNESMITH_DEBUG=1) adds the traceback.")
+            "\n--debug (or TUNESMITH_DEBUG=1) adds the traceback. `tunesmith --version` prints the version.")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
+        return
+    if args[0] in ("-V", "--version"):
+        print(f"tunesmith {__version__}")
         return
     name = args[0].replace("_", "-")
     module = COMMANDS.get(name) or HIDDEN_COMMANDS.get(name)

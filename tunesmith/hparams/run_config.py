@@ -9,6 +9,7 @@ import json
 import os
 from typing import Any
 
+from .. import __version__
 from ..constants import RUN_CONFIG_FILE
 from ..utils.io import atomic_write_json
 from .run_kinds import RUN_ARGUMENTS
@@ -69,8 +70,14 @@ def resolved_config(*configs: Any) -> dict[str, dict[str, Any]]:
     return resolved
 
 
+# The record's section that says which tunesmith wrote it: {"tunesmith": {"version": "0.1.0"}}. It names no
+# argument dataclass, so readers that look for one (the UI's runs list, the Modelfile's num_ctx) pass over it.
+VERSION_SECTION = "tunesmith"
+
+
 def save_run_config(output_dir: str, *configs: Any) -> None:
-    atomic_write_json(os.path.join(output_dir, RUN_CONFIG_FILE), resolved_config(*configs))
+    record = {VERSION_SECTION: {"version": __version__}, **resolved_config(*configs)}
+    atomic_write_json(os.path.join(output_dir, RUN_CONFIG_FILE), record)
 
 
 def as_saved(*configs: Any) -> dict[str, dict[str, Any]]:
@@ -82,7 +89,9 @@ def as_saved(*configs: Any) -> dict[str, dict[str, Any]]:
 def result_differences(saved: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[str]:
     """`key: saved -> new` for every setting that changes the result and differs. A key the saved
     config lacks (written by an older tunesmith) is not compared; other argument classes (another
-    stage) are a difference of their own."""
+    stage) are a difference of their own. The tunesmith version is no setting: a run saved by another
+    release (or by one that recorded none) resumes, as its settings alone decide."""
+    saved, new = ({k: v for k, v in record.items() if k != VERSION_SECTION} for record in (saved, new))
     if set(saved) != set(new):
         return [f"arguments: {'+'.join(saved)} -> {'+'.join(new)} (another kind of run)"]
     differences = []
