@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"ppo"},
     {"chat", "serve", "evaluation", "ui"},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end
     {"recipes"},
-    {"cli", "__main__"},
+    {"cli", "cli_reference", "__main__"},  # cli_reference: the docs' CLI reference, generated from the parser
 ]
 LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}
 ROOT = "__init__"  # tunesmith/__init__.py imports nothing of tunesmith; importing `tunesmith` itself is allowed
