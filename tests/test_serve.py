@@ -122,7 +122,12 @@ BAD_REQUESTS = [
     ("ends with a reply", {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
      400, "the last turn must be 'user' or 'tool'"),
     ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     400, "content part of type 'image_url': tunesmith trains text-only models"),
+     400, r"`messages\[0\].content\[0\]`: pictures are not read from paths here: send the picture as a data: URL"),
+    ("image for a text model", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
+     400, "is a text-only model's: it cannot show these messages' images"),
+    ("audio part", {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+     400, "content part of type 'input_audio': tunesmith reads text, image and tool_call parts"),
     ("huge max_tokens", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10**6}, 400,
      r"plus max_tokens \(1000000\) make 1000031 tokens, 997983 more than the model's context of 2048 tokens"),
     ("negative max_tokens", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": -1}, 400,

@@ -11,18 +11,24 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, USER
 from ..data.formats import Message
-from ..data.template import PromptTooLong, fit_prompt
+from ..data.images import image_part, open_image, resolve_reference
+from ..data.template import PromptTooLong, fit_prompt, reads_images
+from ..errors import DataError
 from ..generation import Engine, SamplingParams
 from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
 
 COMMANDS = ("/clear (forget the history; the system prompt stays), /system TEXT (set the system prompt; /system "
-            "alone: the template's default), /save FILE (append the conversation to FILE as training data), "
-            "/quit, /help; a line starting with // is a message that starts with /")
+            "alone: the template's default), /image PATH (show a picture with the next message; a vision-language "
+            "model only), /save FILE (append the conversation to FILE as training data), /quit, /help; a line "
+            "starting with // is a message that starts with /")
+# A word of a message that names one of these existing files is a picture shown with it (a vision-language model).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 # Words that leave when typed alone, in a terminal only: there a person typing just `quit` means it,
 # while a piped line is data (a script ends with /quit or the end of its input).
 BARE_QUIT_WORDS = ("quit", "exit")
@@ -60,19 +66,21 @@ class ChatSession:
         self.turn_systems: list[str | None] = []
         self.interrupted = False
         self._first_turn = 0  # index (in turns) of the oldest turn still in the prompt
+        self.pending_images: list[str] = []  # /image pictures for the next message
 
     def conversation(self) -> list[Message]:
         """The whole conversation, the current system prompt first when one is set."""
         head = [{"role": SYSTEM, "content": self.system}] if self.system else []
         return head + self.messages
 
-    def context(self, user_text: str) -> list[Message]:
+    def context(self, user_text: str | list[dict]) -> list[Message]:
         """The messages to render for the next reply: system prompt, the newest whole turns that fit
         the token budget together with the new message (data/template.fit_prompt), and the new message."""
         return self._fit(user_text)[1]
 
-    def _fit(self, user_text: str) -> tuple[list[int], list[Message]]:
-        """(the prompt's token ids, its messages), as context() describes."""
+    def _fit(self, user_text: str | list[dict]) -> tuple[list[int], list[Message]]:
+        """(the prompt's token ids, its messages), as context() describes. The new message's content is its text,
+        or a list of its pictures and its text."""
         try:
             ids, window, first = fit_prompt(self.tokenizer, self.conversation() + [{"role": USER, "content": user_text}],
                                             self.max_prompt_length, first_turn=self._first_turn)
@@ -86,7 +94,7 @@ class ChatSession:
         self._first_turn = first
         return ids, window
 
-    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> Outcome:
+    def reply(self, user_text: str | list[dict], on_text: Callable[[str], None] | None = None) -> Outcome:
         """Generate (streaming each piece of text to on_text) and record the turn. A reply that
         `interrupt()` stopped is not recorded, so the history holds no half turn."""
         ids, _ = self._fit(user_text)
@@ -165,9 +173,37 @@ class ChatSession:
         if self.bare_quit and text.lower() in BARE_QUIT_WORDS:
             return Outcome("quit")
         try:
-            return self.reply(text.removeprefix("/"), on_text)
-        except PromptTooLong as e:
+            return self.reply(self._with_pictures(text.removeprefix("/")), on_text)
+        except (PromptTooLong, DataError) as e:
             return Outcome("refused", str(e))
+
+    def _with_pictures(self, text: str) -> str | list[dict]:
+        """The message's content: its text, or for a vision-language model the pictures given with /image and
+        those its words name (existing image files, taken out of the text), then the text."""
+        if not reads_images(self.tokenizer):
+            return text
+        words = text.split()
+        named = [w for w in words if w.lower().endswith(IMAGE_SUFFIXES) and os.path.isfile(os.path.expanduser(w))]
+        pictures = self.pending_images + [resolve_reference(w, Path.cwd()) for w in named]
+        self.pending_images = []
+        if not pictures:
+            return text
+        rest = " ".join(w for w in words if w not in named) if named else text
+        return [*map(image_part, pictures), *([{"type": "text", "text": rest}] if rest else [])]
+
+    def _attach(self, path: str) -> Outcome:
+        if not reads_images(self.tokenizer):
+            return Outcome("error", "/image: this model reads text only (its folder has no image processor)")
+        if not path:
+            return Outcome("error", "usage: /image PATH (a picture shown with your next message)")
+        try:
+            ref = resolve_reference(os.path.expanduser(path), Path.cwd())
+            open_image(ref)  # a picture that cannot be read is refused now, not at the next message
+        except ValueError as e:  # DataError too
+            return Outcome("error", f"/image {path}: {e}")
+        self.pending_images.append(ref)
+        count = len(self.pending_images)
+        return Outcome("info", f"{count} picture{'s' if count > 1 else ''} will be shown with your next message")
 
     def _command(self, word: str, rest: str) -> Outcome:
         if word in ("/quit", "/exit"):
@@ -180,6 +216,8 @@ class ChatSession:
         if word == "/system":
             self.system = rest or None
             return Outcome("info", "system prompt set" if self.system else "system prompt back to the template's default")
+        if word == "/image":
+            return self._attach(rest)
         if word == "/save":
             path = os.path.expanduser(rest)
             if not path:

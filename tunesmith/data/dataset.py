@@ -20,13 +20,15 @@ from typing import Any
 import numpy as np
 from datasets import Dataset, load_from_disk
 
-from ..errors import DataError, UserError
+from ..errors import ConfigError, DataError, UserError
 from ..hparams import SFTDataArguments, TrainDataArguments
 from ..utils.io import atomic_directory, atomic_write_json
 from ..utils.paths import cache_root
 from .formats import BadRows, Conversation, Row, conversation_from_row, load_items
+from .image_encoding import fit_with_images
+from .images import DEFAULT_MAX_IMAGE_PIXELS, message_images
 from .mix import RowSelection
-from .template import encode_examples, trained_token_count, truncate
+from .template import encode_examples, processor_of, trained_token_count, truncate
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,8 @@ def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], skip_bad_
     for item in items:
         try:
             encoded = kind.encode_one(tokenizer, item, **settings)
+        except ConfigError as e:  # the model and the data do not go together: no row is at fault, the first says where
+            raise ConfigError(f"{item.row.where()}: {e}") from None
         except UserError as e:
             problems.append(f"{item.row.where()}: {e}")
             continue
@@ -130,6 +134,11 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     h.update(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
     h.update((tokenizer.chat_template or "").encode())
     h.update(str(tokenizer.eos_token).encode())
+    processor = processor_of(tokenizer)
+    if processor is not None:  # its settings decide how many tokens each image takes
+        h.update(processor.image_processor.to_json_string().encode())
+        h.update(json.dumps({k: v for k, v in processor.to_dict().items() if isinstance(v, (int, str, bool))},
+                            sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -233,10 +242,16 @@ def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Datas
 
 
 def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_seq_length: int, train_on: str,
-                               truncation: str = "drop_turns", multi_turn: str = "auto") -> ItemEncoding | None:
+                               truncation: str = "drop_turns", multi_turn: str = "auto",
+                               max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> ItemEncoding | None:
     """input_ids and labels within max_seq_length, one record per example (several when the
-    conversation is expanded); None when no trained token is left."""
+    conversation is expanded); None when no trained token is left. A vision-language model's records also hold
+    the text and images its collator gives the processor (data/image_encoding.py)."""
     examples, expanded = encode_examples(tokenizer, conversation.messages, train_on, conversation.tools, multi_turn)
+    processor = processor_of(tokenizer)
+    if processor is not None:
+        return _image_records(processor, examples, expanded, message_images(conversation.messages), max_seq_length,
+                              truncation, max_image_pixels)
     records, truncated, no_marker = [], False, 0
     for full in examples:
         enc = truncate(full, max_seq_length, truncation)
@@ -248,12 +263,27 @@ def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_s
     return ItemEncoding(records, truncated, expanded, no_marker) if records else None
 
 
+def _image_records(processor: Any, examples: list, expanded: bool, images: list[str], max_seq_length: int,
+                   truncation: str, max_image_pixels: int) -> ItemEncoding | None:
+    records, truncated, no_marker = [], False, 0
+    for full in examples:
+        example, cut = fit_with_images(processor, full, images, max_seq_length, truncation, max_image_pixels)
+        if example is None or trained_token_count(example.labels) == 0:
+            continue
+        truncated |= cut
+        no_marker += full.replies_without_end_marker
+        records.append({"input_ids": example.input_ids, "labels": example.labels, "text": example.text,
+                        "images": example.images})
+    return ItemEncoding(records, truncated, expanded, no_marker) if records else None
+
+
 SFT_CONVERSATIONS = DataKind(
     name="sft",
-    version="4",  # 4: closing text (Phi) trains in no reply; 3: a reply after the system prompt trains; OpenAI preference rows; weight 0 under train_on all
+    version="5",  # 5: images (text and images columns for a vision-language model); 4: closing text (Phi) trains in no reply; 3: a reply after the system prompt trains; OpenAI preference rows; weight 0 under train_on all
     from_row=conversation_from_row,
     settings=lambda data_args: {"max_seq_length": data_args.max_seq_length, "train_on": data_args.train_on,
-                                "truncation": data_args.truncation, "multi_turn": data_args.multi_turn},
+                                "truncation": data_args.truncation, "multi_turn": data_args.multi_turn,
+                                "max_image_pixels": getattr(data_args, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS)},
     encode_one=encode_conversation_record,
     dropped_because="no whole reply fits in max_seq_length (--truncation)",
     report_line="{name}: {rows} rows -> {kept} examples ({truncated} truncated to max_seq_length, "

@@ -1,5 +1,6 @@
 """Conversation data formats, read into one canonical form: a list of messages
-`{"role": system|user|assistant|tool, "content": str}` (plus an optional `"loss": false`).
+`{"role": system|user|assistant|tool, "content": str}` (plus an optional `"loss": false`); a user or system
+message that shows images has a list of text and image parts as its content (data/images.py).
 
 Formats are detected per row (so a file may mix them): OpenAI `messages`, ShareGPT `conversations`,
 Alpaca `instruction`/`input`/`output`. Every error names the file, the line (JSONL) or row (JSON
@@ -18,6 +19,16 @@ from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
 from ..utils.paths import is_table, problem_with_data_file
 from .hh import DAHOAS, HH, hh_conversation, hh_kind
+from .images import (
+    IMAGE_PARTS,
+    PLACEHOLDER,
+    content_text,
+    has_images,
+    image_part,
+    part_reference,
+    resolve_reference,
+    split_placeholders,
+)
 from .mix import RowSelection
 
 Message = dict[str, Any]
@@ -36,6 +47,11 @@ class Row:
     data: dict
     index: int | None = None  # 1-based position in a JSON array (rows may share a line there)
     unit: str = "line"  # "row" for a Parquet file or a datasets folder, which have no lines
+
+    def images_folder(self) -> tuple[Path | None, bool]:
+        """(where the row's relative image paths start, whether paths outside it are refused): a data file's
+        own folder, anything readable."""
+        return Path(self.path).parent, False
 
     def where(self, field: str | None = None) -> str:
         loc = f"{self.path}:{self.unit} {self.line}" + (f" (row {self.index})" if self.index else "")
@@ -237,20 +253,29 @@ def sharegpt_messages(row: Row, items: Any, field: str = "conversations") -> lis
     return read_messages(row, items, field, SHAREGPT)
 
 
-def _content(row: Row, value: Any, where: str) -> tuple[str | None, str | None, list]:
-    """(text, reasoning, tool calls) of a message's content: a string, null, or a list of parts whose
+def _content(row: Row, value: Any, where: str) -> tuple[str | list[dict] | None, str | None, list]:
+    """(content, reasoning, tool calls) of a message's content: a string, null, or a list of parts whose
     text parts are joined (a reasoning part becomes the reasoning, a tool_call part a call, as
-    LLaMA-Factory's files hold them). Any other part is refused: text only."""
+    LLaMA-Factory's files hold them). With image parts the content stays a list of text and image parts, in
+    order (data/images.py). Any other part is refused."""
     if value is None or isinstance(value, str):
         return value, None, []
     if not isinstance(value, list):
         raise row.error(f"expected a string or a list of content parts, got {type(value).__name__}", where)
-    texts, reasoning, calls = [], [], []
+    texts, reasoning, calls, parts = [], [], [], []
     for k, part in enumerate(value):
         if isinstance(part, str):
             texts.append(part)
             continue
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in IMAGE_PARTS:
+            try:
+                ref = resolve_reference(part_reference(part), *row.images_folder())
+            except ValueError as e:
+                raise row.error(str(e), f"{where}[{k}]") from None
+            parts += [*([{"type": "text", "text": "".join(texts)}] if texts else []), image_part(ref)]
+            texts = []
+            continue
         text = next((part[key] for key in ("text", "value", kind or "") if isinstance(part, dict)
                      and isinstance(part.get(key), str)), None) if kind else None
         if kind in TEXT_PARTS + REASONING_PARTS + ("tool_call",) and text is None:
@@ -266,8 +291,10 @@ def _content(row: Row, value: Any, where: str) -> tuple[str | None, str | None, 
                 raise row.error(f"a tool_call part holds the call as JSON text ({e.msg} at column {e.colno})",
                                 f"{where}[{k}]") from None
         else:
-            raise row.error(f"content part of type {kind!r}: tunesmith trains text-only models; remove the part "
-                            "(or the row)", f"{where}[{k}].type")
+            raise row.error(f"content part of type {kind!r}: tunesmith reads text, image and tool_call parts; "
+                            "remove the part (or the row)", f"{where}[{k}].type")
+    if parts:
+        return parts + ([{"type": "text", "text": "".join(texts)}] if texts else []), ("".join(reasoning) or None), calls
     return "".join(texts), ("".join(reasoning) or None), calls
 
 
@@ -298,6 +325,9 @@ def _message(row: Row, role: str, source: dict, where: str, content_key: str) ->
     if content_key not in source and not (role == ASSISTANT and (source.get("tool_calls") or source.get("function_call"))):
         raise row.error(f"missing `{content_key}`", where)
     content, reasoning, part_calls = _content(row, source.get(content_key), f"{where}.{content_key}")
+    if isinstance(content, list) and role == ASSISTANT:
+        raise row.error("an image in an assistant turn: the model reads images, it does not write them; put the "
+                        "image in a user turn", f"{where}.{content_key}")
     message: Message = {"role": role, "content": content}
     if role == ASSISTANT:
         calls = source.get("tool_calls") or ([source["function_call"]] if source.get("function_call") else [])
@@ -471,16 +501,16 @@ def check_role_order(row: Row, messages: list[Message], field: str,
 
 def check_meaningful_fields(row: Row, messages: list[Message]) -> None:
     """Fields that change what a row means are honoured elsewhere or refused here, never dropped."""
-    for key in ("images", "videos", "audios"):
+    for key in ("videos", "audios"):
         if row.data.get(key):
-            raise row.error(f"a multimodal row ({key}): tunesmith trains text-only models; remove the row, or the "
+            raise row.error(f"a multimodal row ({key}): tunesmith reads text and images; remove the row, or the "
                             f"`{key}` field and the placeholders that point at it", key)
     if "label" in row.data and isinstance(row.data["label"], bool):
         raise row.error("a KTO row (`label` true/false marks a desirable or undesirable reply): SFT would train "
                         "undesirable replies too; drop the `label: false` rows and the field", "label")
     for i, m in enumerate(messages):
         for placeholder in PLACEHOLDERS:
-            if placeholder in (m.get("content") or ""):
+            if placeholder in content_text(m.get("content")):
                 raise row.error(f"unfilled placeholder {placeholder} (LLaMA-Factory's identity data expects you to "
                                 "replace it with your model's name/author)", f"messages[{i}].content")
 
@@ -505,9 +535,39 @@ def conversation_from_row(row: Row, fmt: str | None = None) -> Conversation:
     else:
         messages, field = alpaca_messages(row), "instruction"
     check_role_order(row, messages, field)
+    messages = with_column_images(row, messages, field)
     check_meaningful_fields(row, messages)
     link_tool_results(messages)
     return Conversation(row, messages, offered_tools(row))
+
+
+def with_column_images(row: Row, messages: list[Message], field: str) -> list[Message]:
+    """The messages with the row's `images` column (ShareGPT / LLaMA-Factory) in place: each `<image>` in the
+    text of a user or system message is the next image. Every image needs its placeholder, and the reverse."""
+    if "images" not in row.data or row.data["images"] in (None, []):
+        return messages
+    column = row.data["images"] if isinstance(row.data["images"], list) else [row.data["images"]]
+    if has_images(messages):
+        raise row.error("images both as content parts and in the `images` column: give them one way", "images")
+    images = []
+    for k, value in enumerate(column):
+        try:
+            images.append(resolve_reference(value, *row.images_folder()))
+        except ValueError as e:
+            raise row.error(str(e), f"images[{k}]") from None
+    placeholders = sum(content_text(m.get("content")).count(PLACEHOLDER) for m in messages)
+    if placeholders != len(images):
+        raise row.error(f"{len(images)} image(s) in `images` but {placeholders} {PLACEHOLDER} placeholder(s) in "
+                        f"`{field}`: put one {PLACEHOLDER} where each image goes, in order", "images")
+    out, used = [], 0
+    for i, m in enumerate(messages):
+        if isinstance(m.get("content"), str) and PLACEHOLDER in m["content"]:
+            if m["role"] not in (USER, SYSTEM):
+                raise row.error(f"{PLACEHOLDER} in a {m['role']} turn: images go in user turns", f"{field}[{i}]")
+            content, used = split_placeholders(m["content"], images, used)
+            m = {**m, "content": content}
+        out.append(m)
+    return out
 
 
 def link_tool_results(messages: list[Message]) -> None:

@@ -12,8 +12,10 @@ from ..constants import IGNORE_INDEX
 from ..errors import UserError
 from ..hparams import SFTDataArguments
 from .formats import BadRows, conversation_from_row, load_items
+from .image_encoding import fit_with_images
+from .images import message_images
 from .mix import RowSelection
-from .template import encode_examples, trained_token_count, truncate
+from .template import Encoded, encode_examples, processor_of, trained_token_count, truncate
 
 logger = logging.getLogger(__name__)
 
@@ -21,8 +23,19 @@ TRAINED_ON, TRAINED_OFF = "\x1b[42;30m", "\x1b[0m"
 PLAIN_ON, PLAIN_OFF = "⟦", "⟧"
 
 
+def _image_runs(tokenizer: Any, text: str) -> str:
+    """Text with every run of 4 or more identical image tokens shown once with its count (Qwen's 64
+    `<|image_pad|>` of one picture as `<|image_pad|>×64`), so an image reads as one line."""
+    processor = processor_of(tokenizer)
+    tokens = {t for t in (getattr(processor, "image_token", None), getattr(tokenizer, "image_token", None)) if t}
+    for token in tokens:
+        text = re.sub(f"(?:{re.escape(token)}){{4,}}", lambda m, t=token: f"{t}×{len(m[0]) // len(t)}", text)
+    return text
+
+
 def highlight_trained(tokenizer: Any, input_ids: list[int], labels: list[int], color: bool) -> str:
-    """The rendered text with every trained run of tokens marked."""
+    """The rendered text with every trained run of tokens marked (a vision-language model's image tokens
+    counted, not repeated)."""
     on, off = (TRAINED_ON, TRAINED_OFF) if color else (PLAIN_ON, PLAIN_OFF)
     pieces, run, trained = [], [], None
     for tok, lab in zip(input_ids, labels):
@@ -36,7 +49,7 @@ def highlight_trained(tokenizer: Any, input_ids: list[int], labels: list[int], c
         pieces.append((trained, run))
     text = ""
     for is_trained, ids in pieces:
-        chunk = tokenizer.decode(ids, skip_special_tokens=False)
+        chunk = _image_runs(tokenizer, tokenizer.decode(ids, skip_special_tokens=False))
         text += f"{on}{chunk}{off}" if is_trained else chunk
     return text
 
@@ -65,19 +78,40 @@ def inspect_rows(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42) ->
             records.append({**where, "error": f"{conv.row.where()}: {e}"})
             continue
         for k, full in enumerate(examples):
-            enc = truncate(full, data_args.max_seq_length, data_args.truncation)
             record: dict[str, Any] = dict(where)
+            try:
+                enc, truncated = _fitted(tokenizer, full, conv, data_args, record)
+            except UserError as e:
+                records.append({**where, "error": f"{conv.row.where()}: {e}"})
+                break
             if expanded:
                 record["example"] = [k + 1, len(examples)]
             if trained_token_count(enc.labels) == 0:
                 record["dropped"] = True
                 enc = full
-            elif len(enc.input_ids) < len(full.input_ids):
+            elif truncated:
                 record["truncated"] = True
             if full.replies_without_end_marker:
                 record["replies_without_end_marker"] = full.replies_without_end_marker
             records.append({**record, "input_ids": enc.input_ids, "labels": enc.labels})
     return sorted(records, key=lambda r: (r["source"], r["line"], r.get("row") or 0))
+
+
+def _fitted(tokenizer: Any, full: Encoded, conv: Any, data_args: SFTDataArguments, record: dict
+            ) -> tuple[Encoded, bool]:
+    """(the example as training keeps it, whether it was truncated to --max_seq_length). A vision-language
+    model's has its images' tokens in place (the record then names the images it shows)."""
+    processor = processor_of(tokenizer)
+    if processor is None:
+        enc = truncate(full, data_args.max_seq_length, data_args.truncation)
+        return enc, len(enc.input_ids) < len(full.input_ids)
+    example, cut = fit_with_images(processor, full, message_images(conv.messages), data_args.max_seq_length,
+                                   data_args.truncation, data_args.max_image_pixels)
+    if example is None:  # nothing fits: shown unexpanded and dropped
+        return Encoded(full.input_ids, [IGNORE_INDEX] * len(full.input_ids)), False
+    if example.images:
+        record["images"] = example.images
+    return Encoded(example.input_ids, example.labels), cut
 
 
 def _error_record(problem: str) -> dict:

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG, SYSTEM, USER
-from ..errors import TemplateError
+from ..errors import ConfigError, TemplateError
 from .formats import Message
+from .images import as_content_parts, content_text, has_images, image_prompt, message_images
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +74,28 @@ def apply_chat_template_override(tokenizer: Any, chat_template: str | None) -> N
         )
 
 
-def _for_template(messages: list[Message], arguments_as_text: bool = False, empty_content: str | None = None
-                  ) -> list[dict]:
+# Set on the tokenizer of a vision-language model (models/vision.py): its processor, so that every stage holding
+# the tokenizer reaches it; and its template reads every message's content as a list of parts, images among them.
+PROCESSOR_ATTRIBUTE = "tunesmith_processor"
+
+
+def attach_processor(tokenizer: Any, processor: Any) -> None:
+    setattr(tokenizer, PROCESSOR_ATTRIBUTE, processor)
+
+
+def processor_of(tokenizer: Any) -> Any | None:
+    """The processor of a vision-language model's tokenizer; None for a text-only model's."""
+    return getattr(tokenizer, PROCESSOR_ATTRIBUTE, None)
+
+
+def reads_images(tokenizer: Any) -> bool:
+    return processor_of(tokenizer) is not None
+
+
+def _for_template(messages: list[Message], arguments_as_text: bool = False, empty_content: str | None = None,
+                  parts: bool = False) -> list[dict]:
     out = []
-    for m in messages:
+    for m in as_content_parts(messages) if parts else messages:
         message = {key: m[key] for key in TEMPLATE_KEYS if key in m}
         if m.get("tool_calls"):
             if message.get("content") is None:
@@ -100,14 +119,19 @@ TOOL_CALL_FORMS = ((False, ""), (False, None), (True, None), (True, ""))
 def render_text(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = False,
                 tools: list[dict] | None = None) -> str:
     """The template's text for these messages (and the tools offered)."""
+    parts = reads_images(tokenizer)
+    if not parts and has_images(messages):
+        raise ConfigError(f"{template_name(tokenizer)} is a text-only model's: it cannot show these messages' "
+                          "images; use a vision-language model (its folder has a processor: Qwen2.5-VL, Gemma 3, "
+                          "SmolVLM, ...) or leave the images out")
     names = [call["function"]["name"] for m in messages for call in m.get("tool_calls") or []]
     if not names:
-        return _render(tokenizer, _for_template(messages), add_generation_prompt, tools)
+        return _render(tokenizer, _for_template(messages, parts=parts), add_generation_prompt, tools)
     problem = "it renders none of them"
     for arguments_as_text, empty_content in TOOL_CALL_FORMS:
         try:
-            text = _render(tokenizer, _for_template(messages, arguments_as_text, empty_content), add_generation_prompt,
-                           tools)
+            text = _render(tokenizer, _for_template(messages, arguments_as_text, empty_content, parts),
+                           add_generation_prompt, tools)
         except TemplateError as e:
             problem = str(e)
             continue
@@ -140,8 +164,13 @@ def template_name(tokenizer: Any) -> str:
 
 
 def encode_prompt(tokenizer: Any, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
-    """Token ids that ask the model for the next assistant reply (what chat and PPO generate from)."""
+    """Token ids that ask the model for the next assistant reply (what chat and PPO generate from). Messages with
+    images give an ImagePrompt (data/images.py): the ids with the images' tokens in place, and the pictures'
+    inputs for the engine's prefill."""
     text = render_text(tokenizer, messages, add_generation_prompt=True, tools=tools)
+    images = message_images(messages)
+    if images:  # render_text refused them unless the model reads images
+        return image_prompt(processor_of(tokenizer), text, images)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -202,7 +231,7 @@ def _has_generation_markers(tokenizer: Any) -> bool:
 def _reply_markers(m: Message) -> list[str]:
     """Texts that must lie inside the located reply: its content, its answer after a `</think>` and its
     reasoning (templates such as GLM's move or drop the thinking block), and its tool calls' names."""
-    content = m["content"] if isinstance(m.get("content"), str) else ""
+    content = content_text(m.get("content"))
     reasoning = m.get("reasoning_content") if isinstance(m.get("reasoning_content"), str) else ""
     texts = [content, content.split("</think>")[-1], reasoning]
     markers = [t.strip() for t in texts if t.strip()]

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from ..models import prompt_learning
 from ..models.kv_cache import cache_argument
+from ..models.vision_positions import prefill_positions
 from .bans import Bans
 from .beam import beam_search
 from .detokenizer import IncrementalDecoder, StopMatcher
@@ -33,6 +34,8 @@ class Request:
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, emit: Callable[[Event], None] | None = None,
                  adapter: str | None = None) -> None:
         self.prompt_ids, self.params, self.adapter = list(prompt_ids), params, adapter
+        # a vision-language model's image inputs for the prefill (data/images.ImagePrompt); None for text
+        self.vision: dict[str, Any] | None = getattr(prompt_ids, "vision", None)
         self.emit = emit or (lambda event: None)
         self.cancelled = False
         self.generator: torch.Generator | None = None
@@ -173,12 +176,22 @@ class Batch:
             return self.model(**inputs)
         return self.model(**inputs, adapter_names=[self.default_adapter if a is None else a for a in adapters])
 
-    @torch.inference_mode()
     def admit(self, requests: list[Request]) -> None:
-        """Prefill the requests' prompts (left-padded together) and add their rows to the batch; a
+        """Prefill the requests' prompts and add their rows to the batch: text prompts left-padded together, each
+        prompt with images on its own (its image inputs are the model's own shapes) and copied to its `n` rows. A
         request for no new tokens (max_new_tokens 0, for its prompt's log-probabilities) finishes here."""
+        text = [r for r in requests if r.vision is None]
+        if text:
+            self._admit(text)
+        for request in requests:
+            if request.vision is not None:
+                self._admit([request])
+
+    @torch.inference_mode()
+    def _admit(self, requests: list[Request]) -> None:
         rows = [_Row(r, i, self.tokenizer) for r in requests for i in range(r.n)]
-        prompts = [row.request.prompt_ids for row in rows]
+        vision = requests[0].vision  # one request when it has images
+        prompts = [row.request.prompt_ids for row in rows[:1 if vision is not None else len(rows)]]
         width = max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
@@ -190,9 +203,16 @@ class Batch:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
         else:
             inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, self.cache_arg: DynamicCache()}
+        if vision is not None:  # the pictures' inputs, and the model's positions for them (Qwen's M-RoPE)
+            inputs |= {key: value.to(self.device) for key, value in vision.items()}
+            inputs["position_ids"], positions = prefill_positions(self.model, ids, mask, vision)
         cache = inputs[self.cache_arg]
-        logits = self._forward([row.request.adapter for row in rows], **inputs, use_cache=True,
+        logits = self._forward([row.request.adapter for row in rows[:len(prompts)]], **inputs, use_cache=True,
                                logits_to_keep=0 if want_prompt else 1).logits[:, -ids.size(1):]
+        if vision is not None and len(rows) > 1:  # the prompt ran once: its cache and logits serve every row
+            index = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+            cache.batch_select_indices(index)
+            ids, mask, positions, logits = ids[index], mask[index], positions[index], logits[index]
         if want_prompt:
             self._prompt_logprobs(rows, ids, logits)
         logits = logits[:, -1].float()
@@ -325,6 +345,8 @@ class Engine:
             if any(p.bans for p in settings):
                 raise ValueError("banned_strings and banned_openings work while sampling token by token, not with "
                                  "beam search: use num_beams 1")
+            if any(getattr(p, "vision", None) is not None for p in prompts):
+                raise ValueError("beam search takes text prompts only, not pictures: use num_beams 1")
             return beam_search(self.model, self.tokenizer, prompts, settings, self.stop_ids, adapter)
         requests = [Request(p, s, (lambda e, i=i: on_event(i, e)) if on_event else None, adapter)
                     for i, (p, s) in enumerate(zip(prompts, settings))]

@@ -138,6 +138,12 @@ class SFTDataArguments(TrainDataArguments):
                   "most N tokens'); under DeepSpeed (which steps at every backward) the whole batch at once. 0: the whole "
                   "batch at once."},
     )
+    max_image_pixels: int = field(
+        default=4096 * 4096,
+        metadata={"help": "A vision-language model: the largest picture (width x height) a row may show; a larger "
+                  "one is reported with its row (a scan at print resolution, a decompression bomb), since every "
+                  "processor shrinks it anyway."},
+    )
     truncation: Literal["drop_turns", "drop_example", "cut"] = field(
         default="drop_turns",
         metadata={"help": "An example longer than --max_seq_length: drop_turns keeps the longest run of whole "

@@ -51,6 +51,17 @@ class FinetuningArguments:
                   "as aux_loss (unweighted; about top-k when the experts are evenly loaded) beside loss, which stays "
                   "the language-model loss."},
     )
+    train_vision_tower: bool = field(
+        default=False,
+        metadata={"help": "A vision-language model: train its vision tower too (whole, beside the LoRA adapter, or "
+                  "with full fine-tuning). Default: frozen, as LLaMA-Factory and TRL leave it."},
+    )
+    train_projector: bool = field(
+        default=False,
+        metadata={"help": "A vision-language model: train the projector that maps image features into the language "
+                  "model (Qwen's merger, Gemma's and LLaVA's multi_modal_projector, Idefics' connector), whole. "
+                  "Default: frozen."},
+    )
     num_virtual_tokens: int = field(
         default=20,  # the rules table reads this default: another value needs a prompt-based method
         metadata={"help": "prompt_tuning, p_tuning, prefix_tuning: how many virtual tokens to train."},

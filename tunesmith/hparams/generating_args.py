@@ -79,6 +79,12 @@ class ServeArguments:
     max_request_bytes: int = field(
         default=8 * 1024 * 1024, metadata={"help": "Largest request body; a larger one is refused with a 413."}
     )
+    image_root: str | None = field(
+        default=None,
+        metadata={"help": "A vision-language model: the folder whose pictures a request may name by path (a relative "
+                  "path is relative to it; nothing outside it is read). Default: none; pictures come as data: URLs. "
+                  "Remote http(s) URLs are always refused: the server fetches nothing."},
+    )
     context_length: int | None = field(
         default=None,
         metadata={"help": "Most tokens of prompt plus reply (default: the model's max_position_embeddings); a "

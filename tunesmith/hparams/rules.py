@@ -30,6 +30,7 @@ from ..utils.paths import (
     problem_with_output_dir,
     prompt_adapter_kind,
     run_config_record,
+    vision_model_type,
 )
 from .data_args import SPLIT_STAGES, numbers
 from .tool_args import LOOPBACK_HOSTS
@@ -153,6 +154,12 @@ def _non_sft_stage(a: SimpleNamespace) -> dict | None:
     return {"stage": stage} if stage else None
 
 
+def _vision(model: Any) -> dict | None:
+    """{"model_type": ...} when the model (the base, for an adapter) is a local vision-language model folder."""
+    model_type = vision_model_type(model.model_name_or_path) if model.model_name_or_path else None
+    return {"model_type": model_type} if model_type else None
+
+
 def _batch(a: SimpleNamespace) -> int:
     return a.training.per_device_train_batch_size
 
@@ -235,6 +242,23 @@ RULES: list[Rule] = [
          and (importlib.util.find_spec("liger_kernel") is None or not torch.cuda.is_available()),
          "--use_liger_kernel needs a CUDA GPU and the liger-kernel package (pip install liger-kernel; its kernels "
          "are Triton, GPU only): drop the flag on CPU."),
+    # -- vision-language models (models/vision.py)
+    Rule("vision_packing", ("model", "data"),
+         lambda a: getattr(a.data, "packing", False) and _vision(a.model),
+         "--packing with a vision-language model ({model_type}): its batches go through the model's processor, one "
+         "padded row per conversation (packing its image positions exactly is not built); use --packing false."),
+    Rule("vision_stage", ("model", "training"),
+         lambda a: _vision(a.model) and _non_sft_stage(a) and {**_vision(a.model), **_non_sft_stage(a)},
+         "{stage} on a vision-language model ({model_type}): not supported yet (SFT, chat, serve and merge take "
+         "images); train it on its text with the language model alone, or use SFT."),
+    Rule("vision_prompt_learning", ("model", "finetuning"),
+         lambda a: a.finetuning.prompt_learning and _vision(a.model),
+         "--finetuning_type {finetuning.finetuning_type} with a vision-language model ({model_type}): its virtual "
+         "tokens would go in front of the image tokens its processor places; use --finetuning_type lora or full."),
+    Rule("vision_flags_text_model", ("model", "finetuning"),
+         lambda a: (a.finetuning.train_vision_tower or a.finetuning.train_projector) and not _vision(a.model),
+         "--train_vision_tower / --train_projector: {model.model_name_or_path} is not a vision-language model (no "
+         "vision_config in its config.json, or no processor in its folder); leave them out."),
     # -- data
     Rule("max_forward_tokens_needs_packing", ("data",),
          lambda a: getattr(a.data, "max_forward_tokens", None) is not None and not a.data.packing,

@@ -18,6 +18,7 @@ from ..errors import PathError
 from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
 from ..utils.hardware import native_bf16, trains_on_cpu
+from ..utils.paths import has_processor, vision_model_type
 from .attention import choose_attn_implementation
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
@@ -25,6 +26,15 @@ from .moe import expert_count, expert_lora_parameters, is_router
 from .output_head import contiguous_head_inputs
 from .prompt_learning import load_encoder, prompt_learning_config
 from .scoring import cast_head_inputs_to_its_dtype
+from .vision import (
+    VisionParts,
+    load_processor,
+    lora_target_pattern,
+    quantization_skipped,
+    set_vision_trainable,
+    trained_vision_modules,
+    vision_parts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,18 +73,26 @@ def resolve_attn_implementation(model_args: ModelArguments, task: str = "causal_
     return choose_attn_implementation(model_args.attn_implementation, config, task, flash_installed=flash)
 
 
-def load_tokenizer(model_args: ModelArguments) -> Any:
+def load_tokenizer(model_args: ModelArguments, source: str | None = None) -> Any:
+    """The model's tokenizer, from `source` when given (an adapter's folder, where training saved it) else the
+    model's folder. A vision-language model's is its processor's tokenizer, which reaches the processor
+    (models/vision.py)."""
     from transformers import AutoTokenizer
 
     path = resolve_model_path(model_args)
+    source = source or path
     # transformers says ValueError ("Couldn't instantiate the backend tokenizer ...") for a folder
     # without tokenizer files.
-    with _path_errors(path, (OSError, ValueError)):
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+    with _path_errors(source, (OSError, ValueError)):
+        if vision_model_type(path):
+            tokenizer = load_processor(source if has_processor(source) else path, model_args.chat_template,
+                                       model_args.trust_remote_code).tokenizer
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=model_args.trust_remote_code)
+            apply_chat_template_override(tokenizer, model_args.chat_template)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
-    apply_chat_template_override(tokenizer, model_args.chat_template)
     return tokenizer
 
 
@@ -96,15 +114,17 @@ def _path_errors(path: str, errors: tuple[type[Exception], ...] = (OSError,)):
         raise PathError(f"--model_name_or_path {path}: cannot load a model or tokenizer from it ({reason})") from e
 
 
-def quantization_config(model_args: ModelArguments, dtype: torch.dtype) -> Any:
+def quantization_config(model_args: ModelArguments, dtype: torch.dtype, skip: list[str] | None = None) -> Any:
+    """bitsandbytes' settings for --quantization_bit; `skip`: modules left unquantized (a vision model's tower)."""
     if model_args.quantization_bit is None:
         return None
     from transformers import BitsAndBytesConfig
 
     if model_args.quantization_bit == 8:
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     return BitsAndBytesConfig(
         load_in_4bit=True,
+        llm_int8_skip_modules=skip,
         bnb_4bit_quant_type=model_args.quantization_type,
         bnb_4bit_use_double_quant=model_args.double_quantization,
         bnb_4bit_compute_dtype=dtype,
@@ -163,9 +183,16 @@ def load_model(
 ) -> nn.Module:
     """The model for a stage. task: causal_lm, or reward (a one-output sequence-classification head).
     LoRA and prompt-based runs return a PeftModel (a new adapter, or the one in adapter_name_or_path)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSequenceClassification,
+    )
 
     path = resolve_model_path(model_args)
+    vision = vision_parts(AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)) \
+        if vision_model_type(path) else None
     dtype = resolve_dtype(model_args, training_args, trains_base=is_trainable and finetuning_args.finetuning_type == "full")
     kwargs: dict[str, Any] = {
         "dtype": dtype,
@@ -174,7 +201,7 @@ def load_model(
     }
     if finetuning_args.disable_dropout:
         kwargs |= dropout_off(path, model_args.trust_remote_code)
-    quant = quantization_config(model_args, dtype)
+    quant = quantization_config(model_args, dtype, quantization_skipped(vision) if vision else None)
     if quant is not None:
         kwargs["quantization_config"] = quant
         # bitsandbytes places weights as they load, each rank on its own device; under ZeRO-3,
@@ -190,12 +217,14 @@ def load_model(
                     else "new and untrained (no reward adapter given)")
     else:
         with _path_errors(path):
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(path, **kwargs)
         contiguous_head_inputs(model)
+    if vision and is_trainable and not finetuning_args.adapter:
+        set_vision_trainable(model, vision, finetuning_args.train_vision_tower, finetuning_args.train_projector)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     if finetuning_args.adapter:
-        model = _attach_adapter(model, model_args, finetuning_args, training_args, is_trainable, task)
+        model = _attach_adapter(model, model_args, finetuning_args, training_args, is_trainable, task, vision)
         if is_trainable:
             _upcast_trainable(model, training_args)
             if task == "reward":
@@ -239,9 +268,10 @@ def _quiet_about_the_new_score_head():
 
 
 def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_args: FinetuningArguments,
-                    training_args: Any, is_trainable: bool, task: str) -> nn.Module:
+                    training_args: Any, is_trainable: bool, task: str, vision: VisionParts | None = None) -> nn.Module:
     """A new adapter of --finetuning_type (LoRA, or a prompt-based method), or the one in adapter_name_or_path
-    whatever its kind (PEFT's adapter_config.json says which)."""
+    whatever its kind (PEFT's adapter_config.json says which). On a vision-language model a new LoRA adapts the
+    language model's layers only, and trains the vision parts asked for whole beside it."""
     from peft import LoraConfig, PeftModel, TaskType, get_peft_model, prepare_model_for_kbit_training
 
     checkpointing = bool(training_args is not None and training_args.gradient_checkpointing)
@@ -261,14 +291,17 @@ def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_arg
     if finetuning_args.prompt_learning:
         return get_peft_model(model, prompt_learning_config(finetuning_args, model_args.model_name_or_path))
     targets, parameters = finetuning_args.lora_target, []
+    language = model.get_submodule(vision.language) if vision else model
     if targets == ["all"]:
-        targets = find_lora_targets(model)
+        targets = find_lora_targets(language)
         parameters = expert_lora_parameters(model, finetuning_args.lora_dropout)  # MoE experts stored fused
     config = LoraConfig(
         r=finetuning_args.lora_r,
         lora_alpha=finetuning_args.lora_alpha,
         lora_dropout=finetuning_args.lora_dropout,
-        target_modules=targets,
+        target_modules=lora_target_pattern(vision, targets) if vision else targets,
+        modules_to_save=trained_vision_modules(vision, finetuning_args.train_vision_tower,
+                                               finetuning_args.train_projector) or None if vision else None,
         target_parameters=parameters or None,
         task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
     )
@@ -326,8 +359,7 @@ def load_trained_tokenizer(model_args: ModelArguments) -> Any:
     adapter was trained with), else the model's."""
     adapter = model_args.adapter_name_or_path
     if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")):
-        return load_tokenizer(ModelArguments(model_name_or_path=adapter, trust_remote_code=model_args.trust_remote_code,
-                                             chat_template=model_args.chat_template))
+        return load_tokenizer(model_args, source=adapter)
     return load_tokenizer(model_args)
 
 

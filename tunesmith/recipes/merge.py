@@ -5,8 +5,8 @@
         --output_dir OUT --dtype bfloat16
 
 The base defaults to the one recorded in the adapter's adapter_config.json. Writes safetensors
-shards, tokenizer, chat template and generation config, then reloads what it wrote and checks its
-logits against base + adapter.
+shards, tokenizer (a vision-language model's whole processor), chat template and generation config, then
+reloads what it wrote and checks its logits against base + adapter (on a picture too, for a vision model).
 
 The base is always loaded unquantized, even for a QLoRA adapter: merging into 4-bit weights would
 quantize the merged weights again and lose most of what the adapter learned. Reward-model adapters
@@ -26,10 +26,12 @@ import torch
 
 from ..boundary import entry_point
 from ..constants import ASSISTANT, USER
-from ..data.template import encode_conversation
+from ..data.images import image_part, probe_picture
+from ..data.template import encode_conversation, encode_prompt, processor_of, reads_images
 from ..hparams import MERGE_RELATIVE_TOLERANCES, MergeArguments, ModelArguments, parse_run, save_run_config
 from ..models.merging import MergeError, adapter_task, load_adapted
 from ..utils.io import atomic_directory
+from ..utils.paths import vision_model_type
 
 PROBE = [
     {"role": USER, "content": "What is the capital of France? Answer in one word."},
@@ -45,15 +47,27 @@ class MergeResult:
 
 
 def probe_logits(model: Any, tokenizer: Any) -> torch.Tensor:
-    ids = torch.tensor([encode_conversation(tokenizer, PROBE).input_ids], device=model.device)
+    """The logits of a probe conversation; a vision-language model's shows it a picture too, so that the check
+    covers its vision tower and projector (a trained projector merges in as well)."""
+    if reads_images(tokenizer):
+        prompt = encode_prompt(tokenizer, [{"role": USER, "content": [image_part(probe_picture()),
+                                                                     {"type": "text", "text": PROBE[0]["content"]}]}])
+        inputs = {"input_ids": torch.tensor([list(prompt)]), **prompt.vision}
+    else:
+        inputs = {"input_ids": torch.tensor([encode_conversation(tokenizer, PROBE).input_ids])}
     with torch.no_grad():
-        return model(input_ids=ids).logits.float().cpu()
+        return model(**{key: value.to(model.device) for key, value in inputs.items()}).logits.float().cpu()
 
 
 def _load_saved(path: str, task: str, dtype: str) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSequenceClassification,
+    )
 
-    auto = AutoModelForSequenceClassification if task == "reward" else AutoModelForCausalLM
+    auto = AutoModelForSequenceClassification if task == "reward" else \
+        AutoModelForImageTextToText if vision_model_type(path) else AutoModelForCausalLM
     return auto.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
 
 
@@ -84,7 +98,7 @@ def merge(model_args: ModelArguments, args: MergeArguments) -> MergeResult:
 
     with atomic_directory(args.output_dir) as tmp:
         merged.save_pretrained(tmp, max_shard_size=args.max_shard_size)  # with generation_config.json
-        tokenizer.save_pretrained(tmp)  # with the chat template that training used
+        (processor_of(tokenizer) or tokenizer).save_pretrained(tmp)  # with the chat template that training used
         save_run_config(str(tmp), merge_record(model_args), args)
         del merged, model
         # Reload what was written, so the check covers the saved files and not only the weights in memory.

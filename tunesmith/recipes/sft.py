@@ -17,6 +17,7 @@ from transformers import set_seed
 
 from ..boundary import entry_point
 from ..data.dataset import build_sft_datasets
+from ..data.template import processor_of
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
 from ..train.run_setup import prepare_training_run, train_save_evaluate
@@ -38,7 +39,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
         args=args.training,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        processing_class=tokenizer,
+        processing_class=processor_of(tokenizer) or tokenizer,  # a vision-language model's processor is saved whole
         data_collator=sft_collator(model, tokenizer, args.data, args.training),
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,

@@ -23,8 +23,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..data.template import render_text
-from ..errors import TemplateError
+from ..data.images import image_prompt, message_images
+from ..data.template import processor_of, render_text
+from ..errors import ConfigError, DataError, TemplateError
 from ..generation import Event, SamplingParams
 from ..generation import Request as Job
 from ..generation.worker import Scheduler
@@ -155,7 +156,7 @@ def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, gen
     async def chat_completions(request: Request) -> Any:
         server.authorize(request)
         body = protocol.parse_json_body(await request.body())
-        chat = protocol.parse_chat_request(body, serve.max_batch_size)
+        chat = protocol.parse_chat_request(body, serve.max_batch_size, serve.image_root)
         served = server.model(chat.model)
         prompt_ids, shape = _prompt(served, chat)
         job, events = server.submit(prompt_ids, server.sampling(chat, len(prompt_ids), shape), served)
@@ -177,7 +178,8 @@ def _model_card(server: Server, served: ServedModel) -> dict:
 
 def _prompt(served: ServedModel, chat: ChatRequest) -> tuple[list[int], ReplyShape]:
     """The prompt's token ids, as encode_prompt makes them (the template's render, the tools listed by
-    the template itself, tokenized), with a forced call's opening after them; and the reply's shape."""
+    the template itself, tokenized; a vision-language model's pictures through its processor), with a forced
+    call's opening after them; and the reply's shape."""
     tokenizer = served.tokenizer
     try:
         text = render_text(tokenizer, chat.messages, add_generation_prompt=True, tools=chat.tools)
@@ -185,9 +187,12 @@ def _prompt(served: ServedModel, chat: ChatRequest) -> tuple[list[int], ReplySha
             raise APIError(400, "`tools`: this model's chat template does not render tools (its prompt is the same "
                            "without them), so the model would never see them; serve a model whose template "
                            "supports tools, or one trained with --chat_template chatml_tools", "tools")
-    except TemplateError as e:
+        shape = ReplyShape.of(template_text(tokenizer), text, chat.tools, chat.tool_choice)
+        images = message_images(chat.messages)
+        if images:
+            return image_prompt(processor_of(tokenizer), text + shape.forced, images), shape
+    except (TemplateError, ConfigError, DataError) as e:  # a text-only model shown images; a picture unreadable
         raise APIError(400, str(e), "messages") from None
-    shape = ReplyShape.of(template_text(tokenizer), text, chat.tools, chat.tool_choice)
     return tokenizer(text + shape.forced, add_special_tokens=False)["input_ids"], shape
 
 

@@ -13,6 +13,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..constants import ASSISTANT, LOSS_FLAG, TOOL, USER
@@ -53,8 +54,15 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
+@dataclass(frozen=True)
 class _RequestRow(Row):
-    """The data layer's Row, its errors as 400s naming the request's field instead of a file and line."""
+    """The data layer's Row, its errors as 400s naming the request's field instead of a file and line; its pictures
+    read from data: URLs, or from files under the server's --image_root only."""
+
+    image_root: str | None = None
+
+    def images_folder(self) -> tuple[Path | None, bool]:
+        return (Path(self.image_root) if self.image_root else None), True
 
     def where(self, field: str | None = None) -> str:
         return f"`{field}`" if field else "the request"
@@ -94,8 +102,9 @@ def parse_json_body(raw: bytes) -> dict:
     return body
 
 
-def parse_chat_request(body: dict, max_n: int) -> ChatRequest:
-    """Check every field of a chat-completions body; the first problem raises a 400 naming it."""
+def parse_chat_request(body: dict, max_n: int, image_root: str | None = None) -> ChatRequest:
+    """Check every field of a chat-completions body; the first problem raises a 400 naming it. Pictures named by
+    path are read under image_root only (None: data: URLs only)."""
     unknown = sorted(set(body) - KNOWN)
     if unknown:
         raise APIError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
@@ -105,7 +114,7 @@ def parse_chat_request(body: dict, max_n: int) -> ChatRequest:
     if "messages" not in body:
         raise APIError(400, "`messages` is required: a list of {role, content} messages ending with a user message",
                        "messages")
-    request = ChatRequest(messages=_messages(body), model=_optional(body, "model", str))
+    request = ChatRequest(messages=_messages(body, image_root), model=_optional(body, "model", str))
     request.stream = bool(_optional(body, "stream", bool))
     options = _optional(body, "stream_options", dict) or {}
     request.include_usage = options.get("include_usage") is True
@@ -126,14 +135,14 @@ def parse_chat_request(body: dict, max_n: int) -> ChatRequest:
     return request
 
 
-def _messages(body: dict) -> list[Message]:
+def _messages(body: dict, image_root: str | None = None) -> list[Message]:
     # Earlier replies in a request are context, never trained: the reader's refusal of an empty reply
     # (nothing to train) does not apply, so they go in as `"loss": false` and come out without it.
     items = body["messages"]
     if isinstance(items, list):
         _check_tool_call_ids(items)
         items = [{**m, LOSS_FLAG: False} if isinstance(m, dict) and m.get("role") == ASSISTANT else m for m in items]
-    row = _RequestRow("request", 1, body)
+    row = _RequestRow("request", 1, body, image_root=image_root)
     messages = openai_messages(row, items)
     check_role_order(row, messages, "messages", ends_with=(USER, TOOL))
     link_tool_results(messages)

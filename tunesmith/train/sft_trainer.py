@@ -15,7 +15,9 @@ from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
 from ..constants import CPU_FORWARD_TOKENS, IGNORE_INDEX
 from ..data.collator import PackingCollator, PaddingCollator
+from ..data.image_encoding import ImageConversationCollator
 from ..data.packing import FORWARD_SPLITS, SIZED_BY_FREE_MEMORY, slice_packed_row
+from ..data.template import processor_of
 from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
 from ..models.attention import use_varlen_attention
@@ -330,11 +332,15 @@ def trained_tokens_at(checkpoint: str) -> int:
 
 
 def sft_collator(model: torch.nn.Module, tokenizer: Any, data_args: Any, training_args: Any) -> Callable:
-    """The collator an SFT run batches with: padded rows, or with --packing one padding-free row per
-    batch (and the model's sdpa attention switched to sdpa_varlen), split into forwards of at most
+    """The collator an SFT run batches with: padded rows (a vision-language model's through its processor), or
+    with --packing one padding-free row per batch (and the model's sdpa attention switched to sdpa_varlen), split
+    into forwards of at most
     --max_forward_tokens. Logits are kept for trained positions only unless something else reads the
     full logits (label smoothing) or computes the loss from hidden states itself (Liger's fused linear
     cross-entropy)."""
+    processor = processor_of(tokenizer)
+    if processor is not None:  # a vision-language model: its processor makes the batches (the rules refuse packing)
+        return ImageConversationCollator(processor, data_args.max_image_pixels)
     if not data_args.packing:
         return PaddingCollator(tokenizer.pad_token_id)
     use_varlen_attention(model)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..data.inspect import PLAIN_OFF, PLAIN_ON, highlight_trained, inspect_rows
-from ..errors import PathError, UserError
+from ..errors import ConfigError, PathError, UserError
 from ..hparams import GenerationArguments, ModelArguments, SFTDataArguments
 from ..models.default_model import DEFAULT_MODEL_NAME, default_model_dir
 from ..models.loader import load_tokenizer
@@ -177,9 +177,11 @@ class Workbench:
     # -- Chat
     def chat(self, message: str, history: list[dict], model: str = "", adapter: str = "",
              compare: bool = False, base_history: list[dict] | None = None, temperature: float = 0.7,
-             top_p: float = 0.9, max_new_tokens: int = 128, system: str = "") -> Iterator[tuple[list, list]]:
+             top_p: float = 0.9, max_new_tokens: int = 128, system: str = "", picture: str | None = None
+             ) -> Iterator[tuple[list, list]]:
         """Stream the reply (and with compare, the base model's reply to the same message, beside it) as the
-        Chatbots' message lists."""
+        Chatbots' message lists. `picture`: a file the page uploaded, shown with the message (a vision-language
+        model)."""
         history, base_history = list(history or []), list(base_history or [])
         try:
             model = self.confinement.check(model, "Model") if model and model.strip() else ""
@@ -192,10 +194,16 @@ class Workbench:
         columns = [(history, adapter or None)]
         if compare and adapter:
             columns.append((base_history, None))
+        shown = [{"role": "user", "content": {"path": picture}}] if picture else []
         for conversation, column_adapter in columns:
-            conversation += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
+            earlier = list(conversation)
+            conversation += [*shown, {"role": "user", "content": message}, {"role": "assistant", "content": ""}]
             try:
-                chat = session(self.models, model or None, column_adapter, conversation[:-2], generation, system)
+                chat = session(self.models, model or None, column_adapter, earlier, generation, system)
+                if picture:
+                    outcome = chat.handle(f"/image {picture}")
+                    if outcome.kind == "error":
+                        raise ConfigError(outcome.text)
                 for text in stream_reply(chat, message):
                     conversation[-1] = {"role": "assistant", "content": text}
                     yield history, base_history

@@ -163,7 +163,10 @@ def _chat_tab(bench: Workbench) -> None:
     with gr.Row():
         tuned = gr.Chatbot(label="Tuned", height=360, elem_id="ts-chat")
         base = gr.Chatbot(label="Base", height=360, visible=False, elem_id="ts-chat-base")
-    message = gr.Textbox(label="Message", placeholder="Say something", elem_id="ts-message")
+    with gr.Row():
+        message = gr.Textbox(label="Message", placeholder="Say something", elem_id="ts-message", scale=4)
+        picture = gr.Image(label="Picture (a vision-language model)", type="filepath", sources=["upload"],
+                           height=120, elem_id="ts-picture", scale=1)
     with gr.Row():
         send = gr.Button("Send", variant="primary")
         clear = gr.Button("Clear")
@@ -174,9 +177,9 @@ def _chat_tab(bench: Workbench) -> None:
 
     model.focus(refresh_choices, None, [model, adapter])
     adapter.focus(refresh_choices, None, [model, adapter])
-    inputs = [message, tuned, model, adapter, compare, base, temperature, top_p, max_new_tokens, system]
-    send.click(bench.chat, inputs, [tuned, base]).then(lambda: "", None, message)
-    message.submit(bench.chat, inputs, [tuned, base]).then(lambda: "", None, message)
+    inputs = [message, tuned, model, adapter, compare, base, temperature, top_p, max_new_tokens, system, picture]
+    send.click(bench.chat, inputs, [tuned, base]).then(lambda: ("", None), None, [message, picture])
+    message.submit(bench.chat, inputs, [tuned, base]).then(lambda: ("", None), None, [message, picture])
     clear.click(lambda: ([], []), None, [tuned, base])
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..chat.session import ChatSession
+from ..data.images import image_part
 from ..hparams import GenerationArguments
 from ..models.loader import inference_model_args, load_for_inference
 
@@ -38,11 +39,25 @@ def session(cache: ModelCache, model: str | None, adapter: str | None, history: 
     """A chat session on the cached model whose history is the page's conversation so far."""
     loaded, tokenizer = cache.get(model, adapter)
     chat = ChatSession(loaded, tokenizer, generation, system=system or None)
+    pictures: list[str] = []  # a picture is its own message in the page, shown with the user message after it
     for message in history:
-        if message.get("role") in ("user", "assistant"):
-            chat.messages.append({"role": message["role"], "content": _text(message.get("content"))})
+        picture = _picture(message.get("content"))
+        if message.get("role") == "user" and picture:
+            pictures.append(picture)
+        elif message.get("role") in ("user", "assistant"):
+            text = _text(message.get("content"))
+            content = [*map(image_part, pictures), {"type": "text", "text": text}] if pictures else text
+            chat.messages.append({"role": message["role"], "content": content})
+            pictures = []
     chat.turn_systems = [chat.system] * (len(chat.messages) // 2)
     return chat
+
+
+def _picture(content: Any) -> str | None:
+    """The file of a picture message: Gradio's {"path": ...} as sent, or {"file": {"path": ...}} as it returns."""
+    if isinstance(content, dict):
+        return content.get("path") or (content.get("file") or {}).get("path")
+    return None
 
 
 def stream_reply(chat: ChatSession, text: str) -> Iterator[str]:
