@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from tests.vlm_models import FAMILIES, build_vlm_dir, make_picture
+from tests.vlm_models import FAMILIES, build_vlm_dir, image_token_ids, make_picture
 from tunesmith.constants import IGNORE_INDEX
 from tunesmith.data.dataset import build_sft_dataset
 from tunesmith.data.formats import BadRows, load_conversations
@@ -20,7 +20,6 @@ from tunesmith.data.images import message_images
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import ModelArguments, SFTDataArguments
 from tunesmith.models.loader import load_tokenizer
-from tunesmith.models.vision import image_token_ids
 from tunesmith.recipes.inspect import run as inspect_main
 
 

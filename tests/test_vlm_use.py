@@ -188,3 +188,11 @@ def test_the_web_pages_chat_shows_a_picture_and_keeps_it_in_the_conversation(vlm
     expected = encode_prompt(tokenizer, [*asking(pictures["red"]), {"role": "assistant", "content": tuned[2]["content"]},
                                          {"role": "user", "content": "And its colour?"}])
     assert again[-1]["content"] == tokenizer.decode(hf_greedy(model, tokenizer, expected)[:2])
+
+
+def test_gguf_export_of_a_vision_model_is_refused_in_one_line(vlm_dirs, tmp_path):
+    from tunesmith.errors import ConfigError
+    from tunesmith.recipes.export import run as export_main
+
+    with pytest.raises(ConfigError, match=r"GGUF export of a vision-language model \(gemma3\): not built yet"):
+        export_main(["--model_name_or_path", vlm_dirs["gemma3"], "--output_file", str(tmp_path / "m.gguf")])

@@ -206,3 +206,21 @@ def make_picture(path: Path, color: tuple[int, int, int], size: tuple[int, int] 
     (draw.ellipse if shape == "circle" else draw.rectangle)(box, fill=color)
     image.save(path)
     return str(path)
+
+
+def image_token_ids(processor: Any) -> set[int]:
+    """The ids the processor puts where an image goes (the ones the model replaces with image features)."""
+    tokenizer = processor.tokenizer
+    ids = set()
+    for name in ("image_token_id", "boi_token_id", "fake_image_token_id", "global_image_token_id"):
+        value = getattr(processor, name, None)
+        if isinstance(value, int):
+            ids.add(value)
+    for name in ("image_token", "boi_token", "eoi_token", "vision_start_token", "vision_end_token"):
+        for owner in (processor, tokenizer):  # Gemma 3's processor calls its boi token image_token, its tokenizer not
+            token = getattr(owner, name, None)
+            if isinstance(token, str):
+                token_id = tokenizer.convert_tokens_to_ids(token)
+                if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+                    ids.add(token_id)
+    return ids

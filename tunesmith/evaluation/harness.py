@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..data.template import processor_of
 from ..errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -79,11 +80,31 @@ def _unloadable(manager: Any, name: str, error: Exception) -> str:
 
 
 def harness_model(model: Any, tokenizer: Any, batch_size: str) -> Any:
-    """lm-eval's HF model around a model already loaded (the one lm_eval --model hf would build)."""
+    """lm-eval's HF model around a model already loaded (the one lm_eval --model hf would build); for a
+    vision-language model, its hf-multimodal model (`lm_eval --model hf-multimodal`) with the processor tunesmith
+    loaded: the chat template training used, and Qwen's processor where torchvision is missing."""
     from lm_eval.models.huggingface import HFLM
 
     logging.getLogger("lm_eval.models.huggingface").setLevel(logging.ERROR)  # "model kwarg is not of type str"
-    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    processor = processor_of(tokenizer)
+    if processor is None:
+        return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    # hf-multimodal refuses batch size auto
+    return _multimodal_lm_class()(pretrained=model, tokenizer=processor,
+                                  batch_size=1 if batch_size.startswith("auto") else batch_size)
+
+
+def _multimodal_lm_class() -> type:
+    from lm_eval.models.hf_vlms import HFMultimodalLM
+
+    class LoadedProcessorLM(HFMultimodalLM):
+        """HFMultimodalLM given the processor object itself (its own loader returns a passed processor without
+        keeping it, and would load another from the model's hub name)."""
+
+        def _create_tokenizer(self, pretrained: Any, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
+            self.processor, self.tokenizer = tokenizer, tokenizer.tokenizer
+
+    return LoadedProcessorLM
 
 
 def model_args_text(model_path: str, adapter: str | None) -> str:

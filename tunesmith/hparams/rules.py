@@ -648,6 +648,10 @@ RULES: list[Rule] = [
          and adapter_config(a.model.adapter_name_or_path).get("task_type") == "SEQ_CLS",
          "{model.adapter_name_or_path} is a reward-model adapter (task_type SEQ_CLS): export_gguf writes chat "
          "models (causal LMs) only."),
+    Rule("export_vision", ("export", "model"), lambda a: _vision(a.model),
+         "GGUF export of a vision-language model ({model_type}): not built yet (llama.cpp takes the text model and "
+         "an mmproj file for the vision tower; a text model alone would not see pictures). Merge it (tunesmith merge) "
+         "and serve the folder with tunesmith serve, transformers or vLLM."),
     Rule("export_architecture", ("export", "model"), lambda a: _not_exportable(a.model),
          "export_gguf supports " + ", ".join(GGUF_ARCHITECTURES) + "; this model is {arch} "
          "({model.model_name_or_path}/config.json)."),

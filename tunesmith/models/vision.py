@@ -50,6 +50,7 @@ VISION_FAMILIES: dict[str, VisionParts] = {
     "mllama": VisionParts("model.vision_model", ("model.multi_modal_projector",), "model.language_model"),
 }
 
+
 def vision_parts(config: Any) -> VisionParts | None:
     """The parts of a vision-language model's config; None for a text-only model. A vision model tunesmith does
     not know is refused (its parts' names would be a guess)."""
@@ -115,24 +116,6 @@ def image_only_processor(path: str, trust_remote_code: bool = False) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return image_only(image_processor=AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code),
                       tokenizer=tokenizer, chat_template=getattr(tokenizer, "chat_template", None))
-
-
-def image_token_ids(processor: Any) -> set[int]:
-    """The ids the processor puts where an image goes (the ones the model replaces with image features)."""
-    tokenizer = processor.tokenizer
-    ids = set()
-    for name in ("image_token_id", "boi_token_id", "fake_image_token_id", "global_image_token_id"):
-        value = getattr(processor, name, None)
-        if isinstance(value, int):
-            ids.add(value)
-    for name in ("image_token", "boi_token", "eoi_token", "vision_start_token", "vision_end_token"):
-        for owner in (processor, tokenizer):  # Gemma 3's processor calls its boi token image_token, its tokenizer not
-            token = getattr(owner, name, None)
-            if isinstance(token, str):
-                token_id = tokenizer.convert_tokens_to_ids(token)
-                if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
-                    ids.add(token_id)
-    return ids
 
 
 def _parameters_under(model: nn.Module, prefix: str) -> list[nn.Parameter]:

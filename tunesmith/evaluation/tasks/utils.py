@@ -156,3 +156,29 @@ class RenderedPromptTask(ConfigurableTask):
 def load_knowledge(**_: Any) -> datasets.DatasetDict:
     """The project's own 120 general-knowledge questions, four choices each."""
     return as_dataset([r.data for r in read_rows("knowledge.jsonl")])
+
+
+# ---------------------------------------------------------------- tunesmith_shapes
+
+COUNT_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4}
+
+
+def load_shapes(**_: Any) -> datasets.DatasetDict:
+    """The vision demo's held-out pictures (shapes/*.png) with their count, colour and shape."""
+    return as_dataset([{"image": r.data["image"], "count": r.data["count"], "color": r.data["color"],
+                        "shape": r.data["shape"]} for r in read_rows("shapes.jsonl")])
+
+
+def shapes_picture(doc: dict) -> list:
+    """The row's picture, read from this folder."""
+    from PIL import Image
+
+    with Image.open(HERE / doc["image"]) as picture:
+        return [picture.convert("RGB")]
+
+
+def process_shapes(doc: dict, results: list[str]) -> dict[str, float]:
+    """right_count: the reply's first count (a digit, or a word from one to four) is the picture's."""
+    found = re.search(r"\b(\d+|one|two|three|four)\b", results[0].lower())
+    said = None if found is None else int(found[1]) if found[1].isdigit() else COUNT_WORDS[found[1]]
+    return {"right_count": float(said == doc["count"])}
