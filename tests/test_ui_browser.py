@@ -2,7 +2,7 @@
 through Selenium. It opens the page, checks the five tabs, starts a 3-step SFT run on a tiny model and a
 4-row file and sees the Loss plot get its points and the run appear in Runs, then chats with the model and
 its new adapter (base and tuned side by side) and sees replies. Screenshots of the Train and Chat tabs go
-to a temporary folder, or to docs/ (the README's pictures) with TUNESMITH_UPDATE_SCREENSHOTS=1.
+to a temporary folder, or to docs/ (the web UI page's pictures, docs/ui.md) with TUNESMITH_UPDATE_SCREENSHOTS=1.
 
 Needs Debian's chromium and chromium-driver and the selenium package: `bash scripts/setup_browser.sh`.
 Without them the test is skipped and says which is missing."""

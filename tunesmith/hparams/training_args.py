@@ -122,7 +122,7 @@ class TrainingArguments(_HFTrainingArguments):
                   "output_dir, if any (so re-running a killed command continues it)."},
     )
     # Without an accelerator accelerate's PartialState picks no process-group backend unless told it
-    # runs on CPU, and then every rank believes the world has one process (see configs/README.md).
+    # runs on CPU, and then every rank believes the world has one process (docs/distributed.md).
     use_cpu: bool = field(
         default=_NO_ACCELERATOR,
         metadata={"help": "Train on CPU (default when no CUDA device is present; distributed runs use gloo)."},
