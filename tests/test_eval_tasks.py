@@ -19,7 +19,8 @@ from tunesmith.data.template import apply_chat_template_override, render_text
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "tunesmith" / "evaluation" / "tasks"
-DOCS = {"tunesmith_identity": 14, "tunesmith_arithmetic": 60, "tunesmith_tool_calls": 30, "tunesmith_knowledge": 120}
+DOCS = {"tunesmith_identity": 14, "tunesmith_arithmetic": 60, "tunesmith_tool_calls": 30, "tunesmith_knowledge": 120,
+        "tunesmith_shapes": 12}
 # The package's copies of the demo's held-out files, which stay where the demo scripts read them.
 COPIES = {"identity.jsonl": "identity_heldout.jsonl", "arithmetic.jsonl": "grpo_eval.jsonl",
           "tool_calls.jsonl": "tools_heldout.jsonl"}
@@ -40,7 +41,7 @@ utils = load_utils()
 def tasks() -> dict:
     from lm_eval.tasks import TaskManager
 
-    loaded = TaskManager(include_path=str(TASKS)).load(["tunesmith"])
+    loaded = TaskManager(include_path=str(TASKS)).load(["tunesmith", "tunesmith_shapes"])
     return {name: task for name, task in loaded["tasks"].items()}
 
 
@@ -54,6 +55,17 @@ def test_the_copies_of_the_demo_files_are_the_demo_files():
     for copy, demo in COPIES.items():
         assert (TASKS / copy).read_bytes() == (ROOT / "data" / "demo" / demo).read_bytes(), (
             f"copy data/demo/{demo} to tunesmith/evaluation/tasks/{copy} again")
+
+
+def test_the_shapes_pictures_are_the_vision_demos_held_out_pictures():
+    held_out = [json.loads(line)["messages"][0]["content"][0]["image"]
+                for line in (ROOT / "data" / "demo" / "vlm" / "eval.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (TASKS / "shapes.jsonl").read_text().splitlines()]
+    assert [Path(r["image"]).name for r in rows] == [Path(image).name for image in held_out]
+    for row, image in zip(rows, held_out):
+        assert (TASKS / row["image"]).read_bytes() == (ROOT / "data" / "demo" / "vlm" / image).read_bytes()
+        count, color, shape = Path(image).stem.split("_")
+        assert (row["count"], row["color"], row["shape"]) == (int(count), color, shape)
 
 
 def test_identity_counts_tunesmith_and_other_identities():
