@@ -76,7 +76,11 @@ def test_content_parts_and_reasoning(tmp_path):
 @pytest.mark.parametrize("row, message", [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]},
                    {"role": "assistant", "content": "A cat."}]},
-     r"field `messages\[0\].content\[0\].type`: content part of type 'image_url': tunesmith trains text-only"),
+     r"field `messages\[0\].content\[0\]`: image file not found: \S+x.png \(a relative path is relative to the "
+     r"data file's folder\)"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": ""}}]},
+                   {"role": "assistant", "content": "A cat."}]},
+     r"field `messages\[0\].content\[0\].type`: content part of type 'input_audio': tunesmith reads text, image"),
     ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]},
      r"field `messages\[1\].content`: empty reply: nothing to train"),
     ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}]},
