@@ -5,7 +5,6 @@ the same global batch under ZeRO-2 (a tiny Gemma 3)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -13,27 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from tests.test_distributed import ROOT, launch
-from tests.vlm_models import build_vlm_dir, make_picture
+from tests.vlm_models import build_vlm_dir, write_memorisation_set
 from tunesmith.train.checkpoints import empty_tensors
 
 pytestmark = pytest.mark.distributed
-COLORS = {"red": (230, 20, 20), "green": (20, 200, 40), "blue": (20, 40, 230), "yellow": (240, 220, 20)}
 
 
 @pytest.fixture(scope="module")
 def pictures_data(tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("vlm_dist")
-    rows = []
-    for name, rgb in COLORS.items():
-        for shape in ("square", "circle"):
-            picture = make_picture(folder / f"{name}_{shape}.png", rgb, shape=shape)
-            rows.append({"messages": [
-                {"role": "user", "content": [{"type": "image", "image": os.path.basename(picture)},
-                                             {"type": "text", "text": "What is this?"}]},
-                {"role": "assistant", "content": f"A {name} {shape}."}]})
-    path = folder / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+    return write_memorisation_set(tmp_path_factory.mktemp("vlm_dist"))
 
 
 def train(model_dir: str, data: str, out: Path, ranks: int, *extra: str) -> list[float]:

@@ -5,7 +5,6 @@ result loads as the model did; the settings that cannot work are refused in one 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -13,29 +12,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.vlm_models import FAMILIES, build_vlm_dir, make_picture
+from tests.vlm_models import FAMILIES, build_vlm_dir, write_memorisation_set
 from tunesmith.errors import ConfigError
 from tunesmith.models.vision import VISION_FAMILIES
 from tunesmith.recipes.sft import run as sft_main
-
-COLORS = {"red": (230, 20, 20), "green": (20, 200, 40), "blue": (20, 40, 230), "yellow": (240, 220, 20)}
 
 
 @pytest.fixture(scope="module")
 def memorise(tmp_path_factory) -> str:
     """Eight conversations: a picture of a coloured square or circle, and its colour and shape as the reply."""
-    folder = tmp_path_factory.mktemp("memorise")
-    rows = []
-    for name, rgb in COLORS.items():
-        for shape in ("square", "circle"):
-            picture = make_picture(folder / f"{name}_{shape}.png", rgb, shape=shape)
-            rows.append({"messages": [
-                {"role": "user", "content": [{"type": "image", "image": os.path.basename(picture)},
-                                             {"type": "text", "text": "What is this?"}]},
-                {"role": "assistant", "content": f"A {name} {shape}."}]})
-    path = folder / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+    return write_memorisation_set(tmp_path_factory.mktemp("memorise"))
 
 
 @pytest.fixture(scope="module")

@@ -195,6 +195,25 @@ def build_vlm_dir(family: str, path: Path, base_dir: str, seed: int = 0) -> str:
     return str(path)
 
 
+COLORS = {"red": (230, 20, 20), "green": (20, 200, 40), "blue": (20, 40, 230), "yellow": (240, 220, 20)}
+
+
+def write_memorisation_set(folder: Path) -> str:
+    """Eight conversations in `folder`/train.jsonl: a picture of a coloured square or circle (beside it), and its
+    colour and shape as the reply. Returns the data file's path."""
+    rows = []
+    for name, rgb in COLORS.items():
+        for shape in ("square", "circle"):
+            make_picture(folder / f"{name}_{shape}.png", rgb, shape=shape)
+            rows.append({"messages": [
+                {"role": "user", "content": [{"type": "image", "image": f"{name}_{shape}.png"},
+                                             {"type": "text", "text": "What is this?"}]},
+                {"role": "assistant", "content": f"A {name} {shape}."}]})
+    path = folder / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
 def make_picture(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (56, 56), shape: str = "square"
                  ) -> str:
     """A PNG of a coloured shape on white, `size` pixels (width, height)."""
