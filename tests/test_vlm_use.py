@@ -196,3 +196,11 @@ def test_gguf_export_of_a_vision_model_is_refused_in_one_line(vlm_dirs, tmp_path
 
     with pytest.raises(ConfigError, match=r"GGUF export of a vision-language model \(gemma3\): not built yet"):
         export_main(["--model_name_or_path", vlm_dirs["gemma3"], "--output_file", str(tmp_path / "m.gguf")])
+
+
+def test_serve_refuses_a_missing_image_root_before_loading(vlm_dirs, tmp_path):
+    from tunesmith.errors import PathError
+    from tunesmith.recipes.serve import run as serve_main
+
+    with pytest.raises(PathError, match=r"^--image_root \S+nowhere: no such directory; give the folder whose pictures"):
+        serve_main(["--model_name_or_path", vlm_dirs["qwen2_vl"], "--image_root", str(tmp_path / "nowhere")])

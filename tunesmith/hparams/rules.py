@@ -562,6 +562,8 @@ RULES: list[Rule] = [
     Rule("ui_root", ("ui",), lambda a: _problem("is a file, not a directory" if os.path.isfile(a.ui.root) else None),
          "--root {ui.root} {problem}: give the folder of runs (it is created when missing).", PathError),
     # -- serve
+    Rule("serve_image_root", ("serve",), lambda a: _missing_dir(a.serve.image_root),
+         "--image_root {path}: {problem}; give the folder whose pictures requests may name.", PathError),
     Rule("serve_port", ("serve",), lambda a: not 0 <= a.serve.port <= 65535,
          "--port must be in 0..65535 (got {serve.port}); 0 takes any free port."),
     Rule("serve_batch", ("serve",), lambda a: a.serve.max_batch_size < 1 or a.serve.batch_wait_ms < 0,
