@@ -28,7 +28,7 @@ from .formats import BadRows, Conversation, Row, conversation_from_row, load_ite
 from .image_encoding import fit_with_images
 from .images import DEFAULT_MAX_IMAGE_PIXELS, message_images
 from .mix import RowSelection
-from .template import encode_examples, processor_of, trained_token_count, truncate
+from .template import Encoded, encode_examples, processor_of, trained_token_count, truncate
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +241,39 @@ def split_off(dataset: Dataset, ratio: float, seed: int) -> tuple[Dataset, Datas
 # --------------------------------------------------------------------------- SFT conversations
 
 
+@dataclass
+class FittedExample:
+    """One example as training keeps it: within max_seq_length, and for a vision-language model with its
+    images' tokens in place and the text and pictures its collator gives the processor."""
+
+    input_ids: list[int]
+    labels: list[int]
+    replies_without_end_marker: int = 0
+    text: str | None = None
+    images: list[str] | None = None
+
+    def record(self) -> dict[str, Any]:
+        kept = {"input_ids": self.input_ids, "labels": self.labels}
+        return kept if self.text is None else {**kept, "text": self.text, "images": self.images}
+
+
+def fit_example(tokenizer: Any, full: Encoded, images: list[str], max_seq_length: int, truncation: str,
+                max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[FittedExample | None, bool]:
+    """(the example as training keeps it, whether it was cut to fit max_seq_length); None when a
+    vision-language model's example has no whole reply that fits with its images (data/image_encoding.py).
+    The one home of this choice for training (encode_conversation_record) and for `tunesmith inspect`."""
+    processor = processor_of(tokenizer)
+    if processor is None:
+        enc = truncate(full, max_seq_length, truncation)
+        return (FittedExample(enc.input_ids, enc.labels, enc.replies_without_end_marker),
+                len(enc.input_ids) < len(full.input_ids))
+    example, cut = fit_with_images(processor, full, images, max_seq_length, truncation, max_image_pixels)
+    if example is None:
+        return None, False
+    return FittedExample(example.input_ids, example.labels, full.replies_without_end_marker, example.text,
+                         example.images), cut
+
+
 def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_seq_length: int, train_on: str,
                                truncation: str = "drop_turns", multi_turn: str = "auto",
                                max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> ItemEncoding | None:
@@ -248,32 +281,15 @@ def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_s
     conversation is expanded); None when no trained token is left. A vision-language model's records also hold
     the text and images its collator gives the processor (data/image_encoding.py)."""
     examples, expanded = encode_examples(tokenizer, conversation.messages, train_on, conversation.tools, multi_turn)
-    processor = processor_of(tokenizer)
-    if processor is not None:
-        return _image_records(processor, examples, expanded, message_images(conversation.messages), max_seq_length,
-                              truncation, max_image_pixels)
+    images = message_images(conversation.messages)
     records, truncated, no_marker = [], False, 0
     for full in examples:
-        enc = truncate(full, max_seq_length, truncation)
-        if trained_token_count(enc.labels) == 0:
-            continue
-        truncated |= len(enc.input_ids) < len(full.input_ids)
-        no_marker += enc.replies_without_end_marker
-        records.append({"input_ids": enc.input_ids, "labels": enc.labels})
-    return ItemEncoding(records, truncated, expanded, no_marker) if records else None
-
-
-def _image_records(processor: Any, examples: list, expanded: bool, images: list[str], max_seq_length: int,
-                   truncation: str, max_image_pixels: int) -> ItemEncoding | None:
-    records, truncated, no_marker = [], False, 0
-    for full in examples:
-        example, cut = fit_with_images(processor, full, images, max_seq_length, truncation, max_image_pixels)
-        if example is None or trained_token_count(example.labels) == 0:
+        fitted, cut = fit_example(tokenizer, full, images, max_seq_length, truncation, max_image_pixels)
+        if fitted is None or trained_token_count(fitted.labels) == 0:
             continue
         truncated |= cut
-        no_marker += full.replies_without_end_marker
-        records.append({"input_ids": example.input_ids, "labels": example.labels, "text": example.text,
-                        "images": example.images})
+        no_marker += fitted.replies_without_end_marker
+        records.append(fitted.record())
     return ItemEncoding(records, truncated, expanded, no_marker) if records else None
 
 

@@ -11,11 +11,11 @@ from typing import Any
 from ..constants import IGNORE_INDEX
 from ..errors import UserError
 from ..hparams import SFTDataArguments
+from .dataset import fit_example
 from .formats import BadRows, conversation_from_row, load_items
-from .image_encoding import fit_with_images
 from .images import message_images
 from .mix import RowSelection
-from .template import Encoded, encode_examples, processor_of, trained_token_count, truncate
+from .template import Encoded, encode_examples, processor_of, trained_token_count
 
 logger = logging.getLogger(__name__)
 
@@ -77,41 +77,28 @@ def inspect_rows(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42) ->
         except UserError as e:
             records.append({**where, "error": f"{conv.row.where()}: {e}"})
             continue
+        images = message_images(conv.messages)
         for k, full in enumerate(examples):
             record: dict[str, Any] = dict(where)
             try:
-                enc, truncated = _fitted(tokenizer, full, conv, data_args, record)
+                fitted, truncated = fit_example(tokenizer, full, images, data_args.max_seq_length,
+                                                data_args.truncation, data_args.max_image_pixels)
             except UserError as e:
                 records.append({**where, "error": f"{conv.row.where()}: {e}"})
                 break
             if expanded:
                 record["example"] = [k + 1, len(examples)]
-            if trained_token_count(enc.labels) == 0:
-                record["dropped"] = True
-                enc = full
-            elif truncated:
-                record["truncated"] = True
+            if fitted is None or trained_token_count(fitted.labels) == 0:
+                record["dropped"] = True  # shown whole, so the reader sees why
+                shown = Encoded(full.input_ids, full.labels)
+            else:
+                shown = Encoded(fitted.input_ids, fitted.labels)
+                record.update({"truncated": True} if truncated else {})
+                record.update({"images": fitted.images} if fitted.images else {})
             if full.replies_without_end_marker:
                 record["replies_without_end_marker"] = full.replies_without_end_marker
-            records.append({**record, "input_ids": enc.input_ids, "labels": enc.labels})
+            records.append({**record, "input_ids": shown.input_ids, "labels": shown.labels})
     return sorted(records, key=lambda r: (r["source"], r["line"], r.get("row") or 0))
-
-
-def _fitted(tokenizer: Any, full: Encoded, conv: Any, data_args: SFTDataArguments, record: dict
-            ) -> tuple[Encoded, bool]:
-    """(the example as training keeps it, whether it was truncated to --max_seq_length). A vision-language
-    model's has its images' tokens in place (the record then names the images it shows)."""
-    processor = processor_of(tokenizer)
-    if processor is None:
-        enc = truncate(full, data_args.max_seq_length, data_args.truncation)
-        return enc, len(enc.input_ids) < len(full.input_ids)
-    example, cut = fit_with_images(processor, full, message_images(conv.messages), data_args.max_seq_length,
-                                   data_args.truncation, data_args.max_image_pixels)
-    if example is None:  # nothing fits: shown unexpanded and dropped
-        return Encoded(full.input_ids, [IGNORE_INDEX] * len(full.input_ids)), False
-    if example.images:
-        record["images"] = example.images
-    return Encoded(example.input_ids, example.labels), cut
 
 
 def _error_record(problem: str) -> dict:
