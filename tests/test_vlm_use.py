@@ -190,14 +190,6 @@ def test_the_web_pages_chat_shows_a_picture_and_keeps_it_in_the_conversation(vlm
     assert again[-1]["content"] == tokenizer.decode(hf_greedy(model, tokenizer, expected)[:2])
 
 
-def test_gguf_export_of_a_vision_model_is_refused_in_one_line(vlm_dirs, tmp_path):
-    from tunesmith.errors import ConfigError
-    from tunesmith.recipes.export import run as export_main
-
-    with pytest.raises(ConfigError, match=r"GGUF export of a vision-language model \(gemma3\): not built yet"):
-        export_main(["--model_name_or_path", vlm_dirs["gemma3"], "--output_file", str(tmp_path / "m.gguf")])
-
-
 def test_serve_refuses_a_missing_image_root_before_loading(vlm_dirs, tmp_path):
     from tunesmith.errors import PathError
     from tunesmith.recipes.serve import run as serve_main

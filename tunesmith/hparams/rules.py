@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -104,11 +105,17 @@ def _merged_from_this_adapter(model: Any) -> dict | None:
 GGUF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                       "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 GGUF_K_QUANTS = ("q4_k_m", "q5_k_m", "q6_k")
+# The vision-language model types it exports as a text GGUF plus llama.cpp's mmproj file (models/gguf_vision.py's
+# EXPORTABLE_VISION_TYPES; a test keeps the two equal).
+GGUF_VISION_TYPES = ("qwen2_vl", "gemma3")
 
 
 def _not_exportable(model: Any) -> dict | None:
-    """{"arch": ...} when the model (the base, for an adapter) is a local folder of another architecture."""
+    """{"arch": ...} when the model (the base, for an adapter) is a local folder of another architecture (an
+    exportable vision-language model is one of its own)."""
     arch = model_architecture(model.model_name_or_path) if model.model_name_or_path else None
+    if _vision(model):
+        return None  # export_vision decides
     return {"arch": arch} if arch and arch not in GGUF_ARCHITECTURES else None
 
 
@@ -158,6 +165,13 @@ def _vision(model: Any) -> dict | None:
     """{"model_type": ...} when the model (the base, for an adapter) is a local vision-language model folder."""
     model_type = vision_model_type(model.model_name_or_path) if model.model_name_or_path else None
     return {"model_type": model_type} if model_type else None
+
+
+def _has_mtmd() -> bool:
+    """llama-cpp-python with its multimodal library beside it (built with -DLLAVA_BUILD=ON), found without
+    loading it."""
+    spec = importlib.util.find_spec("llama_cpp")
+    return bool(spec and spec.origin and any(Path(spec.origin).parent.glob("lib/*mtmd*")))
 
 
 def _batch(a: SimpleNamespace) -> int:
@@ -635,9 +649,10 @@ RULES: list[Rule] = [
     Rule("export_output_path", ("export",),
          lambda a: _problem(problem_with_output_dir(os.path.dirname(os.path.abspath(a.export.output_file)))),
          "--output_file {export.output_file}: {problem}; choose another place.", PathError),
-    Rule("export_output_free", ("export",),
+    Rule("export_output_free", ("export", "model"),
          lambda a: not a.export.overwrite_output_file
-         and next(({"path": p} for p in (a.export.output_file, a.export.modelfile) if _exists(p)), None),
+         and next(({"path": p} for p in (a.export.output_file, a.export.modelfile,
+                                          *([a.export.mmproj_file] if _vision(a.model) else [])) if _exists(p)), None),
          "{path} exists: choose another --output_file, or pass --overwrite_output_file.", PathError),
     Rule("export_unquantized", ("export", "model"), lambda a: a.model.quantization_bit is not None,
          "--quantization_bit cannot be used with export: the model loads in float32 and --dtype chooses how the "
@@ -650,10 +665,15 @@ RULES: list[Rule] = [
          and adapter_config(a.model.adapter_name_or_path).get("task_type") == "SEQ_CLS",
          "{model.adapter_name_or_path} is a reward-model adapter (task_type SEQ_CLS): export_gguf writes chat "
          "models (causal LMs) only."),
-    Rule("export_vision", ("export", "model"), lambda a: _vision(a.model),
-         "GGUF export of a vision-language model ({model_type}): not built yet (llama.cpp takes the text model and "
-         "an mmproj file for the vision tower; a text model alone would not see pictures). Merge it (tunesmith merge) "
-         "and serve the folder with tunesmith serve, transformers or vLLM."),
+    Rule("export_vision", ("export", "model"),
+         lambda a: (v := _vision(a.model)) and v["model_type"] not in GGUF_VISION_TYPES and v,
+         "GGUF export of a vision-language model writes " + ", ".join(GGUF_VISION_TYPES) + " (the text model and "
+         "llama.cpp's mmproj file); this one is {model_type}: serve its folder with tunesmith serve, transformers or "
+         "vLLM."),
+    Rule("export_vision_whole", ("export", "model"),
+         lambda a: _vision(a.model) and (a.export.adapter_only or a.model.dtype in GGUF_K_QUANTS),
+         "--adapter_only and the k-quants (--dtype q4_k_m, q5_k_m, q6_k) are not built for vision-language models: "
+         "export the whole model with --dtype f32, f16, bf16 or q8_0."),
     Rule("export_architecture", ("export", "model"), lambda a: _not_exportable(a.model),
          "export_gguf supports " + ", ".join(GGUF_ARCHITECTURES) + "; this model is {arch} "
          "({model.model_name_or_path}/config.json)."),
@@ -673,6 +693,11 @@ RULES: list[Rule] = [
          lambda a: a.export.require_llama_cpp_check and importlib.util.find_spec("llama_cpp") is None,
          "--require_llama_cpp_check: llama-cpp-python is not installed, so the GGUF cannot be checked in llama.cpp: "
          "run `bash scripts/setup.sh --with-llama-cpp`, or leave out the flag."),
+    Rule("export_llama_cpp_mtmd_check", ("export", "model"),
+         lambda a: a.export.require_llama_cpp_check and _vision(a.model) and not _has_mtmd(),
+         "--require_llama_cpp_check: llama-cpp-python was built without its multimodal library (mtmd), so the mmproj "
+         "file cannot be checked in llama.cpp: run `bash scripts/setup_llama_cpp.sh` (it builds with mtmd), or leave "
+         "out the flag."),
     Rule("export_tolerance", ("export",),
          lambda a: a.export.max_relative_logit_diff is not None and not a.export.max_relative_logit_diff >= 0,
          "--max_relative_logit_diff must be >= 0 (got {export.max_relative_logit_diff}); leave it out for the "

@@ -69,10 +69,11 @@ class ExportArguments:
     output_file: str | None = field(
         default=None,
         metadata={"help": "The .gguf file to write. An Ollama Modelfile for it goes beside it, named after it "
-                  "(model.gguf -> model.Modelfile)."},
+                  "(model.gguf -> model.Modelfile); for a vision-language model, the text model goes here and "
+                  "llama.cpp's mmproj file (vision tower + projector) beside it as mmproj-model.gguf."},
     )
     overwrite_output_file: bool = field(
-        default=False, metadata={"help": "Replace an existing output_file and its Modelfile."}
+        default=False, metadata={"help": "Replace an existing output_file, its Modelfile and its mmproj file."}
     )
     adapter_only: bool = field(
         default=False,
@@ -110,6 +111,15 @@ class ExportArguments:
             return None
         stem = self.output_file[: -len(".gguf")] if self.output_file.endswith(".gguf") else self.output_file
         return stem + ".Modelfile"
+
+    @property
+    def mmproj_file(self) -> str | None:
+        """A vision-language model's mmproj file: mmproj-<name>.gguf beside the output file (why that name:
+        models/gguf_vision.py)."""
+        if not self.output_file:
+            return None
+        folder, name = os.path.split(self.output_file)
+        return os.path.join(folder, "mmproj-" + name)
 
 
 @dataclass

@@ -13,6 +13,10 @@ Sliding windows: llama.cpp's gemma2 and gemma3 read `{arch}.attention.sliding_wi
 pattern; its llama, qwen2 and qwen3 graphs read no window at all (src/models/*.cpp at the vendored commit),
 so a Mistral or a Qwen2/Qwen3 with use_sliding_window whose window masks anything is refused by name
 unless --drop_sliding_window accepts a file that attends to the whole context.
+
+A vision-language model's language model is written through the same table (LANGUAGE_MODELS, by model_type; the
+mmproj file beside it is gguf_vision's): Qwen2-VL's as llama.cpp's qwen2vl (qwen2 plus M-RoPE's
+`rope.dimension_sections`, padded to four as the converter pads them), Gemma 3's as gemma3, Idefics3's as llama.
 """
 
 from __future__ import annotations
@@ -88,6 +92,13 @@ def _gemma_metadata(writer: gguf.GGUFWriter, config: Any) -> None:
         writer.add_rope_freq_base_swa(float(local["rope_theta"]))
 
 
+def _mrope_metadata(writer: gguf.GGUFWriter, config: Any) -> None:
+    """M-RoPE's sections (how many rotary pairs follow time, height and width), padded to four as llama.cpp's
+    qwen2vl loader reads them; llama.cpp gives text tokens one position in all sections, as transformers does."""
+    sections = list(_rope_parameters(config)["mrope_section"])
+    writer.add_rope_dimension_sections((sections + [0, 0, 0, 0])[:4])
+
+
 _LLAMA = Architecture(gguf.MODEL_ARCH.LLAMA, llama_rope=True)
 _GEMMA = {"norm_shift": 1.0, "activation": "gelu_pytorch_tanh", "metadata": _gemma_metadata,
           "transformers_reads_back": False, "writes_sliding_window": True}
@@ -98,6 +109,13 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3ForCausalLM": Architecture(gguf.MODEL_ARCH.QWEN3),
     "Gemma2ForCausalLM": Architecture(gguf.MODEL_ARCH.GEMMA2, **_GEMMA),
     "Gemma3ForCausalLM": Architecture(gguf.MODEL_ARCH.GEMMA3, **_GEMMA),
+}
+# The language model of each exportable vision-language model (by model_type), as llama.cpp's converter writes it;
+# transformers' GGUF loader has no qwen2vl.
+LANGUAGE_MODELS: dict[str, Architecture] = {
+    "qwen2_vl": Architecture(gguf.MODEL_ARCH.QWEN2VL, metadata=_mrope_metadata, transformers_reads_back=False),
+    "gemma3": ARCHITECTURES["Gemma3ForCausalLM"],
+    "idefics3": _LLAMA,
 }
 
 
@@ -125,15 +143,16 @@ def _window_refusal(name: str, spec: Architecture, config: Any, window: tuple[in
 
 def architecture(model: Any, drop_sliding_window: bool = False) -> Architecture:
     """The model's Architecture, or a ConfigError naming the supported ones and any setting llama.cpp's graph
-    for it does not compute (a sliding window it cannot apply, unless `drop_sliding_window`)."""
-    config, name = model.config, type(model).__name__
-    if name not in ARCHITECTURES:
+    for it does not compute (a sliding window it cannot apply, unless `drop_sliding_window`). A vision-language
+    model's language model (gguf_vision.LanguageModel) carries its own Architecture and name."""
+    config, name = model.config, getattr(model, "display_name", type(model).__name__)
+    spec = getattr(model, "gguf_architecture", None) or ARCHITECTURES.get(name)
+    if spec is None:
         raise ConfigError(f"export_gguf supports {', '.join(ARCHITECTURES)}; this model is {name}")
-    spec = ARCHITECTURES[name]
     rope_type = _rope_parameters(config).get("rope_type", "default")
     activation = getattr(config, "hidden_activation", None) or config.hidden_act
     unsupported = {"rope_type": (rope_type, "default"), "hidden_act": (activation, spec.activation)}
-    if name.startswith("Gemma"):
+    if spec.arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3):
         unsupported["query_pre_attn_scalar"] = (config.query_pre_attn_scalar, head_dim(config))
     for key, (value, supported) in unsupported.items():
         if value != supported:
@@ -178,7 +197,7 @@ def gguf_tensors(model: Any, spec: Architecture, state_dict: dict[str, torch.Ten
     names = gguf.get_tensor_name_map(spec.arch, config.num_hidden_layers)
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     for hf_name, tensor in (model.state_dict() if state_dict is None else state_dict).items():
-        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+        if hf_name == "lm_head.weight" and getattr(config, "tie_word_embeddings", False):
             continue  # llama.cpp uses token_embd when there is no `output`
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:

@@ -125,9 +125,12 @@ def ollama_parameters(model_name_or_path: str | None, adapter_name_or_path: str 
 
 
 def modelfile_text(gguf_name: str, chat: OllamaChat, source: str,
-                   parameters: dict[str, float | int] | None = None) -> str:
+                   parameters: dict[str, float | int] | None = None, projector_name: str | None = None) -> str:
+    """The Modelfile; a vision-language model's mmproj file goes in a second FROM line, which Ollama's create
+    stores as the model's projector layer."""
     lines = [f"# Written by tunesmith from {source}: `ollama create NAME -f THIS_FILE`, then `ollama run NAME`.",
-             f"FROM ./{gguf_name}", f'TEMPLATE """{chat.template}"""']
+             f"FROM ./{gguf_name}", *([f"FROM ./{projector_name}"] if projector_name else []),
+             f'TEMPLATE """{chat.template}"""']
     if chat.system is not None:
         lines.append(f'SYSTEM """{chat.system}"""')
     if parameters:

@@ -13,6 +13,8 @@ models with a byte-level BPE or SentencePiece-style tokenizer are written; other
 so is a sliding window llama.cpp would not apply (Mistral's; Qwen2/3's with use_sliding_window) unless
 --drop_sliding_window. f32, f16, bf16 and q8_0 are written here; q4_k_m, q5_k_m and q6_k by llama.cpp's own
 quantizer from an f16 file.
+A Qwen2-VL or Gemma 3 vision-language model is written as its language model (--output_file) plus
+llama.cpp's mmproj file beside it, mmproj-<name>.gguf, and checked on a picture too (recipes/export_vision.py).
 
 The GGUF is written under a temporary name beside --output_file and checked before it gets its name:
 - read back with transformers' GGUF loader (where it rebuilds the architecture): its tokenizer must encode
@@ -63,6 +65,7 @@ from ..models.gguf_llama_cpp import (
 from ..models.merging import load_adapted, load_merged
 from ..models.ollama import modelfile_text, ollama_chat, ollama_parameters
 from ..utils.io import atomic_write_text
+from .export_vision import VisionExportResult, export_vision
 from .merge import merge_record
 
 # What the check renders and compares: a one-word answer, a system prompt and several turns, Chinese (as
@@ -195,7 +198,7 @@ def _prompts(tokenizer) -> list[str]:
     return prompts
 
 
-def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
+def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult | VisionExportResult:
     if args.adapter_only:
         return export_adapter(model_args, args)
     dtype = model_args.dtype
@@ -208,13 +211,17 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult:
 
     started = time.perf_counter()
     model, tokenizer = load_merged(load_args)
+    source = load_args.adapter_name_or_path or load_args.model_name_or_path  # the default model's folder when None
+    if getattr(model.config, "vision_config", None) is not None:  # the text GGUF and its mmproj file
+        record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
+        return export_vision(model, tokenizer, dataclasses.replace(load_args, dtype=dtype), args, tolerance, source,
+                             record, started)
     spec = architecture(model, args.drop_sliding_window)  # refused before the slow part
     _warn_dropped_window(model)
     texts = _texts(tokenizer)
     expected = source_logits(model, tokenizer, texts)
     refs = greedy_references(model, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
     chat, untranslatable = ollama_chat(tokenizer)
-    source = load_args.adapter_name_or_path or load_args.model_name_or_path  # the default model's folder when None
 
     target = Path(args.output_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -342,7 +349,7 @@ def _report(r: ExportResult, source: str, untranslatable: str) -> None:
               "(llama-cli --jinja); for Ollama, write a TEMPLATE for it by hand.")
 
 
-def run(argv: Sequence[str] | None = None) -> ExportResult:
+def run(argv: Sequence[str] | None = None) -> ExportResult | VisionExportResult:
     args = parse_run("export", argv, __doc__)
     return export(args.model, args.export)
 

@@ -1,0 +1,213 @@
+"""`tunesmith export` of a vision-language model (Qwen2-VL, Gemma 3): its language model as the
+--output_file GGUF and its vision tower + projector as llama.cpp's mmproj file beside it (mmproj-<name>.gguf; see
+models/gguf_vision), both checked before either gets its name:
+
+- the text GGUF as a text model's (recipes/export) in llama.cpp: the tokens, the chat template and greedy
+  continuations of the check conversations, text only (transformers' GGUF loader has no qwen2vl, and drops Gemma 3's
+  settings);
+- the pair in llama.cpp's multimodal library (mtmd; llama-cpp-python built with it), against transformers on one
+  picture (models/gguf_mtmd): image embeddings within IMAGE_EMBD_TOLERANCES, the same prompt layout, and
+  transformers' greedy reply to the picture chosen by llama.cpp at every step but near-ties.
+A refused export leaves neither file. k-quants and --adapter_only are refused for these models (hparams/rules.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..constants import USER
+from ..data.images import image_part
+from ..data.template import encode_prompt, processor_of, render_text
+from ..hparams import ExportArguments, ModelArguments
+from ..models.gguf_arch import architecture
+from ..models.gguf_export import ExportError, RoundTrip, source_logits
+from ..models.gguf_llama_cpp import LlamaCppCheck, check_in_llama_cpp, greedy_references, llama_cpp_available
+from ..models.gguf_mtmd import ImageCheck, check_image_in_llama_cpp, greedy_reply, mtmd_available
+from ..models.gguf_vision import LanguageModel, projector, write_vision_gguf
+from ..models.ollama import modelfile_text, ollama_chat, ollama_parameters
+from ..utils.io import atomic_write_text
+
+logger = logging.getLogger(__name__)
+REPLY_TOKENS = 12  # transformers' greedy reply to the check picture, fed to llama.cpp
+QUESTION = "Describe the picture in one sentence."
+# Largest |image embedding difference| (llama.cpp against transformers) over the largest |feature|. Even an f32 file
+# differs: ggml's conv_2d makes its im2col in f16, so the pixels enter the patch embedding rounded to 11 bits (about
+# 5e-4 relative); measured 4.0e-4 (Qwen2-VL) and 6.2e-4 (Gemma 3) on the tiny test models in f32, 5.2e-4 and 4.8e-4
+# in f16. The bounds leave room for real towers' depth (32 blocks, not 2); a wrong weight gives order 1.
+IMAGE_EMBD_TOLERANCES = {"f32": 5e-3, "f16": 2e-2}
+
+
+@dataclass
+class VisionExportResult:
+    output_file: str
+    mmproj_file: str
+    modelfile: str | None
+    dtype: str
+    size_bytes: int
+    mmproj_bytes: int
+    write_seconds: float
+    check_seconds: float
+    round_trip: RoundTrip | None
+    llama_cpp: LlamaCppCheck | None
+    image: ImageCheck | None
+    tolerance: float  # the text GGUF's read-back bound (max_relative_logit_diff)
+    embd_tolerance: float
+
+
+def check_picture(config: Any) -> Any:
+    """A picture both engines take without resizing: Qwen2-VL's 112x84 is a whole number of merged patches (28 px),
+    12 tokens, within transformers' default pixel limits and llama.cpp's 8 to 4096 tokens; Gemma 3's SigLIP tower
+    takes its image_size square as it is. A red square and a blue disc on white."""
+    from PIL import Image, ImageDraw
+
+    side = config.vision_config.image_size if config.model_type != "qwen2_vl" else None
+    width, height = (side, side) if side else (112, 84)
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((width // 8, height // 8, width // 2, height // 2), fill=(220, 30, 30))
+    draw.ellipse((width // 2, height // 2, 7 * width // 8, 7 * height // 8), fill=(30, 40, 220))
+    return image
+
+
+def _data_url(image: Any) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _image_token_id(model: Any) -> int:
+    config = model.config
+    return getattr(config, "image_token_id", None) or config.image_token_index
+
+
+def _image_refusal(check: ImageCheck, tolerance: float) -> str | None:
+    if not check.layout_equal:
+        return f"llama.cpp lays out the picture's prompt differently ({check.layout_difference})"
+    if not check.embd_relative_diff <= tolerance:
+        return (f"llama.cpp's image embeddings differ from transformers' by {check.embd_max_abs_diff:.3g} "
+                f"({check.embd_relative_diff:.2e} of the largest |feature| {check.embd_scale:.3g}; bound {tolerance:g})")
+    if check.decisive_disagreements:
+        return (f"llama.cpp's greedy reply to the picture leaves transformers' at {check.decisive_disagreements} of "
+                f"{check.steps} steps ({check.first_disagreement})")
+    return None
+
+
+def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: ExportArguments, tolerance: float,
+                  source: str, record: str, started: float) -> VisionExportResult:
+    """Write and check the text GGUF and the mmproj file of `model` (loaded and merged in float32)."""
+    # export.py calls this module for vision models, and its text checks are shared, not copied
+    from .export import (
+        GREEDY_NEW_TOKENS,
+        RUN_CONFIG_KEY,
+        _llama_cpp_refusal,
+        _prompts,
+        _read_back,
+        _refusal,
+        _scratch_files,
+        _texts,
+    )
+
+    dtype = model_args.dtype
+    texts, prompts = _texts(tokenizer), _prompts(tokenizer)
+    language = LanguageModel(model)
+    spec = architecture(language, args.drop_sliding_window)
+    projector(model.config)
+    in_llama_cpp, with_mtmd = llama_cpp_available(), mtmd_available()
+    expected = source_logits(model, tokenizer, texts)
+    refs = greedy_references(model, tokenizer, prompts, GREEDY_NEW_TOKENS) if in_llama_cpp else []
+    picture = check_picture(model.config)
+    conversation = [{"role": USER, "content": [image_part(_data_url(picture)), {"type": "text", "text": QUESTION}]}]
+    rendered = render_text(tokenizer, conversation, add_generation_prompt=True)
+    prompt = encode_prompt(tokenizer, conversation)
+    reply, reply_logits = greedy_reply(model, list(prompt), prompt.vision, REPLY_TOKENS) if with_mtmd else ([], None)
+    chat, untranslatable = ollama_chat(tokenizer)
+
+    target = Path(args.output_file).resolve()
+    projector_target = Path(args.mmproj_file).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text_check = image_check = None
+    embd_tolerance = IMAGE_EMBD_TOLERANCES["f32" if dtype == "f32" else "f16"]
+    with _scratch_files(target) as scratch:
+        tmp, tmp_projector = scratch(), scratch("mmproj.")
+        write_vision_gguf(model, tokenizer, processor_of(tokenizer).image_processor, tmp, tmp_projector, dtype,
+                          os.path.basename(os.path.normpath(source)), {RUN_CONFIG_KEY: record},
+                          drop_sliding_window=args.drop_sliding_window)
+        written = time.perf_counter()
+        check, why_not = _read_back(spec, tmp, tokenizer, texts, expected)
+        problem = _refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
+        if not problem and in_llama_cpp:
+            text_check = check_in_llama_cpp(tmp, tokenizer, texts, refs)
+            problem = _llama_cpp_refusal(text_check, greedy_must_match=dtype != "q8_0")
+        if not problem and with_mtmd:
+            image_check = check_image_in_llama_cpp(tmp, tmp_projector, model, tokenizer, rendered,
+                                                   _image_token_id(model), list(prompt), prompt.vision, picture,
+                                                   reply, reply_logits)
+            problem = _image_refusal(image_check, embd_tolerance)
+        if problem:
+            raise ExportError(f"the GGUF files written from {source} ({dtype}) do not match it: {problem}; nothing "
+                              f"written to {args.output_file}")
+        _log_coverage(why_not, in_llama_cpp, with_mtmd)
+        for path, final in ((tmp, target), (tmp_projector, projector_target)):
+            os.replace(path, final)
+            os.chmod(final, 0o644)  # mkstemp's 0600 would keep Ollama's server (its own user on Linux) out
+    checked = time.perf_counter()
+
+    modelfile = args.modelfile
+    if chat is not None:
+        parameters = ollama_parameters(model_args.model_name_or_path, model_args.adapter_name_or_path)
+        atomic_write_text(modelfile, modelfile_text(target.name, chat, source, parameters,
+                                                    projector_name=projector_target.name))
+        os.chmod(modelfile, 0o644)
+    else:
+        Path(modelfile).unlink(missing_ok=True)
+        modelfile = None
+    result = VisionExportResult(str(target), str(projector_target), modelfile, dtype, target.stat().st_size,
+                                projector_target.stat().st_size, written - started, checked - written, check,
+                                text_check, image_check, tolerance, embd_tolerance)
+    _report(result, source, untranslatable)
+    return result
+
+
+def _log_coverage(why_not_read_back: str, in_llama_cpp: bool, with_mtmd: bool) -> None:
+    """One line for each check that could not run."""
+    from .export import UNCHECKED_HINT
+
+    if why_not_read_back and not in_llama_cpp:
+        logger.warning("NOT CHECKED: the text GGUF is not read back with transformers' GGUF loader (%s), and not in "
+                       "llama.cpp: llama-cpp-python is not installed (%s)", why_not_read_back, UNCHECKED_HINT)
+    if not with_mtmd:
+        logger.warning("the mmproj file is NOT CHECKED: llama-cpp-python %s (%s)",
+                       "was built without its multimodal library (mtmd)" if in_llama_cpp else "is not installed",
+                       UNCHECKED_HINT)
+
+
+def _report(r: VisionExportResult, source: str, untranslatable: str) -> None:
+    from .export import _llama_cpp_line, _read_back_summary
+
+    print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) and its vision tower + "
+          f"projector -> {r.mmproj_file} ({r.mmproj_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
+          + _read_back_summary(r))
+    if r.llama_cpp:
+        print(_llama_cpp_line(r.llama_cpp, "the text model, text prompts"))
+    if r.image:
+        c = r.image
+        ties = f", {c.ties} near-ties" if c.ties else ""
+        print(f"in llama.cpp {c.version} with the mmproj file, one picture ({c.image_tokens} image tokens, prompt laid "
+              f"out as transformers'): image embeddings within {c.embd_max_abs_diff:.3g} ({c.embd_relative_diff:.2e} "
+              f"of the largest |feature|; bound {r.embd_tolerance:g}); greedy reply as transformers' at "
+              f"{c.agree}/{c.steps} steps{ties}; max |logit difference| {c.logit_max_abs_diff:.3g} (largest |logit| "
+              f"{c.logit_scale:.3g})")
+    mmproj = os.path.basename(r.mmproj_file)
+    print(f"llama.cpp: llama-mtmd-cli -m {r.output_file} --mmproj {r.mmproj_file} (or llama-server ... --mmproj)")
+    if r.modelfile:
+        print(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME (the Modelfile's second FROM names "
+              f"{mmproj}; whether Ollama's own engine runs this projector depends on its version, not checked here)")
+    else:
+        print(f"no Modelfile written: {untranslatable}.")
