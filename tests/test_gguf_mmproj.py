@@ -242,6 +242,16 @@ def test_the_modelfile_names_the_projector_in_a_second_from_line():
     assert text.splitlines()[1:3] == ["FROM ./m.gguf", "FROM ./mmproj-m.gguf"]
 
 
+def test_require_llama_cpp_check_stops_before_loading_where_mtmd_is_missing(vlm_dirs, tmp_path, monkeypatch):
+    from tunesmith.hparams import rules
+
+    monkeypatch.setattr(rules, "_has_mtmd", lambda: False)
+    with pytest.raises(ConfigError, match=r"^--require_llama_cpp_check: llama-cpp-python was built without its "
+                                          r"multimodal library \(mtmd\), so the mmproj file cannot be checked"):
+        export(["--model_name_or_path", vlm_dirs["qwen2_vl"], "--output_file", str(tmp_path / "m.gguf"),
+                "--require_llama_cpp_check"])
+
+
 # -- in llama.cpp's multimodal library
 needs_mtmd = pytest.mark.skipif(not mtmd_available(), reason="llama-cpp-python without its multimodal library (mtmd): "
                                 "bash scripts/setup_llama_cpp.sh builds it with one")
@@ -301,3 +311,4 @@ def test_export_writes_and_checks_the_text_model_and_its_mmproj_file(vlm_dirs, t
     assert "with the mmproj file, one picture (12 image tokens, prompt laid out as transformers')" in out
     assert "llama-mtmd-cli -m " in out and "--mmproj " in out
     assert "FROM ./mmproj-q.gguf" in Path(result.modelfile).read_text()
+
