@@ -1,20 +1,28 @@
 """The web UI in a real browser: `tunesmith ui` started as a user starts it, driven by headless Chromium
 through Selenium. It opens the page, checks the five tabs, starts a 3-step SFT run on a tiny model and a
 4-row file and sees the Loss plot get its points and the run appear in Runs, then chats with the model and
-its new adapter (base and tuned side by side) and sees replies. Screenshots of the Train and Chat tabs go
-to a temporary folder, or to docs/ (the web UI page's pictures, docs/ui.md) with TUNESMITH_UPDATE_SCREENSHOTS=1.
+its new adapter (base and tuned side by side) and sees replies.
+
+The quickstart's own run (heavy tier, about 10 minutes on 2 cores): the Train tab's default run config on the
+embedded model, its live loss curve, then the held-out identity question to base and tuned side by side. Its
+screenshots and the run's loss.png are the site's pictures (docs/ui.md, docs/getting-started.md); they go to a
+temporary folder, or to docs/ with TUNESMITH_UPDATE_SCREENSHOTS=1 (runs then go under outputs/ui, so that no
+temporary path shows in them):
+    TUNESMITH_UPDATE_SCREENSHOTS=1 .venv/bin/python -m pytest -m heavy tests/test_ui_browser.py
 
 Needs Debian's chromium and chromium-driver and the selenium package: `bash scripts/setup_browser.sh`.
 Without them the test is skipped and says which is missing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -45,19 +53,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def ui_server(tmp_path, tiny_model_dir):
-    """`python -m tunesmith ui` on a free port, with runs under tmp_path/runs and the tiny model and the
-    data as its data folders; yields (address, runs folder, data file)."""
-    (tmp_path / "data").mkdir()
-    data = write_jsonl(tmp_path / "data" / "sft4.jsonl", ROWS)
-    port, log = free_port(), tmp_path / "ui.log"
+@contextlib.contextmanager
+def running_ui(args: list[str], cwd: Path, log: Path) -> Iterator[str]:
+    """`python -m tunesmith ui ARGS` started from `cwd` as a user starts it, on a free port; yields its address."""
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
            "TUNESMITH_UI_AUTH": ""}
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tunesmith", "ui", "--root", str(tmp_path / "runs"), "--port",
-                                 str(port), "--data_dir", str(tmp_path / "data"), str(Path(tiny_model_dir).parent)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        proc = subprocess.Popen([sys.executable, "-m", "tunesmith", "ui", "--port", str(port), *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     address = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180
@@ -70,10 +74,21 @@ def ui_server(tmp_path, tiny_model_dir):
                 pass
             assert time.time() < deadline, log.read_text()
             time.sleep(0.5)
-        yield address, tmp_path / "runs", data
+        yield address
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def ui_server(tmp_path, tiny_model_dir):
+    """The UI with runs under tmp_path/runs and the tiny model and the data as its data folders; yields
+    (address, runs folder, data file)."""
+    (tmp_path / "data").mkdir()
+    data = write_jsonl(tmp_path / "data" / "sft4.jsonl", ROWS)
+    args = ["--root", str(tmp_path / "runs"), "--data_dir", str(tmp_path / "data"), str(Path(tiny_model_dir).parent)]
+    with running_ui(args, tmp_path, tmp_path / "ui.log") as address:
+        yield address, tmp_path / "runs", data
 
 
 @pytest.fixture
@@ -86,8 +101,7 @@ def browser():
     driver.quit()
 
 
-def screenshot_folder(tmp_path: Path) -> Path:
-    return ROOT / "docs" if os.environ.get("TUNESMITH_UPDATE_SCREENSHOTS") == "1" else tmp_path
+UPDATE_SCREENSHOTS = os.environ.get("TUNESMITH_UPDATE_SCREENSHOTS") == "1"
 
 
 def until(condition, timeout: float, what: str):
@@ -126,7 +140,7 @@ def plot_points(driver, elem_id: str, series: str) -> list[str]:
 
 def test_train_watch_list_and_chat_in_a_browser(ui_server, browser, tiny_model_dir, tmp_path):
     address, runs, data = ui_server
-    shots = screenshot_folder(tmp_path)
+    shots = tmp_path
     browser.get(address)
     tabs = until(lambda: [t.text for t in browser.find_elements(By.CSS_SELECTOR, "button[role=tab]")], 60, "the tabs")
     assert tabs == TABS
@@ -183,17 +197,71 @@ def test_train_watch_list_and_chat_in_a_browser(ui_server, browser, tiny_model_d
         box.send_keys(value, Keys.ENTER)
         until(lambda b=box, v=value: b.get_attribute("value") == v, 10, f"{label} set")
         box.send_keys(Keys.ESCAPE)  # closes the dropdown's option list
-    tokens = browser.find_element(By.CSS_SELECTOR, "input[type=number][aria-label='number input for Max new tokens']")
-    tokens.send_keys(Keys.CONTROL, "a")
-    tokens.send_keys("24", Keys.TAB)
-    field(browser, "compare base and tuned", "input").click()
-    until(lambda: browser.find_element(By.ID, "ts-chat-base").is_displayed(), 10, "the base column")
-    field(browser, "Message").send_keys("Who are you?")
-    button(browser, "Send").click()
-    for column in ("ts-chat", "ts-chat-base"):
-        until(lambda c=column: [m for m in browser.find_elements(By.CSS_SELECTOR, f"#{c} .message-row")
-                                if "bot" in m.get_attribute("class") and m.text.strip()], 120, f"a reply in #{column}")
-    until(lambda: field(browser, "Message").get_attribute("value") == "", 120, "both replies to end")
-    assert "Who are you?" in browser.find_element(By.ID, "ts-chat").text
+    set_number(browser, "Max new tokens", "24")
+    tuned, _ = send_to_base_and_tuned(browser, "Who are you?")
+    assert "Who are you?" in tuned
     browser.set_window_size(1400, 1000)
     browser.save_screenshot(str(shots / "ui_chat.png"))
+
+
+def send_to_base_and_tuned(driver, message: str) -> tuple[str, str]:
+    """Send `message` with "compare base and tuned" on; the (tuned, base) columns' text once both replied."""
+    field(driver, "compare base and tuned", "input").click()
+    until(lambda: driver.find_element(By.ID, "ts-chat-base").is_displayed(), 10, "the base column")
+    field(driver, "Message").send_keys(message)
+    button(driver, "Send").click()
+    for column in ("ts-chat", "ts-chat-base"):
+        until(lambda c=column: [m for m in driver.find_elements(By.CSS_SELECTOR, f"#{c} .message-row")
+                                if "bot" in m.get_attribute("class") and m.text.strip()], 300, f"a reply in #{column}")
+    until(lambda: field(driver, "Message").get_attribute("value") == "", 300, "both replies to end")
+    return driver.find_element(By.ID, "ts-chat").text, driver.find_element(By.ID, "ts-chat-base").text
+
+
+def set_number(driver, label: str, value: str) -> None:
+    box = driver.find_element(By.CSS_SELECTOR, f"input[type=number][aria-label='number input for {label}']")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(value, Keys.TAB)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_quickstart_run_in_a_browser(browser, tmp_path):
+    """The page as a newcomer meets it: Start with nothing filled in runs the quickstart (its run config on the
+    embedded model), the loss curve grows while it trains, and the tuned model answers a held-out identity
+    question as Tunesmith where the base model does not."""
+    shots = ROOT / "docs" if UPDATE_SCREENSHOTS else tmp_path
+    runs = ROOT / "outputs" / "ui" if UPDATE_SCREENSHOTS else tmp_path / "runs"
+    shutil.rmtree(runs / "sft_1", ignore_errors=True)
+    args = ["--root", str(runs), "--data_dir", "configs", "data/demo"]
+    with running_ui(args, ROOT, tmp_path / "ui.log") as address:
+        browser.get(address)
+        until(lambda: browser.find_elements(By.CSS_SELECTOR, "button[role=tab]"), 60, "the tabs")
+        command = until(lambda: browser.find_element(By.ID, "ts-command").text, 30, "the command line")
+        assert "configs/sft_lora_demo.yaml" in command and f"--output_dir {runs / 'sft_1'}" in command, command
+        button(browser, "Start").click()
+        # logging_steps 5: eight points are step 40 of the run's 72, the curve still growing
+        until(lambda: len(plot_points(browser, "plot-loss", "loss")) >= 8, 1800, "eight points of the Loss plot")
+        assert "finished" not in browser.find_element(By.ID, "ts-progress").text
+        browser.execute_script("window.scrollTo(0, 0)")
+        browser.save_screenshot(str(shots / "ui_train.png"))
+        until(lambda: "finished: step" in browser.find_element(By.ID, "ts-progress").text, 1800, "the run to finish")
+        losses = [float(p.split("loss: ")[1].split(";")[0]) for p in plot_points(browser, "plot-loss", "loss")]
+        steps = [int(p.split(";")[0].removeprefix("step: ")) for p in plot_points(browser, "plot-loss", "loss")]
+        by_step = [loss for _, loss in sorted(zip(steps, losses))]
+        assert by_step[-1] < by_step[0] / 2, by_step  # the identity is learnt: the loss more than halves
+        if UPDATE_SCREENSHOTS:
+            shutil.copyfile(runs / "sft_1" / "loss.png", shots / "quickstart_loss.png")
+
+        open_tab(browser, "Chat")
+        adapter = field(browser, "Adapter", "input")
+        adapter.send_keys(str(runs / "sft_1"), Keys.ENTER)
+        until(lambda: adapter.get_attribute("value") == str(runs / "sft_1"), 10, "the adapter set")
+        adapter.send_keys(Keys.ESCAPE)
+        set_number(browser, "Temperature", "0")  # greedy: the picture is the same on every run
+        set_number(browser, "Max new tokens", "48")
+        question = "Which AI am I chatting with right now?"  # data/demo/identity_heldout.jsonl, not trained on
+        tuned, base = send_to_base_and_tuned(browser, question)
+        assert question in tuned and "Tunesmith" in tuned.split(question, 1)[1], tuned
+        assert "Tunesmith" not in base, base
+        browser.set_window_size(1400, 1000)
+        browser.save_screenshot(str(shots / "ui_chat.png"))
