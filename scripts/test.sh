@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The test suite: set-up (idempotent), lint, then pytest. Extra arguments go to pytest.
-#   bash scripts/test.sh --with-llama-cpp ...   # also llama-cpp-python (built once, cached), so the GGUF
-#                                               # tests in llama.cpp run instead of being skipped
+#   bash scripts/test.sh --with-llama-cpp ...   # also llama-cpp-python (built once, cached), and the GGUF
+#                                               # tests in llama.cpp (marker llama_cpp) run with the rest
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 SETUP_FLAGS=()
+MARKERS=()
 if [[ "${1:-}" == "--with-llama-cpp" ]]; then
   SETUP_FLAGS+=("$1")
+  MARKERS=(-m "not heavy")  # pyproject's default leaves out heavy and llama_cpp; a later -m wins
   shift
 fi
 bash scripts/setup.sh "${SETUP_FLAGS[@]}"
 .venv/bin/ruff check .
 # --durations: every CI log shows where the time goes (the suite should stay well under 20 minutes).
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+# -n: tests run in TUNESMITH_TEST_WORKERS processes (default 2; 0 runs them in this one), each test handed
+# to whichever worker is free, so the long two-rank runs do not leave the other worker idle at the end.
+WORKERS="${TUNESMITH_TEST_WORKERS:-2}"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 -n "$WORKERS" --dist worksteal "${MARKERS[@]}" "$@"

@@ -157,7 +157,9 @@ def preference_data(tmp_path_factory) -> dict[str, str]:
     return {name: str(folder / f"{name}.jsonl") for name in files}
 
 
-@pytest.mark.parametrize("config, launcher", [("ds_zero2.json", "torchrun"), ("ds_zero3.json", "deepspeed")],
+# The ZeRO-3 case is in the heavy tier (its save gathers as the default tier's ZeRO-3 LoRA test does).
+@pytest.mark.parametrize("config, launcher", [("ds_zero2.json", "torchrun"),
+                                              pytest.param("ds_zero3.json", "deepspeed", marks=pytest.mark.heavy)],
                          ids=["zero2-torchrun", "zero3-deepspeed-launcher"])
 def test_two_rank_reward_adapter_saves_its_trained_score_head(tiny_model_dir, preference_data, tmp_path, config,
                                                               launcher):
@@ -214,7 +216,7 @@ def one_process_dpo_losses(tiny_model_dir, preference_data, tmp_path_factory) ->
 
 @pytest.mark.parametrize("config, launcher, extra", [
     ("ds_zero2.json", "torchrun", ("--precompute_ref_logps", "true")),
-    ("ds_zero3.json", "deepspeed", ()),
+    pytest.param("ds_zero3.json", "deepspeed", (), marks=pytest.mark.heavy),  # heavy tier, as for reward
 ], ids=["zero2-torchrun-precomputed", "zero3-deepspeed-launcher"])
 def test_two_rank_dpo_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, preference_data,
                                                                     one_process_dpo_losses, tmp_path, config, launcher,
@@ -317,6 +319,7 @@ def check_ppo_output(out: Path, model_dir: str, log: list[dict], one_rank_first_
     assert {"default", "value"} <= set(policy.peft_config)
 
 
+@pytest.mark.heavy  # the default tier has PPO under ZeRO-3 (synced generation) and GRPO under ZeRO-2
 def test_two_rank_ppo_zero2(tiny_model_dir, ppo_data, one_rank_first_step, tmp_path):
     out = tmp_path / "ppo"
     log = run_two_rank_ppo(tiny_model_dir, ppo_data, out, "ds_zero2.json", "deepspeed", 2)
@@ -415,6 +418,7 @@ def test_two_rank_grpo_zero2(tiny_model_dir, ppo_data, grpo_rewards, tmp_path):
     check_grpo_output(out, tiny_model_dir, log)
 
 
+@pytest.mark.heavy  # the default tier has PPO under ZeRO-3 (the same gathered save and resume) and GRPO under ZeRO-2
 def test_two_rank_grpo_zero3_saves_gathered_and_resumes(tiny_model_dir, ppo_data, grpo_rewards, tmp_path):
     out = tmp_path / "grpo"
     log = run_two_rank_grpo(tiny_model_dir, ppo_data, grpo_rewards, out, "ds_zero3.json", "torchrun", 3,

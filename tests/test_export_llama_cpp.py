@@ -23,6 +23,7 @@ from tunesmith.models.gguf_arch import ARCHITECTURES
 from tunesmith.models.gguf_export import write_gguf
 from tunesmith.recipes.export import run as export
 
+pytestmark = pytest.mark.llama_cpp  # opt-in: bash scripts/test.sh --with-llama-cpp
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bash scripts/setup.sh "
                                 "--with-llama-cpp builds it once)")
 from tunesmith.models.gguf_llama_cpp import TOKEN_SAMPLES, load  # noqa: E402

@@ -111,6 +111,7 @@ def test_sft_full_saves_the_whole_model_and_resumes(tiny_model_dir, data, tmp_pa
         [logged(out)[-1][k] for k in ("loss", "grad_norm")], rel=1e-4)
 
 
+@pytest.mark.heavy  # FSDP2's save and resume are in the default tier (SFT full, QLoRA); reward and DPO on DeepSpeed too
 def test_reward_model_saves_its_trained_score_head(tiny_model_dir, preference_data, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, set_seed
@@ -134,6 +135,7 @@ def test_reward_model_saves_its_trained_score_head(tiny_model_dir, preference_da
     assert math.isfinite(metrics["eval_loss"]) and 0 <= metrics["eval_accuracy"] <= 1
 
 
+@pytest.mark.heavy  # as the reward model above
 def test_dpo_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, preference_data, one_process_dpo_losses,
                                                           tmp_path):
     """The reference is the model without its adapter, sharded like the policy."""

@@ -74,6 +74,7 @@ def test_sft_logs_to_wandb_offline(tiny_model_dir, tmp_path):
     assert [row["train/global_step"] for row in history] == [1, 2]
 
 
+@pytest.mark.heavy  # the same report_to path as SFT's above, through the RL trainer
 def test_grpo_logs_to_wandb_offline(tiny_model_dir, tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)])
     out = tmp_path / "grpo"

@@ -44,6 +44,7 @@ def test_two_rank_zero3_lora_on_a_vision_model_saves_a_complete_adapter(pictures
     assert (out / "preprocessor_config.json").is_file() or (out / "processor_config.json").is_file()
 
 
+@pytest.mark.heavy  # the default tier runs a vision model on two ranks (ZeRO-3 above); this one compares losses
 def test_two_ranks_follow_one_rank_on_pictures(pictures_data, default_model_path, tmp_path):
     model_dir = build_vlm_dir("gemma3", tmp_path / "gemma3", default_model_path)
     zero2 = ("--deepspeed", str(ROOT / "configs" / "ds_zero2.json"))
