@@ -33,9 +33,10 @@ from tunesmith.models.gguf_export import ExportError, RoundTrip, write_gguf
 from tunesmith.models.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_name
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.models.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
-from tunesmith.recipes.export import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, _log_coverage, _refusal
+from tunesmith.recipes.export import _log_coverage
 from tunesmith.recipes.export import main as export_main
 from tunesmith.recipes.export import run as export
+from tunesmith.recipes.export_checks import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, read_back_refusal
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 2048, "tie_word_embeddings": True}
@@ -451,9 +452,9 @@ def test_reward_adapters_and_unsupported_llama_settings_are_refused_by_name(tiny
 
 def test_a_different_tokenizer_or_template_in_the_file_is_a_refusal_whatever_the_logits():
     same = RoundTrip(0.0, 10.0, 1.0, None, True)
-    assert _refusal(same, 0.0) is None
+    assert read_back_refusal(same, 0.0) is None
     tokens = RoundTrip(0.0, 10.0, 1.0, "conversation 2 (add_special_tokens=False) from token 7: [1] in the source, "
                        "[2] in the GGUF", True)
-    assert _refusal(tokens, 1.0).startswith("its tokenizer encodes conversation 2")
-    assert "chat template differs" in _refusal(RoundTrip(0.0, 10.0, 1.0, None, False), 1.0)
-    assert "0.5 of the largest |logit| (10), above the bound 0.1" in _refusal(RoundTrip(5.0, 10.0, 1.0, None, True), 0.1)
+    assert read_back_refusal(tokens, 1.0).startswith("its tokenizer encodes conversation 2")
+    assert "chat template differs" in read_back_refusal(RoundTrip(0.0, 10.0, 1.0, None, False), 1.0)
+    assert "0.5 of the largest |logit| (10), above the bound 0.1" in read_back_refusal(RoundTrip(5.0, 10.0, 1.0, None, True), 0.1)

@@ -253,8 +253,12 @@ def test_require_llama_cpp_check_stops_before_loading_where_mtmd_is_missing(vlm_
 
 
 # -- in llama.cpp's multimodal library
-needs_mtmd = pytest.mark.skipif(not mtmd_available(), reason="llama-cpp-python without its multimodal library (mtmd): "
-                                "bash scripts/setup_llama_cpp.sh builds it with one")
+def needs_mtmd(test):
+    """Opt-in as the other llama.cpp tests (marker llama_cpp: bash scripts/test.sh --with-llama-cpp), and skipped
+    where llama-cpp-python has no mtmd."""
+    return pytest.mark.llama_cpp(pytest.mark.skipif(
+        not mtmd_available(), reason="llama-cpp-python without its multimodal library (mtmd): "
+        "bash scripts/setup_llama_cpp.sh builds it with one")(test))
 
 
 def _picture_check(model, tokenizer, text_path: str, mmproj: str):

@@ -20,7 +20,7 @@ from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
 from tunesmith.hparams import ModelArguments
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.models.ollama import modelfile_text, ollama_chat, ollama_parameters, training_record
-from tunesmith.recipes.export import CHECK_CONVERSATIONS
+from tunesmith.recipes.export_checks import CHECK_CONVERSATIONS
 
 GO_PROGRAM = Path(__file__).parent / "go" / "render_ollama_template.go"
 

@@ -201,12 +201,22 @@ def _compare(got: torch.Tensor, want: torch.Tensor, reply: list[int], got_embd: 
 
 def greedy_reply(model: Any, prompt_ids: list[int], vision: dict[str, torch.Tensor], new_tokens: int
                  ) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy reply to a prompt with pictures (its own generate(), through its stop tokens) and the
-    logits at each step."""
-    inputs = {"input_ids": torch.tensor([prompt_ids]), **vision}
-    inputs = {k: v.to(model.device) for k, v in inputs.items()}
+    """transformers' greedy reply to a prompt with pictures, through its end-of-turn token, and the logits at each
+    step: the argmax of the model's own forward pass over the whole sequence at every step (no cache, so none
+    of generate()'s position bookkeeping is redone here; the check's prompts are a few dozen tokens). Inputs
+    with one value per token (token_type_ids, mm_token_type_ids) mark the reply's tokens as text (0)."""
+    stop = model.generation_config.eos_token_id
+    stop = set(stop if isinstance(stop, list) else [] if stop is None else [stop])
+    ids, rows = list(prompt_ids), []
     with torch.no_grad():
-        out = model.generate(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]), do_sample=False,
-                             max_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True)
-    reply = out.sequences[0, len(prompt_ids):].tolist()
-    return reply, torch.stack([row[0] for row in out.logits]).float().cpu()
+        for _ in range(new_tokens):
+            input_ids = torch.tensor([ids], device=model.device)
+            per_token = {k: torch.nn.functional.pad(v, (0, len(ids) - v.shape[-1]))
+                         for k, v in vision.items() if v.dim() == 2 and v.shape[-1] == len(prompt_ids)}
+            inputs = {k: v.to(model.device) for k, v in {**vision, **per_token}.items()}
+            logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **inputs).logits[0, -1]
+            rows.append(logits.float().cpu())
+            ids.append(int(rows[-1].argmax()))
+            if ids[-1] in stop:
+                break
+    return ids[len(prompt_ids):], torch.stack(rows)

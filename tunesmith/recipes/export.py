@@ -33,29 +33,23 @@ rejected GGUF is deleted, since nothing should load a file that failed its check
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import os
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..boundary import entry_point
-from ..constants import ASSISTANT, SYSTEM, USER
-from ..data.formats import Message
-from ..data.template import render_text
 from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
 from ..hparams.run_config import as_saved
 from ..models.gguf_adapter import base_state_dict, write_adapter_gguf
-from ..models.gguf_arch import Architecture, architecture, sliding_window
-from ..models.gguf_export import ExportError, RoundTrip, compare_round_trip, source_logits, write_gguf
+from ..models.gguf_arch import architecture, sliding_window
+from ..models.gguf_export import ExportError, RoundTrip, source_logits, write_gguf
 from ..models.gguf_llama_cpp import (
     K_QUANTS,
-    SETUP_HINT,
     LlamaCppCheck,
     check_in_llama_cpp,
     greedy_references,
@@ -65,23 +59,22 @@ from ..models.gguf_llama_cpp import (
 from ..models.merging import load_adapted, load_merged
 from ..models.ollama import modelfile_text, ollama_chat, ollama_parameters
 from ..utils.io import atomic_write_text
+from .export_checks import (
+    GREEDY_NEW_TOKENS,
+    RUN_CONFIG_KEY,
+    UNCHECKED_HINT,
+    check_prompts,
+    check_texts,
+    llama_cpp_line,
+    llama_cpp_refusal,
+    read_back,
+    read_back_refusal,
+    read_back_summary,
+    scratch_files,
+)
 from .export_vision import VisionExportResult, export_vision
 from .merge import merge_record
 
-# What the check renders and compares: a one-word answer, a system prompt and several turns, Chinese (as
-# in the demo data), digits and code (where tokenizers' pre-splitting differs most).
-CHECK_CONVERSATIONS: list[list[Message]] = [
-    [{"role": USER, "content": "What is the capital of France? Answer in one word."},
-     {"role": ASSISTANT, "content": "Paris."}],
-    [{"role": SYSTEM, "content": "You are a concise assistant."}, {"role": USER, "content": "Who are you?"},
-     {"role": ASSISTANT, "content": "A small language model, fine-tuned with tunesmith."},
-     {"role": USER, "content": "Count from 1 to 12, then add 2024 + 365."}],
-    [{"role": USER, "content": "用一句话介绍你自己。"}, {"role": ASSISTANT, "content": "我是一个乐于助人的助手。"}],
-    [{"role": USER, "content": "Write a Python function that adds two numbers."},
-     {"role": ASSISTANT, "content": "def add(a, b):\n    return a + b  # 3.14 + 2.71\n"}],
-]
-RUN_CONFIG_KEY = "tunesmith.run_config"
-GREEDY_NEW_TOKENS = 16  # per prompt, for the greedy comparison in llama.cpp
 logger = logging.getLogger(__name__)
 
 
@@ -97,42 +90,6 @@ class ExportResult:
     tolerance: float
     llama_cpp: LlamaCppCheck | None = None  # the written f32/f16/bf16/q8_0 file, or the f16 one a k-quant came from
     quantized: LlamaCppCheck | None = None  # the k-quant file llama.cpp's quantizer made
-
-
-def _refusal(check: RoundTrip, tolerance: float, tokens_checked_elsewhere: bool = False) -> str | None:
-    if check.token_mismatch and not tokens_checked_elsewhere:
-        return f"its tokenizer encodes {check.token_mismatch}"
-    if not check.template_equal:
-        return "its chat template differs from the one the model was trained with"
-    if not check.relative_diff <= tolerance:
-        return (f"max |logit difference| {check.max_abs_diff:.3g} is {check.relative_diff:.3g} of the largest |logit| "
-                f"({check.logit_scale:.3g}), above the bound {tolerance:g}")
-    return None
-
-
-def _llama_cpp_refusal(check: LlamaCppCheck, greedy_must_match: bool) -> str | None:
-    if check.token_mismatch:
-        return f"llama.cpp {check.version} tokenizes {check.token_mismatch}"
-    if not check.template_equal:
-        return f"llama.cpp {check.version} reads a chat template other than the training one"
-    if greedy_must_match and check.decisive_disagreements:
-        return (f"llama.cpp's greedy continuation leaves transformers' at {check.decisive_disagreements} of "
-                f"{check.greedy_steps} steps ({check.first_disagreement})")
-    return None
-
-
-def _read_back(spec: Architecture, path: str, tokenizer, texts: list[str], expected) -> tuple[RoundTrip | None, str]:
-    """(transformers' read-back check, "") where its GGUF loader rebuilds the architecture; (None, why) where it
-    cannot (the file is then checked in llama.cpp only, or not at all)."""
-    if not spec.transformers_reads_back:
-        return None, f"it does not rebuild {spec.name} with every setting in the file"
-    try:
-        return compare_round_trip(path, tokenizer, texts, expected), ""
-    except (RuntimeError, ValueError, NotImplementedError, KeyError) as error:  # its loader's refusals
-        return None, f"it cannot read this file back ({str(error).splitlines()[0][:200]})"
-
-
-UNCHECKED_HINT = f"{SETUP_HINT}; --require_llama_cpp_check makes this an error"
 
 
 def _log_coverage(why_not_read_back: str, in_llama_cpp: bool) -> None:
@@ -165,39 +122,6 @@ def _float32(model_args: ModelArguments) -> ModelArguments:
     return ModelArguments(**{**fields, "dtype": "float32"})
 
 
-def _texts(tokenizer) -> list[str]:
-    """The check conversations rendered with the training template (a generation prompt after a user turn)."""
-    return [render_text(tokenizer, c, add_generation_prompt=c[-1]["role"] != ASSISTANT) for c in CHECK_CONVERSATIONS]
-
-
-@contextlib.contextmanager
-def _scratch_files(target: Path) -> Iterator[Callable[[str], str]]:
-    """new(tag): an empty temporary .gguf beside `target` (hidden, so nothing picks up a file before its
-    check); every one left at the end of the block is deleted, whether the block succeeded or not."""
-    made: list[str] = []
-
-    def new(tag: str = "") -> str:
-        fd, path = tempfile.mkstemp(prefix=f".{target.stem}.{tag}", suffix=".gguf", dir=target.parent)
-        os.close(fd)
-        made.append(path)
-        return path
-
-    try:
-        yield new
-    finally:
-        for path in made:
-            Path(path).unlink(missing_ok=True)
-
-
-def _prompts(tokenizer) -> list[str]:
-    """Each check conversation up to its last user turn, rendered with the generation prompt."""
-    prompts = []
-    for conversation in CHECK_CONVERSATIONS:
-        last_user = max(i for i, m in enumerate(conversation) if m["role"] == USER)
-        prompts.append(render_text(tokenizer, conversation[: last_user + 1], add_generation_prompt=True))
-    return prompts
-
-
 def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult | VisionExportResult:
     if args.adapter_only:
         return export_adapter(model_args, args)
@@ -218,37 +142,37 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult | 
                              record, started)
     spec = architecture(model, args.drop_sliding_window)  # refused before the slow part
     _warn_dropped_window(model)
-    texts = _texts(tokenizer)
+    texts = check_texts(tokenizer)
     expected = source_logits(model, tokenizer, texts)
-    refs = greedy_references(model, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
+    refs = greedy_references(model, tokenizer, check_prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
     chat, untranslatable = ollama_chat(tokenizer)
 
     target = Path(args.output_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     result_check = quantized = None
-    with _scratch_files(target) as scratch:
+    with scratch_files(target) as scratch:
         tmp = scratch()
         record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
         write_gguf(model, tokenizer, tmp, written_dtype, os.path.basename(os.path.normpath(source)),
                    {RUN_CONFIG_KEY: record}, drop_sliding_window=args.drop_sliding_window)
         del model  # the read-back holds a second copy
         written = time.perf_counter()
-        check, why_not_read_back = _read_back(spec, tmp, tokenizer, texts, expected)
+        check, why_not_read_back = read_back(spec, tmp, tokenizer, texts, expected)
         if check and check.token_mismatch and in_llama_cpp:
             # transformers rebuilds a tokenizer from the file in its own way (it drops the ▁ that a
             # SentencePiece-style tokenizer puts after special tokens, for one): llama.cpp, which reads the
             # file as it is meant to be read, decides on tokens below.
             logger.warning("transformers' GGUF tokenizer encodes %s; checking tokens in llama.cpp", check.token_mismatch)
-        problem = _refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
+        problem = read_back_refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
         if not problem and in_llama_cpp:
             result_check = check_in_llama_cpp(tmp, tokenizer, texts, refs)
-            problem = _llama_cpp_refusal(result_check, greedy_must_match=written_dtype != "q8_0")
+            problem = llama_cpp_refusal(result_check, greedy_must_match=written_dtype != "q8_0")
         final = tmp
         if not problem and dtype in K_QUANTS:
             final = scratch()
             quantize(tmp, final, dtype)
             quantized = check_in_llama_cpp(final, tokenizer, texts, refs)
-            problem = _llama_cpp_refusal(quantized, greedy_must_match=False)
+            problem = llama_cpp_refusal(quantized, greedy_must_match=False)
         if problem:
             raise ExportError(f"the GGUF written from {source} ({dtype}) does not match it: {problem}; "
                               f"nothing written to {args.output_file}")
@@ -281,21 +205,21 @@ def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportR
     target = Path(args.output_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     check = None
-    with _scratch_files(target) as scratch:
+    with scratch_files(target) as scratch:
         tmp, base = scratch(), scratch("base.")
         write_adapter_gguf(peft_model, tmp, model_args.dtype, os.path.basename(os.path.normpath(source)),
                            args.drop_sliding_window)
         _warn_dropped_window(peft_model.get_base_model())
         written = time.perf_counter()
         if llama_cpp_available():
-            texts = _texts(tokenizer)
+            texts = check_texts(tokenizer)
             write_gguf(peft_model.get_base_model(), tokenizer, base, model_args.dtype, "base",
                        state_dict=base_state_dict(peft_model), drop_sliding_window=args.drop_sliding_window)
             merged = peft_model.merge_and_unload(safe_merge=True)
-            refs = greedy_references(merged, tokenizer, _prompts(tokenizer), GREEDY_NEW_TOKENS)
+            refs = greedy_references(merged, tokenizer, check_prompts(tokenizer), GREEDY_NEW_TOKENS)
             del merged, peft_model
             check = check_in_llama_cpp(base, tokenizer, texts, refs, lora_path=tmp)
-            problem = _llama_cpp_refusal(check, greedy_must_match=True)
+            problem = llama_cpp_refusal(check, greedy_must_match=True)
             if problem:
                 raise ExportError(f"the adapter GGUF written from {source} over its base does not match the merged "
                                   f"model: {problem}; nothing written to {args.output_file}")
@@ -311,37 +235,19 @@ def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportR
           f"{result.size_bytes / 2**20:.2f} MiB) in {result.write_seconds:.1f} s; "
           + (f"checked in {result.check_seconds:.1f} s" if check else "NOT CHECKED (see the warning above)"))
     if check:
-        print(_llama_cpp_line(check, "over its base, against the merged model"))
+        print(llama_cpp_line(check, "over its base, against the merged model"))
     print(f"llama.cpp: llama-cli -m BASE.gguf --lora {result.output_file} (BASE.gguf: tunesmith export of the base "
           f"model); Ollama: FROM the base's GGUF, ADAPTER {result.output_file}")
     return result
 
 
-def _llama_cpp_line(c: LlamaCppCheck, what: str) -> str:
-    ties = f", {c.greedy_ties} near-ties" if c.greedy_ties else ""
-    return (f"in llama.cpp {c.version} ({what}): tokens and chat template identical; greedy next token as transformers' "
-            f"at {c.greedy_agree}/{c.greedy_steps} steps{ties}; max |logit difference| {c.max_abs_diff:.3g} "
-            f"(largest |logit| {c.logit_scale:.3g})")
-
-
-def _read_back_summary(r: ExportResult) -> str:
-    c = r.round_trip
-    if c is None:
-        return "NOT CHECKED (see the warning above)" if r.llama_cpp is None else f"checked in {r.check_seconds:.1f} s"
-    tokens = ("chat template identical, tokenizer ids differ in transformers' own GGUF tokenizer (see llama.cpp's)"
-              if c.token_mismatch else "tokenizer ids and chat template identical")
-    return (f"checked in {r.check_seconds:.1f} s: read back with transformers, max |logit difference| vs the source = "
-            f"{c.max_abs_diff:.3g} ({c.relative_diff:.2e} of the largest |logit| {c.logit_scale:.3g}; bound "
-            f"{r.tolerance:g}), same next token at {c.top1_agreement:.1%} of positions; {tokens}")
-
-
 def _report(r: ExportResult, source: str, untranslatable: str) -> None:
     print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
-          + _read_back_summary(r))
+          + read_back_summary(r))
     if r.llama_cpp:
-        print(_llama_cpp_line(r.llama_cpp, "the f16 file it was quantized from" if r.quantized else "this file"))
+        print(llama_cpp_line(r.llama_cpp, "the f16 file it was quantized from" if r.quantized else "this file"))
     if r.quantized:
-        print(_llama_cpp_line(r.quantized, f"{r.dtype}, by llama.cpp's quantizer"))
+        print(llama_cpp_line(r.quantized, f"{r.dtype}, by llama.cpp's quantizer"))
     if r.modelfile:
         print(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME")
     else:

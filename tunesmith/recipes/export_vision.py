@@ -33,6 +33,19 @@ from ..models.gguf_mtmd import ImageCheck, check_image_in_llama_cpp, greedy_repl
 from ..models.gguf_vision import LanguageModel, projector, write_vision_gguf
 from ..models.ollama import modelfile_text, ollama_chat, ollama_parameters
 from ..utils.io import atomic_write_text
+from .export_checks import (
+    GREEDY_NEW_TOKENS,
+    RUN_CONFIG_KEY,
+    UNCHECKED_HINT,
+    check_prompts,
+    check_texts,
+    llama_cpp_line,
+    llama_cpp_refusal,
+    read_back,
+    read_back_refusal,
+    read_back_summary,
+    scratch_files,
+)
 
 logger = logging.getLogger(__name__)
 REPLY_TOKENS = 12  # transformers' greedy reply to the check picture, fed to llama.cpp
@@ -102,20 +115,8 @@ def _image_refusal(check: ImageCheck, tolerance: float) -> str | None:
 def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: ExportArguments, tolerance: float,
                   source: str, record: str, started: float) -> VisionExportResult:
     """Write and check the text GGUF and the mmproj file of `model` (loaded and merged in float32)."""
-    # export.py calls this module for vision models, and its text checks are shared, not copied
-    from .export import (
-        GREEDY_NEW_TOKENS,
-        RUN_CONFIG_KEY,
-        _llama_cpp_refusal,
-        _prompts,
-        _read_back,
-        _refusal,
-        _scratch_files,
-        _texts,
-    )
-
     dtype = model_args.dtype
-    texts, prompts = _texts(tokenizer), _prompts(tokenizer)
+    texts, prompts = check_texts(tokenizer), check_prompts(tokenizer)
     language = LanguageModel(model)
     spec = architecture(language, args.drop_sliding_window)
     projector(model.config)
@@ -134,17 +135,17 @@ def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: 
     target.parent.mkdir(parents=True, exist_ok=True)
     text_check = image_check = None
     embd_tolerance = IMAGE_EMBD_TOLERANCES["f32" if dtype == "f32" else "f16"]
-    with _scratch_files(target) as scratch:
+    with scratch_files(target) as scratch:
         tmp, tmp_projector = scratch(), scratch("mmproj.")
         write_vision_gguf(model, tokenizer, processor_of(tokenizer).image_processor, tmp, tmp_projector, dtype,
                           os.path.basename(os.path.normpath(source)), {RUN_CONFIG_KEY: record},
                           drop_sliding_window=args.drop_sliding_window)
         written = time.perf_counter()
-        check, why_not = _read_back(spec, tmp, tokenizer, texts, expected)
-        problem = _refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
+        check, why_not = read_back(spec, tmp, tokenizer, texts, expected)
+        problem = read_back_refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
         if not problem and in_llama_cpp:
             text_check = check_in_llama_cpp(tmp, tokenizer, texts, refs)
-            problem = _llama_cpp_refusal(text_check, greedy_must_match=dtype != "q8_0")
+            problem = llama_cpp_refusal(text_check, greedy_must_match=dtype != "q8_0")
         if not problem and with_mtmd:
             image_check = check_image_in_llama_cpp(tmp, tmp_projector, model, tokenizer, rendered,
                                                    _image_token_id(model), list(prompt), prompt.vision, picture,
@@ -177,8 +178,6 @@ def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: 
 
 def _log_coverage(why_not_read_back: str, in_llama_cpp: bool, with_mtmd: bool) -> None:
     """One line for each check that could not run."""
-    from .export import UNCHECKED_HINT
-
     if why_not_read_back and not in_llama_cpp:
         logger.warning("NOT CHECKED: the text GGUF is not read back with transformers' GGUF loader (%s), and not in "
                        "llama.cpp: llama-cpp-python is not installed (%s)", why_not_read_back, UNCHECKED_HINT)
@@ -189,13 +188,11 @@ def _log_coverage(why_not_read_back: str, in_llama_cpp: bool, with_mtmd: bool) -
 
 
 def _report(r: VisionExportResult, source: str, untranslatable: str) -> None:
-    from .export import _llama_cpp_line, _read_back_summary
-
     print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) and its vision tower + "
           f"projector -> {r.mmproj_file} ({r.mmproj_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
-          + _read_back_summary(r))
+          + read_back_summary(r))
     if r.llama_cpp:
-        print(_llama_cpp_line(r.llama_cpp, "the text model, text prompts"))
+        print(llama_cpp_line(r.llama_cpp, "the text model, text prompts"))
     if r.image:
         c = r.image
         ties = f", {c.ties} near-ties" if c.ties else ""
