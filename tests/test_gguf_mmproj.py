@@ -245,6 +245,7 @@ def test_the_modelfile_names_the_projector_in_a_second_from_line():
 def test_require_llama_cpp_check_stops_before_loading_where_mtmd_is_missing(vlm_dirs, tmp_path, monkeypatch):
     from tunesmith.hparams import rules
 
+    monkeypatch.setattr(rules, "_has_llama_cpp", lambda: True)  # the mtmd row, with or without llama-cpp-python here
     monkeypatch.setattr(rules, "_has_mtmd", lambda: False)
     with pytest.raises(ConfigError, match=r"^--require_llama_cpp_check: llama-cpp-python was built without its "
                                           r"multimodal library \(mtmd\), so the mmproj file cannot be checked"):

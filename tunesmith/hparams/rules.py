@@ -167,6 +167,10 @@ def _vision(model: Any) -> dict | None:
     return {"model_type": model_type} if model_type else None
 
 
+def _has_llama_cpp() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
 def _has_mtmd() -> bool:
     """llama-cpp-python with its multimodal library beside it (built with -DLLAVA_BUILD=ON), found without
     loading it."""
@@ -690,7 +694,7 @@ RULES: list[Rule] = [
          "--dtype {model.dtype} is made by llama.cpp's quantizer, and llama-cpp-python is not installed: run "
          "`bash scripts/setup.sh --with-llama-cpp`, or choose f32, f16, bf16 or q8_0."),
     Rule("export_llama_cpp_check", ("export",),
-         lambda a: a.export.require_llama_cpp_check and importlib.util.find_spec("llama_cpp") is None,
+         lambda a: a.export.require_llama_cpp_check and not _has_llama_cpp(),
          "--require_llama_cpp_check: llama-cpp-python is not installed, so the GGUF cannot be checked in llama.cpp: "
          "run `bash scripts/setup.sh --with-llama-cpp`, or leave out the flag."),
     Rule("export_llama_cpp_mtmd_check", ("export", "model"),
