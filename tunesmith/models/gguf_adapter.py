@@ -16,6 +16,7 @@ import torch
 
 from ..errors import ConfigError
 from .gguf_arch import ExportError, architecture, llama_rope_order
+from .gguf_export import add_tensor, gguf_file
 
 
 def base_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
@@ -54,10 +55,7 @@ def write_adapter_gguf(peft_model: Any, path: str, dtype: str, name: str, drop_s
     names = gguf.get_tensor_name_map(spec.arch, base.config.num_hidden_layers)
     heads = {"q_proj": base.config.num_attention_heads, "k_proj": base.config.num_key_value_heads}
     qtype = gguf.GGMLQuantizationType.F32 if dtype == "f32" else gguf.GGMLQuantizationType.F16
-    writer = gguf.GGUFWriter(path, spec.name)
-    try:
-        writer.add_type(gguf.GGUFType.ADAPTER)
-        writer.add_name(name)
+    with gguf_file(path, spec.name, gguf.GGUFType.ADAPTER, name) as writer:
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
         for key, tensor in get_peft_model_state_dict(peft_model).items():
@@ -74,9 +72,4 @@ def write_adapter_gguf(peft_model: Any, path: str, dtype: str, name: str, drop_s
             if part == "B.weight" and spec.llama_rope and projection in heads:
                 array = llama_rope_order(array, heads[projection])
             suffix = ".lora_a" if part == "A.weight" else ".lora_b"
-            writer.add_tensor(target + suffix, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
+            add_tensor(writer, target + suffix, array, qtype)

@@ -7,7 +7,9 @@ quantizer's work on an f16 file (gguf_llama_cpp).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +40,26 @@ def tensor_type(array: np.ndarray, dtype: str) -> gguf.GGMLQuantizationType:
     return _T.F16
 
 
+@contextlib.contextmanager
+def gguf_file(path: str, arch_name: str, kind: str, name: str) -> Iterator[gguf.GGUFWriter]:
+    """A GGUFWriter for `path` with the keys every file starts with (its type: model, mmproj or adapter, and its
+    name); the block adds metadata and tensors, and on leaving it the file is written. Closed either way."""
+    writer = gguf.GGUFWriter(path, arch_name)
+    try:
+        writer.add_type(kind)
+        writer.add_name(name)
+        yield writer
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+
+
+def add_tensor(writer: gguf.GGUFWriter, name: str, array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> None:
+    writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+
+
 def write_gguf(model: Any, tokenizer: Any, path: str, dtype: str, name: str,
                extra_metadata: dict[str, str] | None = None, state_dict: dict[str, torch.Tensor] | None = None,
                drop_sliding_window: bool = False) -> None:
@@ -46,10 +68,7 @@ def write_gguf(model: Any, tokenizer: Any, path: str, dtype: str, name: str,
     llama.cpp cannot apply for the architecture is refused unless `drop_sliding_window`."""
     spec = architecture(model, drop_sliding_window)
     vocab = gguf_vocab(tokenizer, model.config.vocab_size)
-    writer = gguf.GGUFWriter(path, spec.name)
-    try:
-        writer.add_type(gguf.GGUFType.MODEL)
-        writer.add_name(name)
+    with gguf_file(path, spec.name, gguf.GGUFType.MODEL, name) as writer:
         writer.add_file_type(FILE_TYPES[dtype])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         add_model_metadata(writer, spec, model.config)
@@ -57,13 +76,7 @@ def write_gguf(model: Any, tokenizer: Any, path: str, dtype: str, name: str,
         for key, value in (extra_metadata or {}).items():
             writer.add_string(key, value)
         for tensor_name, array in gguf_tensors(model, spec, state_dict):
-            qtype = tensor_type(array, dtype)
-            writer.add_tensor(tensor_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
+            add_tensor(writer, tensor_name, array, tensor_type(array, dtype))
 
 
 @dataclass

@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ConfigError
 from .gguf_arch import LANGUAGE_MODELS, Architecture, ExportError
-from .gguf_export import FILE_TYPES, write_gguf
+from .gguf_export import FILE_TYPES, add_tensor, gguf_file, write_gguf
 from .vision import VISION_FAMILIES
 
 _T = gguf.GGMLQuantizationType
@@ -217,10 +217,8 @@ def write_mmproj(model: Any, image_processor: Any, path: str, dtype: str, name: 
     """Write the vision tower and projector of `model` (a PROJECTORS type) as llama.cpp's mmproj GGUF."""
     spec = projector(model.config)
     size = spec.size(model.config.vision_config)
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ])
-    try:
-        writer.add_type(gguf.GGUFType.MMPROJ)
-        writer.add_name(name)
+    arch_name = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ]
+    with gguf_file(path, arch_name, gguf.GGUFType.MMPROJ, name) as writer:
         writer.add_file_type(FILE_TYPES["f32" if dtype == "f32" else "f16"])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         writer.add_clip_has_vision_encoder(True)
@@ -238,12 +236,7 @@ def write_mmproj(model: Any, image_processor: Any, path: str, dtype: str, name: 
         spec.metadata(writer, model.config, image_processor)
         for source_name, tensor_name, array in mmproj_tensors(model, spec, state_dict):
             qtype = _mmproj_tensor_type(spec, (source_name, tensor_name), array, dtype)
-            writer.add_tensor(tensor_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
+            add_tensor(writer, tensor_name, array, qtype)
 
 
 def write_vision_gguf(model: Any, tokenizer: Any, image_processor: Any, text_path: str, projector_path: str,
