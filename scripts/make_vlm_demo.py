@@ -1,7 +1,9 @@
 """Write the vision-language demo data: pictures of 1 to 4 coloured shapes (circles, squares, triangles in red,
 green, blue or yellow on white, 64x64 pixels), each with a two-turn conversation about it (what colour, how many
 and which shape), as data/demo/vlm/images/*.png and data/demo/vlm/train.jsonl / eval.jsonl (a held-out split: no
-picture of it is in the training file). Deterministic and offline: the same files on every run.
+picture of it is in the training file); and two preference pairs per picture for DPO, pairs_train.jsonl /
+pairs_eval.jsonl (the same split): the right count against a wrong one, and after the count, the right colour and
+shape against the wrong colour. Deterministic and offline: the same files on every run.
 
     python scripts/make_vlm_demo.py               # -> data/demo/vlm/
     python scripts/make_vlm_demo.py --out /tmp/vlm
@@ -9,7 +11,8 @@ picture of it is in the training file). Deterministic and offline: the same file
 Rows are OpenAI messages with image parts, paths relative to the data file:
 {"messages": [{"role": "user", "content": [{"type": "image", "image": "images/3_red_circle.png"},
   {"type": "text", "text": "How many shapes are there?"}]}, {"role": "assistant", "content": "Three."}, ...]}
-Trained by configs/vlm_lora_demo.yaml with a vision-language model of your own (Qwen2.5-VL, Gemma 3, SmolVLM).
+Trained by configs/vlm_lora_demo.yaml with a vision-language model of your own (Qwen2.5-VL, Gemma 3, SmolVLM), then
+configs/dpo_vlm_lora_demo.yaml on the pairs.
 """
 
 from __future__ import annotations
@@ -60,6 +63,19 @@ def conversation(path: str, count: int, color: str, shape: str, rng: random.Rand
         {"role": "assistant", "content": answer}]}
 
 
+def preference_pairs(row: dict, rng: random.Random) -> list[dict]:
+    """The conversation's two replies, each as a pair against a wrong one: a wrong count, then (after the right
+    count) the wrong colour. Only the picture tells which reply is right."""
+    ask_count, count_reply, ask_colour, answer = row["messages"]
+    count = next(n for n, word in COUNT_WORDS.items() if count_reply["content"] == f"{word}.")
+    wrong_count = rng.choice([n for n in COUNT_WORDS if n != count])
+    color = next(c for c in COLORS if f" {c} " in answer["content"])
+    wrong_color = rng.choice([c for c in COLORS if c != color])
+    return [{"prompt": [ask_count], "chosen": count_reply["content"], "rejected": f"{COUNT_WORDS[wrong_count]}."},
+            {"prompt": [ask_count, count_reply, ask_colour], "chosen": answer["content"],
+             "rejected": answer["content"].replace(f" {color} ", f" {wrong_color} ")}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "data" / "demo" / "vlm")
@@ -74,9 +90,16 @@ def main() -> None:
                 draw(count, rgb, shape, rng).save(args.out / name)
                 rows.append(conversation(name, count, color, shape, rng))
     rng.shuffle(rows)
+    pair_rng = random.Random(SEED + 1)  # its own draws: the conversations stay as they were before the pairs
     for split, part in (("eval", rows[:HELD_OUT]), ("train", rows[HELD_OUT:])):
-        (args.out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
-        print(f"{args.out / f'{split}.jsonl'}: {len(part)} conversations")
+        write_jsonl(args.out / f"{split}.jsonl", part, "conversations")
+        write_jsonl(args.out / f"pairs_{split}.jsonl", [p for r in part for p in preference_pairs(r, pair_rng)],
+                    "preference pairs")
+
+
+def write_jsonl(path: Path, rows: list[dict], what: str) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    print(f"{path}: {len(rows)} {what}")
 
 
 if __name__ == "__main__":

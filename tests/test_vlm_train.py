@@ -110,13 +110,3 @@ def test_qlora_quantizes_the_language_model_only(vlm_dirs, memorise, tmp_path):
     assert tower and all(t is nn.Linear for t in tower)
     assert language and all(t is bnb.nn.Linear4bit for t in language)
     assert all(r["loss"] == r["loss"] for r in trainer.state.log_history if "loss" in r)  # finite, not NaN
-
-
-@pytest.mark.parametrize("stage", ["dpo", "reward"])
-def test_other_training_stages_refuse_a_vision_model_in_one_line(stage, vlm_dirs, memorise, tmp_path):
-    import importlib
-
-    run = importlib.import_module(f"tunesmith.recipes.{stage}").run
-    with pytest.raises(ConfigError, match=rf"^{stage} on a vision-language model \(idefics3\): not supported yet"):
-        run(["--model_name_or_path", vlm_dirs["idefics3"], "--data_path", memorise, "--output_dir",
-             str(tmp_path / "out")])

@@ -214,6 +214,23 @@ def write_memorisation_set(folder: Path) -> str:
     return str(path)
 
 
+def write_preference_set(folder: Path) -> str:
+    """Eight preference pairs in `folder`/pairs.jsonl over the memorisation set's pictures: for each picture the
+    reply naming its colour is chosen and one naming another colour rejected, so every reply text is chosen for
+    one picture and rejected for another: only a model that reads the picture can prefer every chosen reply."""
+    names = list(COLORS)
+    rows = []
+    for k, name in enumerate(names):
+        for shape in ("square", "circle"):
+            make_picture(folder / f"{name}_{shape}.png", COLORS[name], shape=shape)
+            rows.append({"prompt": [{"role": "user", "content": [{"type": "image", "image": f"{name}_{shape}.png"},
+                                                                 {"type": "text", "text": "What is this?"}]}],
+                         "chosen": f"A {name} {shape}.", "rejected": f"A {names[(k + 1) % len(names)]} {shape}."})
+    path = folder / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
 def make_picture(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (56, 56), shape: str = "square"
                  ) -> str:
     """A PNG of a coloured shape on white, `size` pixels (width, height)."""

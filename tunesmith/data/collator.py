@@ -114,12 +114,17 @@ class PreferencePackingCollator:
     reference log-probs, when the records carry them, come along as `reference_logps` in the same order."""
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = pack_replies(pair_rows(features))
-        if "reference_chosen_logps" in features[0]:
-            batch["reference_logps"] = torch.as_tensor(
-                [f["reference_chosen_logps"] for f in features] + [f["reference_rejected_logps"] for f in features],
-                dtype=torch.float32)
-        return batch
+        return with_reference_logps(pack_replies(pair_rows(features)), features)
+
+
+def with_reference_logps(batch: dict[str, Any], features: list[dict[str, Any]]) -> dict[str, Any]:
+    """The batch of pairs with their precomputed reference log-probs, when the records carry them (DPO's
+    --precompute_ref_logps), as `reference_logps`: every chosen one, then every rejected one."""
+    if "reference_chosen_logps" in features[0]:
+        batch["reference_logps"] = torch.as_tensor(
+            [f["reference_chosen_logps"] for f in features] + [f["reference_rejected_logps"] for f in features],
+            dtype=torch.float32)
+    return batch
 
 
 def mismatched_replies(rows: list[tuple[list[int], int, int]]) -> list[tuple[list[int], int, int]]:

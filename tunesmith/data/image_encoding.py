@@ -20,6 +20,7 @@ import torch
 
 from ..constants import IGNORE_INDEX
 from ..errors import DataError, TemplateError
+from .collator import with_reference_logps
 from .images import DEFAULT_MAX_IMAGE_PIXELS, open_image
 from .template import Encoded, trained_token_count
 
@@ -93,6 +94,35 @@ def fit_with_images(processor: Any, full: Encoded, images: list[str], max_length
     return None, False
 
 
+def expand_reply(processor: Any, ids: list[int], span: tuple[int, int], images: list[str],
+                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[ImageExample, tuple[int, int]]:
+    """One side of a preference pair (the reply at ids[start:end]) with its images' tokens in place, and the
+    reply's span there. The pair's context may have lost its first turns (data/preference.py cuts from the front):
+    the pictures shown are the last of `images`, one per placeholder left."""
+    start, end = span
+    shown = ids.count(placeholder_id(processor))
+    labels = [IGNORE_INDEX] * start + ids[start:end] + [IGNORE_INDEX] * (len(ids) - end)
+    example = expand(processor, Encoded(ids, labels), images[len(images) - shown:] if shown else [], max_image_pixels)
+    trained = [k for k, label in enumerate(example.labels) if label != IGNORE_INDEX]
+    return example, (trained[0], trained[-1] + 1)
+
+
+def processed_batch(processor: Any, features: list[dict[str, Any]], texts: list[str], images: list[list[str]],
+                    ids: list[list[int]], max_image_pixels: int) -> dict[str, Any]:
+    """The processor's batch (padded on the right) for rendered texts and their pictures, checked to give each
+    record's tokens: the model then sees what the record's labels were placed on."""
+    pictures = [[open_image(ref, max_image_pixels) for ref in refs or []] for refs in images]
+    batch = processor(text=texts, images=pictures if any(pictures) else None, padding=True, padding_side="right",
+                      add_special_tokens=False, return_tensors="pt")
+    for row, expected in enumerate(ids):
+        if batch["input_ids"][row, :len(expected)].tolist() != list(expected):
+            f = features[row % len(features)]
+            raise DataError(f"{f.get('source', 'a record')}:line {f.get('line', '?')}: the processor expands "
+                            "this example's images differently from when it was encoded (another image "
+                            "processor setting?): pass --overwrite_cache")
+    return batch
+
+
 @dataclass
 class ImageConversationCollator:
     """A batch of image-conversation records, padded on the right: the processor's outputs for their texts and
@@ -103,15 +133,32 @@ class ImageConversationCollator:
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        pictures = [[open_image(ref, self.max_image_pixels) for ref in f["images"] or []] for f in features]
-        batch = self.processor(text=[f["text"] for f in features], images=pictures if any(pictures) else None,
-                               padding=True, padding_side="right", add_special_tokens=False, return_tensors="pt")
+        batch = processed_batch(self.processor, features, [f["text"] for f in features],
+                                [f["images"] for f in features], [f["input_ids"] for f in features],
+                                self.max_image_pixels)
         labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
         for row, f in enumerate(features):
-            n = len(f["input_ids"])
-            if batch["input_ids"][row, :n].tolist() != list(f["input_ids"]):
-                raise DataError(f"{f.get('source', 'a record')}:line {f.get('line', '?')}: the processor expands "
-                                "this example's images differently from when it was encoded (another image "
-                                "processor setting?): pass --overwrite_cache")
-            labels[row, :n] = torch.as_tensor(f["labels"])
+            labels[row, :len(f["labels"])] = torch.as_tensor(f["labels"])
         return {**batch, "labels": labels}
+
+
+@dataclass
+class ImagePairCollator:
+    """Preference pairs of a vision-language model (data/preference.py's records with `chosen_text`,
+    `rejected_text` and `images`) as one padded batch through its processor: every chosen sequence, then every
+    rejected one (chosen i is row i, rejected i row B + i), with `labels` holding each reply's tokens and
+    IGNORE_INDEX elsewhere; precomputed reference log-probs, when the records carry them, as `reference_logps`."""
+
+    processor: Any
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        sides = [(f[f"{side}_text"], f[f"{side}_ids"], f[f"{side}_start"], f[f"{side}_end"])
+                 for side in ("chosen", "rejected") for f in features]
+        batch = processed_batch(self.processor, features, [text for text, *_ in sides],
+                                [f["images"] for f in features] * 2, [ids for _, ids, *_ in sides],
+                                self.max_image_pixels)
+        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
+        for row, (_, ids, start, end) in enumerate(sides):
+            labels[row, start:end] = torch.as_tensor(ids[start:end])
+        return with_reference_logps({**batch, "labels": labels}, features)

@@ -41,7 +41,9 @@ from .formats import (
     sharegpt_messages,
 )
 from .hh import DAHOAS, hh_kind, hh_pair
-from .template import closing_text_start, common_prefix_length, render_text
+from .image_encoding import expand_reply
+from .images import DEFAULT_MAX_IMAGE_PIXELS, message_images
+from .template import closing_text_start, common_prefix_length, processor_of, render_text
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
 # OpenAI's preference fine-tuning rows: the context in `input`, the two replies in these.
@@ -234,28 +236,58 @@ def encode_pair(
     return EncodedPair(c_ids, r_ids, truncated, (c_start, c_end), (r_start, r_end))
 
 
-def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None) -> ItemEncoding | None:
+def encode_image_pair(processor: Any, tokenizer: Any, pair: PreferencePair, max_length: int | None,
+                      max_image_pixels: int) -> tuple[EncodedPair, dict[str, Any]] | None:
+    """A vision-language model's pair: each side with its images' tokens in place (image_encoding.expand_reply),
+    both within max_length tokens once expanded, and the texts and pictures its collator gives the processor.
+    The context loses whole early turns (their pictures with them) as for text, with a budget lowered by what
+    the kept pictures add, until the longer side fits."""
+    images = message_images(pair.context)
+    budget = max_length
+    while True:
+        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, budget, offered_tools(pair.row))
+        if enc is None:
+            return None
+        (chosen, chosen_span), (rejected, rejected_span) = (
+            expand_reply(processor, ids, span, images, max_image_pixels)
+            for ids, span in ((enc.chosen_ids, enc.chosen_span), (enc.rejected_ids, enc.rejected_span)))
+        over = 0 if max_length is None else max(len(chosen.input_ids), len(rejected.input_ids)) - max_length
+        if over <= 0:
+            expanded = EncodedPair(chosen.input_ids, rejected.input_ids, enc.truncated, chosen_span, rejected_span)
+            return expanded, {"chosen_text": chosen.text, "rejected_text": rejected.text, "images": chosen.images}
+        budget -= over
+
+
+def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None,
+                       max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> ItemEncoding | None:
     """chosen_ids, rejected_ids, margin (0 when the row has none), the longer side's length, and where
     each reply starts and ends (chosen_start/chosen_end, rejected_start/rejected_end); None when a
-    reply does not fit."""
-    enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, offered_tools(pair.row))
+    reply does not fit. A vision-language model's records also hold the texts and pictures its collator
+    gives the processor (chosen_text, rejected_text, images), its ids the processor's expansion."""
+    processor, pictures = processor_of(tokenizer), {}
+    if processor is None:
+        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, offered_tools(pair.row))
+    else:
+        enc, pictures = encode_image_pair(processor, tokenizer, pair, max_length, max_image_pixels) or (None, {})
     if enc is None:
         return None
     return ItemEncoding([{"chosen_ids": enc.chosen_ids, "rejected_ids": enc.rejected_ids, MARGIN: pair.margin or 0.0,
                           # For --train_sampling_strategy group_by_length (the Trainer's default length column).
                           "length": max(len(enc.chosen_ids), len(enc.rejected_ids)),
                           "chosen_start": enc.chosen_span[0], "chosen_end": enc.chosen_span[1],
-                          "rejected_start": enc.rejected_span[0], "rejected_end": enc.rejected_span[1]}],
+                          "rejected_start": enc.rejected_span[0], "rejected_end": enc.rejected_span[1],
+                          **pictures}],
                         enc.truncated)
 
 
 PREFERENCE_PAIRS = DataKind(
     name="preference",
-    version="6",  # 3: the reply spans; 4: a `prompt` in HH form is read as its turns (hh.py); 5: OpenAI's
+    version="7",  # 7: images (chosen_text, rejected_text, images for a vision-language model); 3: the reply spans; 4: a `prompt` in HH form is read as its turns (hh.py); 5: OpenAI's
     # preference rows, and a reply right after the system prompt in a context; 6: a reply's span ends before
     # text the template prints once after the whole conversation (Phi's end-of-text)
     from_row=pair_from_row,
-    settings=lambda data_args: {"max_length": data_args.max_seq_length},
+    settings=lambda data_args: {"max_length": data_args.max_seq_length,
+                                "max_image_pixels": getattr(data_args, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS)},
     encode_one=encode_pair_record,
     dropped_because="a reply does not fit in max_seq_length",
     report_line="{name}: {rows} pairs -> {kept} kept ({truncated} with their context truncated to max_seq_length, "

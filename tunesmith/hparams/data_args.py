@@ -114,6 +114,12 @@ class TrainDataArguments(DataArguments):
                   "--seed) and evaluate on them as on --eval_data_path (give one of the two). Formerly "
                   "--eval_split_ratio."},
     )
+    max_image_pixels: int = field(
+        default=4096 * 4096,
+        metadata={"help": "A vision-language model: the largest picture (width x height) a row may show; a larger "
+                  "one is reported with its row (a scan at print resolution, a decompression bomb), since every "
+                  "processor shrinks it anyway."},
+    )
 
 
 @dataclass
@@ -137,12 +143,6 @@ class SFTDataArguments(TrainDataArguments):
                   "memory holds at the model's bytes per token, measured on the first step and logged ('forwards of at "
                   "most N tokens'); under DeepSpeed (which steps at every backward) the whole batch at once. 0: the whole "
                   "batch at once."},
-    )
-    max_image_pixels: int = field(
-        default=4096 * 4096,
-        metadata={"help": "A vision-language model: the largest picture (width x height) a row may show; a larger "
-                  "one is reported with its row (a scan at print resolution, a decompression bomb), since every "
-                  "processor shrinks it anyway."},
     )
     truncation: Literal["drop_turns", "drop_example", "cut"] = field(
         default="drop_turns",

@@ -161,6 +161,15 @@ def _non_sft_stage(a: SimpleNamespace) -> dict | None:
     return {"stage": stage} if stage else None
 
 
+def _vision_stage_missing(a: SimpleNamespace) -> dict | None:
+    """{"stage": ...} for a training stage not built for vision-language models: all but SFT and DPO's paired
+    losses (KTO's unpaired replies, the reward model's score head and PPO's rollouts take no pictures yet)."""
+    stage = _non_sft_stage(a)
+    if stage and stage["stage"] == "dpo":
+        return {"stage": "DPO with --loss_type kto"} if a.dpo.loss_type == "kto" else None
+    return stage
+
+
 def _vision(model: Any) -> dict | None:
     """{"model_type": ...} when the model (the base, for an adapter) is a local vision-language model folder."""
     model_type = vision_model_type(model.model_name_or_path) if model.model_name_or_path else None
@@ -266,9 +275,10 @@ RULES: list[Rule] = [
          "--packing with a vision-language model ({model_type}): its batches go through the model's processor, one "
          "padded row per conversation (packing its image positions exactly is not built); use --packing false."),
     Rule("vision_stage", ("model", "training"),
-         lambda a: _vision(a.model) and _non_sft_stage(a) and {**_vision(a.model), **_non_sft_stage(a)},
-         "{stage} on a vision-language model ({model_type}): not supported yet (SFT, chat, serve and merge take "
-         "images); train it on its text with the language model alone, or use SFT."),
+         lambda a: _vision(a.model) and _vision_stage_missing(a) and {**_vision(a.model), **_vision_stage_missing(a)},
+         "{stage} on a vision-language model ({model_type}): not built (SFT and DPO with the sigmoid, ipo, simpo "
+         "and orpo losses train on pictures; chat, serve, merge and eval take them); train it with one of those, "
+         "or on its text with the language model alone."),
     Rule("vision_prompt_learning", ("model", "finetuning"),
          lambda a: a.finetuning.prompt_learning and _vision(a.model),
          "--finetuning_type {finetuning.finetuning_type} with a vision-language model ({model_type}): its virtual "

@@ -11,18 +11,23 @@ the same eval_accuracy on the held-out pairs of --eval_data_path.
     python dpo/train.py --adapter_name_or_path outputs/sft_demo --data_path data/demo/preference.jsonl \\
         --eval_data_path data/demo/preference_eval.jsonl --output_dir outputs/dpo [--loss_type simpo --beta 2.0]
     python dpo/train.py configs/dpo_lora_demo.yaml --loss_type kto --output_dir outputs/kto_demo   # pairs, split
+
+A vision-language model (docs/vision.md) trains on pairs whose context shows pictures (any loss but kto).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from transformers import set_seed
 
 from ..boundary import entry_point
 from ..data.collator import KTOPackingCollator, PreferencePackingCollator
+from ..data.image_encoding import ImagePairCollator
 from ..data.preference import build_preference_datasets
+from ..data.template import processor_of
 from ..data.unpaired import build_kto_datasets
 from ..models.attention import use_varlen_attention
 from ..models.loader import load_model, load_tokenizer
@@ -48,7 +53,9 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
                                                                     report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # a new adapter is drawn at random: make it the same every run
     model = load_model(args.model, args.finetuning, args.training)
-    use_varlen_attention(model)  # the pairs of a batch go through the model as one padding-free row
+    processor = processor_of(tokenizer)  # a vision-language model's: padded rows with their pictures
+    if processor is None:
+        use_varlen_attention(model)  # the pairs of a batch go through the model as one padding-free row
     reference_model = None
     if args.model.adapter_name_or_path and args.dpo.needs_reference:
         # Continuing an adapter (the SFT one): it, frozen, is the reference, not the bare base.
@@ -61,8 +68,8 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
         args=args.training,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        data_collator=KTOPackingCollator() if kto else PreferencePackingCollator(),
+        processing_class=processor or tokenizer,  # a vision-language model's processor is saved whole
+        data_collator=pair_collator(processor, args.data, kto),
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
         lora_learning_rate=args.finetuning.lora_learning_rate,
@@ -70,6 +77,14 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
         reference_model=reference_model,
     )
     return trainer, resume
+
+
+def pair_collator(processor: Any, data_args: Any, kto: bool) -> Callable:
+    """Pairs (or KTO's judged replies) packed in one padding-free row; a vision-language model's pairs as padded
+    rows through its processor (the rules refuse KTO there)."""
+    if processor is not None:
+        return ImagePairCollator(processor, data_args.max_image_pixels)
+    return KTOPackingCollator() if kto else PreferencePackingCollator()
 
 
 def run(argv: Sequence[str] | None = None) -> DPOTrainer:

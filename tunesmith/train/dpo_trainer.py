@@ -17,6 +17,7 @@ import torch
 from datasets import Dataset
 from transformers import EvalPrediction
 
+from ..constants import IGNORE_INDEX
 from ..hparams import DPOArguments
 from .dpo_loss import PreferenceLoss, preference_loss
 from .pair_trainer import PairTrainer
@@ -29,13 +30,18 @@ STAT_NAMES = ("rewards/chosen", "rewards/rejected", "accuracy", "margin", "logps
 # The model's own inputs in a PreferencePackingCollator batch (the rest is for the loss).
 MODEL_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
                 "use_cache", "logits_to_keep")
+# What a padded batch (a vision-language model's) holds beside the model's inputs.
+NOT_MODEL_INPUTS = ("labels", "reference_logps")
 
 
 def sequence_logps(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sequence of a packed batch (data/collator.PreferencePackingCollator): the log-prob of its
     reply tokens, summed (float32), and how many there are. The model returns logits only at the
     positions that predict a reply token, flattened; each is scored against its target and summed into
-    its sequence."""
+    its sequence. A vision-language model's batch (data/image_encoding.ImagePairCollator) is padded rows
+    with their pictures: padded_sequence_logps."""
+    if "labels" in batch:
+        return padded_sequence_logps(model, batch)
     logits = model(**{key: batch[key] for key in MODEL_INPUTS}).logits
     logits = logits.reshape(-1, logits.shape[-1]).float()
     picked = logits.gather(-1, batch["reply_targets"][:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -43,6 +49,28 @@ def sequence_logps(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, tor
     index = batch["reply_index"]
     summed = torch.zeros(sequences, dtype=picked.dtype, device=picked.device).index_add(0, index, picked)
     return summed, torch.bincount(index, minlength=sequences)
+
+
+def padded_sequence_logps(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """sequence_logps of padded rows whose `labels` hold the reply tokens (IGNORE_INDEX elsewhere): the model
+    takes every input of the batch (pixel values, image grids, token types, ...), and only the logits that
+    predict a reply token are scored."""
+    logits = model(**{key: value for key, value in batch.items() if key not in NOT_MODEL_INPUTS}).logits
+    targets = batch["labels"][:, 1:]
+    trained = targets != IGNORE_INDEX
+    picked = logits[:, :-1][trained].float()
+    scores = picked.gather(-1, targets[trained][:, None]).squeeze(-1) - torch.logsumexp(picked, dim=-1)
+    rows = trained.nonzero()[:, 0]
+    sequences = targets.shape[0]
+    return (torch.zeros(sequences, dtype=scores.dtype, device=scores.device).index_add(0, rows, scores),
+            trained.sum(-1))
+
+
+def reply_token_count(batch: dict[str, Any]) -> int:
+    """How many reply tokens a batch of either kind (packed or padded) scores."""
+    if "labels" in batch:
+        return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    return len(batch["reply_targets"])
 
 
 REFERENCE_ADAPTER = "reference"
@@ -112,7 +140,8 @@ class DPOTrainer(PairTrainer):
     def _set_signature_columns_if_needed(self) -> None:
         if self._signature_columns is None:
             self._signature_columns = ["chosen_ids", "rejected_ids", "chosen_start", "chosen_end", "rejected_start",
-                                       "rejected_end", "length", *REFERENCE_COLUMNS]
+                                       "rejected_end", "length", *REFERENCE_COLUMNS,
+                                       "chosen_text", "rejected_text", "images"]  # a vision-language model's
 
     @torch.no_grad()
     def reference_logps(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
@@ -189,7 +218,7 @@ class DPOTrainer(PairTrainer):
         result, stats = self.pair_loss(model, inputs)
         if model.training:
             with torch.no_grad():
-                self._trained_tokens += len(inputs["reply_targets"])
+                self._trained_tokens += reply_token_count(inputs)
                 sums = stats.double().sum(0).cpu()
                 self._train_stats += torch.cat([sums, torch.tensor([len(stats)], dtype=torch.float64)])
         return (result.loss, stats) if return_outputs else result.loss
