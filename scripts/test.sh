@@ -18,4 +18,9 @@ bash scripts/setup.sh "${SETUP_FLAGS[@]}"
 # -n: tests run in TUNESMITH_TEST_WORKERS processes (default 2; 0 runs them in this one), each test handed
 # to whichever worker is free, so the long two-rank runs do not leave the other worker idle at the end.
 WORKERS="${TUNESMITH_TEST_WORKERS:-2}"
+# Each worker's torch (and what it launches) gets its share of the cores: two workers of 2 threads on 2 cores wait
+# on each other (a subset of real training tests: 138-149 s with 1 thread each against 154-157 s with 2).
+if [[ -z "${OMP_NUM_THREADS:-}" && "$WORKERS" -gt 0 ]]; then
+  export OMP_NUM_THREADS=$(( $(nproc) / WORKERS > 0 ? $(nproc) / WORKERS : 1 ))
+fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 -n "$WORKERS" --dist worksteal "${MARKERS[@]}" "$@"
