@@ -2,7 +2,9 @@
 (SmolVLM) models with their real processors. Each record is what the processor makes of its text and pictures, with
 each reply's span on the reply's own tokens; a context cut to fit loses whole early turns and their pictures; the
 batched log-probs equal each sequence's alone through the model's eager attention; LoRA learns pairs that only a
-model reading the picture can get right; the stages not built for pictures refuse in one line."""
+model reading the picture can get right. The same for a Gemma 3 reward model, whose batched scores equal each
+row's alone and which `tunesmith score` runs with the pictures; the stages not built for pictures refuse in one
+line."""
 
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ import pytest
 import torch
 
 from tests.vlm_models import FAMILIES, build_vlm_dir, image_token_ids, make_picture, write_preference_set
-from tunesmith.data.image_encoding import ImagePairCollator
+from tunesmith.data.image_encoding import ImagePairCollator, model_inputs
 from tunesmith.data.images import open_image
 from tunesmith.data.preference import build_preference_datasets
 from tunesmith.data.template import processor_of
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import ModelArguments, TrainDataArguments
 from tunesmith.models.loader import load_tokenizer
+from tunesmith.models.scoring import sequence_scores
 from tunesmith.recipes.dpo import run as dpo_main
 from tunesmith.train.dpo_trainer import sequence_logps
 
@@ -153,6 +156,48 @@ def test_precomputed_reference_logps_of_pictures_equal_the_policys_own(extra, vl
     assert [r["loss"] for r in trainer.state.log_history if "loss" in r][0] == pytest.approx(math.log(2), abs=1e-4)
 
 
+def test_reward_scores_of_a_padded_batch_with_pictures_equal_each_sequence_alone(vlm_dirs, mixed_pairs):
+    """Gemma 3 (the family transformers gives a sequence-classification class): each row's score, read at its last
+    real token with its pictures, is what the row scores alone through eager attention."""
+    from transformers import AutoModelForSequenceClassification
+
+    model_dir = vlm_dirs["gemma3"]
+    processor = processor_of(load_tokenizer(ModelArguments(model_name_or_path=model_dir)))
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, attn_implementation="eager",
+                                                               dtype=torch.float32).eval()
+    rows = records(model_dir, mixed_pairs)
+    with torch.no_grad():
+        batched = sequence_scores(model, **model_inputs(ImagePairCollator(processor)(rows)))
+        alone = []
+        for side in ("chosen", "rejected"):
+            for r in rows:
+                pictures = [open_image(ref) for ref in r["images"]]
+                out = processor(text=[r[f"{side}_text"]], images=[pictures] if pictures else None,
+                                add_special_tokens=False, return_tensors="pt")
+                alone.append(sequence_scores(model, **out).item())
+    assert len(set(alone)) == len(alone)  # the head reads something that differs per row
+    assert torch.allclose(batched, torch.tensor(alone), atol=1e-4), (batched, alone)
+
+
+def test_a_gemma3_reward_model_learns_pairs_only_the_picture_decides_and_scores_them(vlm_dirs, pairs, tmp_path):
+    from tunesmith.recipes.reward import run as reward_main
+    from tunesmith.recipes.score import run as score_main
+
+    out = tmp_path / "rm"
+    trainer = reward_main(["--model_name_or_path", vlm_dirs["gemma3"], "--data_path", pairs, "--output_dir", str(out),
+                           "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--lr_scheduler_type",
+                           "cosine", "--save_strategy", "no", "--plot_loss", "false", "--seed", "0",
+                           "--logging_steps", "1", "--report_to", "none", "--lora_r", "8", "--max_steps", "32"])
+    logs = [r for r in trainer.state.log_history if "loss" in r]
+    assert sum(r["loss"] for r in logs[-4:]) / 4 < 0.25, [r["loss"] for r in logs]
+    assert all(r["accuracy"] == 1.0 for r in logs[-4:])
+    assert any((out / f).is_file() for f in ("preprocessor_config.json", "processor_config.json"))
+    # `tunesmith score` reads the pictures as training did: every pair ranked right, one score per row
+    scored = score_main(["--model_name_or_path", str(out), "--data_path", pairs,
+                         "--output_file", str(tmp_path / "scores.jsonl")])
+    assert len(scored) == 8 and all(r["chosen"] > r["rejected"] for r in scored)
+
+
 @pytest.mark.parametrize(("stage", "extra", "says"), [
     ("reward", (), "reward"),
     ("dpo", ("--loss_type", "kto"), "DPO with --loss_type kto"),
@@ -162,6 +207,16 @@ def test_stages_not_built_for_pictures_refuse_a_vision_model_in_one_line(stage, 
     import importlib
 
     run = importlib.import_module(f"tunesmith.recipes.{stage}").run
-    with pytest.raises(ConfigError, match=rf"^{says} on a vision-language model \(idefics3\): not built \(SFT and DPO"):
+    with pytest.raises(ConfigError, match=rf"^{says} on a vision-language model \(idefics3\): not built \(SFT, DPO "
+                                          r".*reward models of gemma3 train on pictures"):
         run(["--model_name_or_path", vlm_dirs["idefics3"], "--data_path", pairs, "--output_dir", str(tmp_path / "out"),
              *extra])
+
+
+def test_ppo_refuses_a_vision_reward_model_in_one_line(vlm_dirs, default_model_path, pairs, tmp_path):
+    from tunesmith.recipes.ppo import run as ppo_main
+
+    with pytest.raises(ConfigError, match=r"^--reward_model .* is a vision-language reward model \(gemma3\): PPO's "
+                                          "rollouts are text"):
+        ppo_main(["--model_name_or_path", default_model_path, "--reward_model", vlm_dirs["gemma3"], "--data_path",
+                  pairs, "--output_dir", str(tmp_path / "out")])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.vlm_models import FAMILIES, build_vlm_dir, write_memorisation_set
+from tests.vlm_models import TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, write_memorisation_set
 from tunesmith.errors import ConfigError
 from tunesmith.models.vision import VISION_FAMILIES
 from tunesmith.recipes.sft import run as sft_main
@@ -26,7 +26,8 @@ def memorise(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def vlm_dirs(tmp_path_factory, default_model_path):
-    return {family: build_vlm_dir(family, tmp_path_factory.mktemp(family), default_model_path) for family in FAMILIES}
+    return {family: build_vlm_dir(family, tmp_path_factory.mktemp(family), default_model_path)
+            for family in TRAIN_AND_GENERATE_FAMILIES}
 
 
 def run_sft(model_dir: str, data: str, out, *extra: str):
@@ -40,7 +41,7 @@ def losses(trainer) -> list[float]:
     return [r["loss"] for r in trainer.state.log_history if "loss" in r]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", TRAIN_AND_GENERATE_FAMILIES)
 def test_lora_learns_image_conversations_with_the_vision_parts_frozen(family, vlm_dirs, memorise, tmp_path):
     trainer = run_sft(vlm_dirs[family], memorise, tmp_path / "out", "--max_steps", "24", "--lora_r", "8")
     curve = losses(trainer)

@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig
 
 from tests.conftest import running_server
-from tests.vlm_models import FAMILIES, build_vlm_dir, make_picture
+from tests.vlm_models import TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, make_picture
 from tunesmith.chat.session import ChatSession
 from tunesmith.data.images import image_part
 from tunesmith.data.template import encode_prompt
@@ -31,7 +31,7 @@ NEW_TOKENS = 10
 @pytest.fixture(scope="module")
 def vlm_dirs(tmp_path_factory, default_model_path):
     return {family: build_vlm_dir(family, tmp_path_factory.mktemp(family), default_model_path, seed=1)
-            for family in FAMILIES}
+            for family in TRAIN_AND_GENERATE_FAMILIES}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def first_logprobs(model, prompt) -> torch.Tensor:
         return torch.log_softmax(model(**inputs).logits[0, -1].float(), -1)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", TRAIN_AND_GENERATE_FAMILIES)
 def test_engine_replies_with_pictures_equal_generate_also_beside_text_rows(family, vlm_dirs, pictures):
     model, tokenizer = load(vlm_dirs[family])
     prompts = [encode_prompt(tokenizer, asking(pictures["red"])),

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 FAMILIES = ("qwen2_vl", "gemma3", "idefics3")
+# Qwen2.5-VL (its window-attention tower) joins the tests that train and generate; the rest take the three above.
+TRAIN_AND_GENERATE_FAMILIES = (*FAMILIES, "qwen2_5_vl")
 
 # Qwen2-VL-Instruct's chat_template (the hub's chat_template.json), unchanged.
 QWEN2_VL_TEMPLATE = (
@@ -104,6 +106,28 @@ def _qwen2_vl(base_dir: str) -> tuple[Any, Any]:
     return Qwen2VLForConditionalGeneration(config), processor
 
 
+def _qwen2_5_vl(base_dir: str) -> tuple[Any, Any]:
+    """Qwen2.5-VL: Qwen2-VL's processor and template, a vision tower with window attention (windows of 56 pixels,
+    2x2 merged tokens, so a 112x84 picture spans several; the last block attends over the whole picture) and
+    RMSNorm/SwiGLU blocks."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    qwen2, processor = _qwen2_vl(base_dir)
+    processor.processor_class = "Qwen2_5_VLProcessor"
+    text = qwen2.config.text_config.to_dict()
+    config = Qwen2_5_VLConfig(
+        text_config={key: text[key] for key in (*TEXT, "vocab_size", "rope_parameters", "bos_token_id",
+                                                "eos_token_id", "pad_token_id")},
+        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56,
+                       "fullatt_block_indexes": [1]},
+        **{key: getattr(qwen2.config, key) for key in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                                       "vision_end_token_id", "bos_token_id", "eos_token_id",
+                                                       "pad_token_id")},
+    )
+    return Qwen2_5_VLForConditionalGeneration(config), processor
+
+
 class QwenFolder:
     """A Qwen2-VL folder's processor files as the hub ships them: preprocessor_config.json (the image processor's
     settings, naming the processor class), the tokenizer and the chat template. Written by hand: transformers builds
@@ -182,7 +206,7 @@ def _idefics3(base_dir: str) -> tuple[Any, Any]:
     return Idefics3ForConditionalGeneration(config), processor
 
 
-BUILDERS = {"qwen2_vl": _qwen2_vl, "gemma3": _gemma3, "idefics3": _idefics3}
+BUILDERS = {"qwen2_vl": _qwen2_vl, "gemma3": _gemma3, "idefics3": _idefics3, "qwen2_5_vl": _qwen2_5_vl}
 
 
 def build_vlm_dir(family: str, path: Path, base_dir: str, seed: int = 0) -> str:

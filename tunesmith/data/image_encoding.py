@@ -142,12 +142,23 @@ class ImageConversationCollator:
         return {**batch, "labels": labels}
 
 
+# What an ImagePairCollator batch holds beside the model's own inputs.
+PAIR_BATCH_EXTRAS = ("labels", "margin", "reference_logps")
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """An ImagePairCollator batch's inputs for the model: ids, mask and whatever its processor made (pixel values,
+    image grids, token types, ...)."""
+    return {key: value for key, value in batch.items() if key not in PAIR_BATCH_EXTRAS}
+
+
 @dataclass
 class ImagePairCollator:
     """Preference pairs of a vision-language model (data/preference.py's records with `chosen_text`,
     `rejected_text` and `images`) as one padded batch through its processor: every chosen sequence, then every
     rejected one (chosen i is row i, rejected i row B + i), with `labels` holding each reply's tokens and
-    IGNORE_INDEX elsewhere; precomputed reference log-probs, when the records carry them, as `reference_logps`."""
+    IGNORE_INDEX elsewhere (what DPO scores), each pair's `margin` (what a reward model's loss asks for), and
+    precomputed reference log-probs, when the records carry them, as `reference_logps`."""
 
     processor: Any
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
@@ -161,4 +172,5 @@ class ImagePairCollator:
         labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
         for row, (_, ids, start, end) in enumerate(sides):
             labels[row, start:end] = torch.as_tensor(ids[start:end])
-        return with_reference_logps({**batch, "labels": labels}, features)
+        margin = torch.as_tensor([float(f.get("margin") or 0.0) for f in features])
+        return with_reference_logps({**batch, "labels": labels, "margin": margin}, features)

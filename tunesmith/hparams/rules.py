@@ -33,6 +33,7 @@ from ..utils.paths import (
     run_config_record,
     vision_model_type,
 )
+from ..utils.vision_families import reward_model_types
 from .data_args import SPLIT_STAGES, numbers
 from .tool_args import LOOPBACK_HOSTS
 
@@ -162,12 +163,22 @@ def _non_sft_stage(a: SimpleNamespace) -> dict | None:
 
 
 def _vision_stage_missing(a: SimpleNamespace) -> dict | None:
-    """{"stage": ...} for a training stage not built for vision-language models: all but SFT and DPO's paired
-    losses (KTO's unpaired replies, the reward model's score head and PPO's rollouts take no pictures yet)."""
-    stage = _non_sft_stage(a)
+    """{"stage": ..., "reward_types": ...} for a training stage not built for vision-language models: all but SFT,
+    DPO's paired losses and the reward model of a type with a sequence-classification class (KTO's unpaired
+    replies and PPO's rollouts take no pictures yet)."""
+    stage, reward_types = _non_sft_stage(a), reward_model_types()
     if stage and stage["stage"] == "dpo":
-        return {"stage": "DPO with --loss_type kto"} if a.dpo.loss_type == "kto" else None
-    return stage
+        stage = {"stage": "DPO with --loss_type kto"} if a.dpo.loss_type == "kto" else None
+    elif stage and stage["stage"] == "reward" and _vision(a.model)["model_type"] in reward_types:
+        stage = None
+    return stage and {**stage, "reward_types": ", ".join(reward_types)}
+
+
+def _vision_folder(path: str) -> str | None:
+    """The model type of a vision-language model folder, or of an adapter's base; None otherwise."""
+    if is_adapter_dir(path):
+        path = adapter_config(path).get("base_model_name_or_path")
+    return vision_model_type(path) if path else None
 
 
 def _vision(model: Any) -> dict | None:
@@ -276,9 +287,9 @@ RULES: list[Rule] = [
          "padded row per conversation (packing its image positions exactly is not built); use --packing false."),
     Rule("vision_stage", ("model", "training"),
          lambda a: _vision(a.model) and _vision_stage_missing(a) and {**_vision(a.model), **_vision_stage_missing(a)},
-         "{stage} on a vision-language model ({model_type}): not built (SFT and DPO with the sigmoid, ipo, simpo "
-         "and orpo losses train on pictures; chat, serve, merge and eval take them); train it with one of those, "
-         "or on its text with the language model alone."),
+         "{stage} on a vision-language model ({model_type}): not built (SFT, DPO with the sigmoid, ipo, simpo "
+         "and orpo losses, and reward models of {reward_types} train on pictures; chat, serve, merge and eval take "
+         "them); train it with one of those, or on its text with the language model alone."),
     Rule("vision_prompt_learning", ("model", "finetuning"),
          lambda a: a.finetuning.prompt_learning and _vision(a.model),
          "--finetuning_type {finetuning.finetuning_type} with a vision-language model ({model_type}): its virtual "
@@ -469,6 +480,11 @@ RULES: list[Rule] = [
          "--reward_model {path}: {problem} (train one with reward/train.py).", PathError),
     Rule("ptx_files", ("ppo", "data"), lambda a: _first(a.ppo.ptx_data_path, problem_with_data_file),
          "--ptx_data_path {path}: {problem}.", PathError),
+    Rule("ppo_vision_reward_model", ("ppo", "data"),
+         lambda a: a.ppo.reward_model and _vision_folder(a.ppo.reward_model)
+         and {"path": a.ppo.reward_model, "model_type": _vision_folder(a.ppo.reward_model)},
+         "--reward_model {path} is a vision-language reward model ({model_type}): PPO's rollouts are text, with no "
+         "pictures to show it; give a text reward model, or score with `tunesmith score`."),
     Rule("ptx_coef_without_data", ("ppo", "data"), lambda a: a.ppo.ptx_coef is not None and not a.ppo.ptx_data_path,
          "--ptx_coef weighs the supervised loss of --ptx_data_path, which is not given: add --ptx_data_path FILE "
          "(SFT conversations) or drop --ptx_coef."),

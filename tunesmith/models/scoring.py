@@ -46,17 +46,21 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long() * positions).argmax(-1)
 
 
-def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    **image_inputs: Any) -> torch.Tensor:
     """One score per row: the head's output at the row's last real token.
 
     The head's per-token output is captured by a hook inside the model's own forward (so DDP and
     ZeRO-3, which only gather weights during that forward, still see the call), and position ids
-    follow the attention mask, so a left-padded row scores exactly as it does alone."""
+    follow the attention mask, so a left-padded row scores exactly as it does alone. A vision-language
+    reward model (Gemma 3's) also takes its processor's outputs for the rows' pictures (`image_inputs`:
+    pixel_values, token_type_ids)."""
     captured: list[torch.Tensor] = []
     handle = score_head(model).register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+              **image_inputs)
     finally:
         handle.remove()
     per_token = captured[-1]

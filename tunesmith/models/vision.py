@@ -4,13 +4,12 @@ frozen unless asked (--train_vision_tower, --train_projector).
 
 A folder is a vision-language model when its config has a `vision_config` and it ships a processor
 (preprocessor_config.json): Gemma 3 4B and up are both, Gemma 3 1B (gemma3_text) neither. The parts' names
-are transformers 5's, per model type (the table below); a vision model of another type is refused by name."""
+are transformers 5's, per model type (utils/vision_families.py); a vision model of another type is refused by name."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,36 +18,7 @@ from torch import nn
 from ..data.template import apply_chat_template_override, attach_processor
 from ..errors import ConfigError
 from ..utils.paths import PROCESSOR_FILES
-
-
-@dataclass(frozen=True)
-class VisionParts:
-    """Module paths in the model AutoModelForImageTextToText loads (before PEFT wraps it)."""
-
-    tower: str
-    projectors: tuple[str, ...]
-    language: str
-
-
-_LLAVA_LIKE = VisionParts("model.vision_tower", ("model.multi_modal_projector",), "model.language_model")
-_QWEN_VL = VisionParts("model.visual", ("model.visual.merger",), "model.language_model")
-_IDEFICS = VisionParts("model.vision_model", ("model.connector",), "model.text_model")
-
-VISION_FAMILIES: dict[str, VisionParts] = {
-    "qwen2_vl": _QWEN_VL,
-    "qwen2_5_vl": _QWEN_VL,
-    "qwen3_vl": VisionParts("model.visual", ("model.visual.merger", "model.visual.deepstack_merger_list"),
-                            "model.language_model"),
-    "gemma3": _LLAVA_LIKE,
-    "idefics3": _IDEFICS,
-    "smolvlm": _IDEFICS,
-    "llava": _LLAVA_LIKE,
-    "llava_next": _LLAVA_LIKE,
-    "mistral3": _LLAVA_LIKE,
-    "internvl": _LLAVA_LIKE,
-    "paligemma": _LLAVA_LIKE,
-    "mllama": VisionParts("model.vision_model", ("model.multi_modal_projector",), "model.language_model"),
-}
+from ..utils.vision_families import VISION_FAMILIES, VisionParts
 
 
 def vision_parts(config: Any) -> VisionParts | None:

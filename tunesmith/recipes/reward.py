@@ -5,6 +5,8 @@ eval_margin at every checkpoint and at the end.
     python reward/train.py configs/reward_lora_demo.yaml
     python reward/train.py --data_path data/demo/preference.jsonl --eval_data_path data/demo/preference_eval.jsonl \\
         --output_dir outputs/rm [--finetuning_type full] [--center_rewards_coefficient 0.01]
+
+A vision-language model of a type with a sequence-classification class (Gemma 3) trains on pairs with pictures.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from transformers import set_seed
 from trl.trainer.reward_trainer import DataCollatorForPreference
 
 from ..boundary import entry_point
+from ..data.image_encoding import ImagePairCollator
 from ..data.preference import build_preference_datasets
+from ..data.template import processor_of
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
 from ..train.reward_trainer import RewardTrainer
@@ -33,14 +37,16 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str
                                                                 report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # the new score head is drawn at random: make it the same every run
     model = load_model(args.model, args.finetuning, args.training, task="reward")
+    processor = processor_of(tokenizer)  # a vision-language model's (Gemma 3's): pairs with their pictures
 
     trainer = RewardTrainer(
         model=model,
         args=args.training,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        data_collator=DataCollatorForPreference(tokenizer.pad_token_id),
+        processing_class=processor or tokenizer,  # a vision-language model's processor is saved whole
+        data_collator=ImagePairCollator(processor, args.data.max_image_pixels) if processor is not None
+        else DataCollatorForPreference(tokenizer.pad_token_id),
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
         lora_learning_rate=args.finetuning.lora_learning_rate,

@@ -6,7 +6,7 @@ load the reward model -> read rows -> render as in training -> score -> write.
 
 Each input row gives one output line, in order: a preference pair {"chosen": s, "rejected": s}, a
 conversation ending with an assistant turn {"score": s}; null where --max_seq_length drops it. Pairs
-print their accuracy and mean margin.
+print their accuracy and mean margin. A vision-language reward model (Gemma 3's) reads the rows' pictures.
 """
 
 from __future__ import annotations
@@ -15,36 +15,70 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from ..boundary import entry_point
 from ..data.formats import Row, conversation_from_row, load_items, offered_tools
-from ..data.preference import encode_pair, is_pair_row, pair_from_row
+from ..data.image_encoding import ImagePairCollator, model_inputs
+from ..data.preference import PreferencePair, encode_pair, encode_pair_record, is_pair_row, pair_from_row
+from ..data.template import processor_of
 from ..hparams import DataArguments, ScoreArguments, parse_run
 from ..models.loader import load_for_inference
-from ..models.scoring import score_sequences
+from ..models.scoring import score_sequences, sequence_scores
 from ..utils.io import atomic_write_jsonl
 
 logger = logging.getLogger(__name__)
 
 
+def _as_pair(row: Row) -> PreferencePair:
+    """A preference row's pair; a conversation's last reply as both sides of one (its score is the chosen one)."""
+    if is_pair_row(row):
+        return pair_from_row(row)
+    messages = conversation_from_row(row).messages
+    return PreferencePair(row, messages[:-1], messages[-1:], messages[-1:])
+
+
 def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[int]] | None:
     """The token sequences a row asks to score, or None when they do not fit: rendered as training renders them,
     the row's tools included."""
-    if is_pair_row(row):
-        pair = pair_from_row(row)
-        enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, offered_tools(row))
-        return None if enc is None else [enc.chosen_ids, enc.rejected_ids]
-    conversation = conversation_from_row(row)
-    messages = conversation.messages
-    enc = encode_pair(tokenizer, messages[:-1], messages[-1:], messages[-1:], max_length, conversation.tools)
-    return None if enc is None else [enc.chosen_ids]
+    pair = _as_pair(row)
+    enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, offered_tools(row))
+    if enc is None:
+        return None
+    return [enc.chosen_ids, enc.rejected_ids] if is_pair_row(row) else [enc.chosen_ids]
+
+
+@torch.no_grad()
+def score_image_rows(model: Any, tokenizer: Any, rows: list[Row], max_length: int | None, batch_size: int
+                     ) -> list[list[float] | None]:
+    """A vision-language reward model's scores of each row ([chosen, rejected], or [score]; None when it does
+    not fit): each row encoded as training encodes a pair, its pictures through the model's processor."""
+    processor = processor_of(tokenizer)
+    collate = ImagePairCollator(processor)
+    found = [encode_pair_record(tokenizer, _as_pair(row), max_length) for row in rows]
+    kept = [(k, enc.records[0]) for k, enc in enumerate(found) if enc is not None]
+    scores: list[list[float] | None] = [None] * len(rows)
+    device = next(model.parameters()).device
+    for start in range(0, len(kept), batch_size):
+        chunk = kept[start:start + batch_size]
+        batch = {key: value.to(device) if torch.is_tensor(value) else value
+                 for key, value in model_inputs(collate([record for _, record in chunk])).items()}
+        chosen, rejected = sequence_scores(model, **batch).float().cpu().chunk(2)
+        for (k, _), c, r in zip(chunk, chosen.tolist(), rejected.tolist()):
+            scores[k] = [c, r] if is_pair_row(rows[k]) else [c]
+    return scores
 
 
 def score_file(model: Any, tokenizer: Any, data: DataArguments, score: ScoreArguments) -> list[dict]:
     """One dict per row of the data files (the first --max_samples rows, or all), in order."""
     rows, _ = load_items(data.data_path, lambda row: row, data.max_samples)
-    per_row = [_sequences(tokenizer, row, data.max_seq_length) for row in rows]
-    flat = [seq for seqs in per_row if seqs for seq in seqs]
-    scores = iter(score_sequences(model, tokenizer, flat, score.batch_size))
+    if processor_of(tokenizer) is not None:
+        per_row = score_image_rows(model, tokenizer, rows, data.max_seq_length, score.batch_size)
+        scores = iter(value for values in per_row if values for value in values)
+    else:
+        per_row = [_sequences(tokenizer, row, data.max_seq_length) for row in rows]
+        flat = [seq for seqs in per_row if seqs for seq in seqs]
+        scores = iter(score_sequences(model, tokenizer, flat, score.batch_size))
     results = []
     for row, seqs in zip(rows, per_row):
         keys = ("chosen", "rejected") if is_pair_row(row) else ("score",)

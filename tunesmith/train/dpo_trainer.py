@@ -18,6 +18,7 @@ from datasets import Dataset
 from transformers import EvalPrediction
 
 from ..constants import IGNORE_INDEX
+from ..data.image_encoding import model_inputs
 from ..hparams import DPOArguments
 from .dpo_loss import PreferenceLoss, preference_loss
 from .pair_trainer import PairTrainer
@@ -30,8 +31,6 @@ STAT_NAMES = ("rewards/chosen", "rewards/rejected", "accuracy", "margin", "logps
 # The model's own inputs in a PreferencePackingCollator batch (the rest is for the loss).
 MODEL_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
                 "use_cache", "logits_to_keep")
-# What a padded batch (a vision-language model's) holds beside the model's inputs.
-NOT_MODEL_INPUTS = ("labels", "reference_logps")
 
 
 def sequence_logps(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +54,7 @@ def padded_sequence_logps(model: Any, batch: dict[str, Any]) -> tuple[torch.Tens
     """sequence_logps of padded rows whose `labels` hold the reply tokens (IGNORE_INDEX elsewhere): the model
     takes every input of the batch (pixel values, image grids, token types, ...), and only the logits that
     predict a reply token are scored."""
-    logits = model(**{key: value for key, value in batch.items() if key not in NOT_MODEL_INPUTS}).logits
+    logits = model(**model_inputs(batch)).logits
     targets = batch["labels"][:, 1:]
     trained = targets != IGNORE_INDEX
     picked = logits[:, :-1][trained].float()

@@ -16,6 +16,7 @@ import torch
 from torch.nn import functional as F
 from transformers import EvalPrediction
 
+from ..data.image_encoding import model_inputs
 from ..models.scoring import sequence_scores
 from .pair_trainer import PairTrainer
 
@@ -45,6 +46,14 @@ def preference_metrics(prediction: EvalPrediction) -> dict[str, float]:
             "chosen_score": float(chosen.mean()), "rejected_score": float(rejected.mean())}
 
 
+def pair_model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """What the reward model reads of a batch of pairs: ids and mask (trl's DataCollatorForPreference), and a
+    vision-language model's picture inputs (data/image_encoding.ImagePairCollator)."""
+    if "labels" in batch:
+        return model_inputs(batch)
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
 class RewardTrainer(PairTrainer):
     """Batches hold the chosen sequences then the rejected ones (trl's DataCollatorForPreference),
     so both go through the model in one forward. Logs train accuracy and margin; evaluation
@@ -62,10 +71,12 @@ class RewardTrainer(PairTrainer):
 
     def _set_signature_columns_if_needed(self) -> None:
         if self._signature_columns is None:
-            self._signature_columns = ["chosen_ids", "rejected_ids", "margin", "length"]
+            self._signature_columns = ["chosen_ids", "rejected_ids", "margin", "length",
+                                       "chosen_text", "rejected_text", "images",  # a vision-language model's
+                                       "chosen_start", "chosen_end", "rejected_start", "rejected_end"]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        scores = sequence_scores(model, inputs["input_ids"], inputs["attention_mask"]).float()
+        scores = sequence_scores(model, **pair_model_inputs(inputs)).float()
         chosen, rejected = scores.chunk(2)
         loss = pairwise_loss(chosen, rejected, inputs.get("margin"), self.center_rewards_coefficient)
         if model.training:
