@@ -23,7 +23,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText
 
-from tests.vlm_models import FAMILIES, build_vlm_dir
+from tests.vlm_models import build_vlm_dir
 from tunesmith.data.template import processor_of
 from tunesmith.errors import ConfigError, PathError
 from tunesmith.hparams import ModelArguments
@@ -32,9 +32,13 @@ from tunesmith.models.gguf_vision import EXPORTABLE_VISION_TYPES, PROJECTORS, wr
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.recipes.export import run as export
 
-PROJECTOR_TYPES = {"qwen2_vl": gguf.VisionProjectorType.QWEN2VL, "gemma3": gguf.VisionProjectorType.GEMMA3,
-                   "idefics3": gguf.VisionProjectorType.IDEFICS3}
-TEXT_ARCHS = {"qwen2_vl": gguf.MODEL_ARCH.QWEN2VL, "gemma3": gguf.MODEL_ARCH.GEMMA3, "idefics3": gguf.MODEL_ARCH.LLAMA}
+# Idefics3's files are written, not exported (gguf_vision says why); Qwen2.5-VL's are both
+WRITTEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "gemma3", "idefics3")
+QWEN = ("qwen2_vl", "qwen2_5_vl")
+PROJECTOR_TYPES = {"qwen2_vl": gguf.VisionProjectorType.QWEN2VL, "qwen2_5_vl": gguf.VisionProjectorType.QWEN25VL,
+                   "gemma3": gguf.VisionProjectorType.GEMMA3, "idefics3": gguf.VisionProjectorType.IDEFICS3}
+TEXT_ARCHS = {"qwen2_vl": gguf.MODEL_ARCH.QWEN2VL, "qwen2_5_vl": gguf.MODEL_ARCH.QWEN2VL,
+              "gemma3": gguf.MODEL_ARCH.GEMMA3, "idefics3": gguf.MODEL_ARCH.LLAMA}
 _V = gguf.MODEL_TENSOR
 
 
@@ -56,7 +60,7 @@ def exportable_dir(family: str, path: Path, base_dir: str) -> str:
 
 @pytest.fixture(scope="module")
 def vlm_dirs(tmp_path_factory, default_model_path) -> dict[str, str]:
-    return {f: exportable_dir(f, tmp_path_factory.mktemp(f), default_model_path) for f in FAMILIES}
+    return {f: exportable_dir(f, tmp_path_factory.mktemp(f), default_model_path) for f in WRITTEN_FAMILIES}
 
 
 _LOADED: dict[str, tuple] = {}
@@ -100,11 +104,11 @@ def name(key: gguf.MODEL_TENSOR, suffix: str = ".weight", bid: int | None = None
 def test_the_rules_table_lists_the_vision_types_the_writer_knows():
     from tunesmith.hparams.rules import GGUF_VISION_TYPES
 
-    assert GGUF_VISION_TYPES == EXPORTABLE_VISION_TYPES == ("qwen2_vl", "gemma3")
-    assert tuple(PROJECTORS) == FAMILIES  # Idefics3's files are written, not exported (gguf_vision says why)
+    assert GGUF_VISION_TYPES == EXPORTABLE_VISION_TYPES == ("qwen2_vl", "qwen2_5_vl", "gemma3")
+    assert tuple(PROJECTORS) == WRITTEN_FAMILIES
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", WRITTEN_FAMILIES)
 def test_the_mmproj_file_has_the_towers_settings_under_llama_cpps_keys(family, vlm_dirs, written):
     model, tokenizer = load(vlm_dirs[family])
     v, text = model.config.vision_config, model.config.text_config
@@ -123,6 +127,11 @@ def test_the_mmproj_file_has_the_towers_settings_under_llama_cpps_keys(family, v
         expected = {KV.EMBEDDING_LENGTH: v.embed_dim, KV.BLOCK_COUNT: v.depth, KV.Attention.HEAD_COUNT: v.num_heads,
                     KV.FEED_FORWARD_LENGTH: v.embed_dim * v.mlp_ratio, KV.SPATIAL_MERGE_SIZE: v.spatial_merge_size}
         assert KV.USE_GELU not in got  # llama.cpp's default activation is quick_gelu, the tower's
+    elif family == "qwen2_5_vl":  # hidden_size is the tower's width; SiLU; full attention every 2nd block here
+        expected = {KV.EMBEDDING_LENGTH: v.hidden_size, KV.BLOCK_COUNT: v.depth, KV.Attention.HEAD_COUNT: v.num_heads,
+                    KV.FEED_FORWARD_LENGTH: v.intermediate_size, KV.SPATIAL_MERGE_SIZE: v.spatial_merge_size,
+                    KV.USE_SILU: True, KV.N_WA_PATTERN: 2}
+        assert v.fullatt_block_indexes == [1] and KV.USE_GELU not in got
     else:
         expected = {KV.EMBEDDING_LENGTH: v.hidden_size, KV.BLOCK_COUNT: v.num_hidden_layers,
                     KV.Attention.HEAD_COUNT: v.num_attention_heads, KV.FEED_FORWARD_LENGTH: v.intermediate_size,
@@ -139,13 +148,13 @@ def _source_tensors(model) -> dict[str, np.ndarray]:
     return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", WRITTEN_FAMILIES)
 def test_the_mmproj_file_holds_the_tower_and_projector_as_llama_cpps_converter_writes_them(family, vlm_dirs,
                                                                                          written):
     model, _ = load(vlm_dirs[family])
     src, got = _source_tensors(model), tensors(gguf.GGUFReader(written[family][1]))
     assert not any(k.startswith(("blk.", "token_embd", "output")) for k in got)  # nothing of the language model
-    if family == "qwen2_vl":
+    if family in QWEN:
         qkv = src["model.visual.blocks.1.attn.qkv.weight"]
         width = qkv.shape[0] // 3
         for k, part in enumerate((_V.V_ENC_ATTN_Q, _V.V_ENC_ATTN_K, _V.V_ENC_ATTN_V)):
@@ -157,7 +166,13 @@ def test_the_mmproj_file_holds_the_tower_and_projector_as_llama_cpps_converter_w
         np.testing.assert_array_equal(got[name(_V.V_ENC_EMBD_PATCH, ".weight.1")], conv[:, :, 1])
         np.testing.assert_array_equal(got[name(_V.V_MMPROJ, bid=2)], src["model.visual.merger.mlp.2.weight"])
         np.testing.assert_array_equal(got[name(_V.V_POST_NORM)], src["model.visual.merger.ln_q.weight"])
-        expected = 2 + 16 * model.config.vision_config.depth + 2 + 4  # patch frames, blocks, ln_q, merger
+        if family == "qwen2_5_vl":  # a gated MLP (one more matrix and bias), RMSNorms (no biases): 16 a block again
+            np.testing.assert_array_equal(got[name(_V.V_ENC_FFN_GATE, bid=0)],
+                                          src["model.visual.blocks.0.mlp.gate_proj.weight"])
+            assert not any(k.endswith("ln1.bias") or k.endswith("ln2.bias") for k in got)
+            expected = 2 + 16 * model.config.vision_config.depth + 1 + 4  # ln_q: a weight only
+        else:
+            expected = 2 + 16 * model.config.vision_config.depth + 2 + 4  # patch frames, blocks, ln_q, merger
     else:
         tower = "model.vision_tower." if family == "gemma3" else "model.vision_model."
         np.testing.assert_array_equal(got[name(_V.V_ENC_EMBD_PATCH)], src[tower + "embeddings.patch_embedding.weight"])
@@ -192,13 +207,13 @@ def test_the_text_gguf_is_the_language_model_in_llama_cpps_architecture_for_it(f
     assert got[gguf.Keys.LLM.EMBEDDING_LENGTH.format(arch=arch)] == text.hidden_size
     assert reader.fields[gguf.Keys.Tokenizer.CHAT_TEMPLATE].contents() == tokenizer.chat_template
     sections = got.get(gguf.Keys.Rope.DIMENSION_SECTIONS.format(arch=arch))
-    assert sections == ([*text.rope_parameters["mrope_section"], 0] if family == "qwen2_vl" else None)
+    assert sections == ([*text.rope_parameters["mrope_section"], 0] if family in QWEN else None)
     weights = tensors(reader)
     language = "model.text_model." if family == "idefics3" else "model.language_model."
     np.testing.assert_array_equal(weights[name(_V.TOKEN_EMBD)],
                                   model.state_dict()[language + "embed_tokens.weight"].numpy())
     assert not any(k.startswith(("v.", "mm.")) for k in weights)
-    per_layer = 12 if family == "qwen2_vl" else 13 if family == "gemma3" else 9  # q/k/v biases; Gemma's norms
+    per_layer = 12 if family in QWEN else 13 if family == "gemma3" else 9  # q/k/v biases; Gemma's norms
     tied = family == "gemma3"
     assert len(weights) == per_layer * text.num_hidden_layers + 2 + (not tied)  # embeddings, final norm, head
 
@@ -211,7 +226,8 @@ def test_other_vision_models_adapters_and_k_quants_are_refused_in_one_line(vlm_d
     (llava / "preprocessor_config.json").write_text("{}")
     out = str(tmp_path / "m.gguf")
     for folder, model_type in ((str(llava), "llava"), (vlm_dirs["idefics3"], "idefics3")):
-        with pytest.raises(ConfigError, match=r"^GGUF export of a vision-language model writes qwen2_vl, gemma3 \(the "
+        with pytest.raises(ConfigError, match=r"^GGUF export of a vision-language model writes qwen2_vl, qwen2_5_vl, "
+                                              r"gemma3 \(the "
                                               rf"text model and llama.cpp's mmproj file\); this one is {model_type}: "):
             export(["--model_name_or_path", folder, "--output_file", out])
     with pytest.raises(ConfigError, match=r"^--adapter_only and the k-quants .* are not built for vision-language"):

@@ -107,9 +107,9 @@ def _qwen2_vl(base_dir: str) -> tuple[Any, Any]:
 
 
 def _qwen2_5_vl(base_dir: str) -> tuple[Any, Any]:
-    """Qwen2.5-VL: Qwen2-VL's processor and template, a vision tower with window attention (windows of 56 pixels,
-    2x2 merged tokens, so a 112x84 picture spans several; the last block attends over the whole picture) and
-    RMSNorm/SwiGLU blocks."""
+    """Qwen2.5-VL: Qwen2-VL's processor and template, a vision tower with window attention (windows of 112 pixels,
+    the released models' and llama.cpp's, 4x4 merged tokens: a 224x56 picture spans two; the second block attends
+    over the whole picture) and RMSNorm/SwiGLU blocks."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     qwen2, processor = _qwen2_vl(base_dir)
@@ -119,7 +119,7 @@ def _qwen2_5_vl(base_dir: str) -> tuple[Any, Any]:
         text_config={key: text[key] for key in (*TEXT, "vocab_size", "rope_parameters", "bos_token_id",
                                                 "eos_token_id", "pad_token_id")},
         vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
                        "fullatt_block_indexes": [1]},
         **{key: getattr(qwen2.config, key) for key in ("image_token_id", "video_token_id", "vision_start_token_id",
                                                        "vision_end_token_id", "bos_token_id", "eos_token_id",

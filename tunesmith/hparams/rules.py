@@ -108,7 +108,7 @@ GGUF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalL
 GGUF_K_QUANTS = ("q4_k_m", "q5_k_m", "q6_k")
 # The vision-language model types it exports as a text GGUF plus llama.cpp's mmproj file (models/gguf_vision.py's
 # EXPORTABLE_VISION_TYPES; a test keeps the two equal).
-GGUF_VISION_TYPES = ("qwen2_vl", "gemma3")
+GGUF_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl", "gemma3")
 
 
 def _not_exportable(model: Any) -> dict | None:

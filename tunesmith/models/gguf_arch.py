@@ -114,6 +114,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 # transformers' GGUF loader has no qwen2vl.
 LANGUAGE_MODELS: dict[str, Architecture] = {
     "qwen2_vl": Architecture(gguf.MODEL_ARCH.QWEN2VL, metadata=_mrope_metadata, transformers_reads_back=False),
+    "qwen2_5_vl": Architecture(gguf.MODEL_ARCH.QWEN2VL, metadata=_mrope_metadata, transformers_reads_back=False),
     "gemma3": ARCHITECTURES["Gemma3ForCausalLM"],
     "idefics3": _LLAMA,
 }

@@ -27,6 +27,7 @@ from .gguf_llama_cpp import _quiet_stderr, llama_cpp_version, load
 # llama.cpp reads: mtmd's media marker, around which mtmd itself writes the family's begin/end tokens.
 PLACEHOLDERS = {
     "qwen2_vl": ("<|vision_start|><|image_pad|><|vision_end|>", "{marker}"),  # mtmd adds vision_start/end
+    "qwen2_5_vl": ("<|vision_start|><|image_pad|><|vision_end|>", "{marker}"),
     "gemma3": ("<start_of_image>", "\n\n{marker}\n\n"),  # transformers' processor adds the blank lines around it
     "idefics3": ("<image>", "{marker}"),
 }

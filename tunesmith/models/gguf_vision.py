@@ -11,6 +11,8 @@ reshaping:
 - Qwen2-VL: the fused qkv of each block split into q, k and v; the 3D patch embedding (two frames of a picture) split
   into two 2D ones (`v.patch_embd.weight` and `.weight.1`, which llama.cpp adds up for a still picture);
   projector `qwen2vl_merger`; the tower's quick_gelu is llama.cpp's default activation.
+- Qwen2.5-VL: the same reshaping; projector `qwen2.5vl_merger`, SiLU (gated MLP, RMSNorm), and the window-attention
+  pattern (`clip.vision.n_wa_pattern`: full attention every n-th block, windows of 112 pixels).
 - Gemma 3: SigLIP tower plus projector `gemma3` (its RMSNorm's weight + 1, as in the text model); the tower's unused
   pooling head is left out; the input projection stays f16 (the converter's choice, llama.cpp issue 13025).
 - Idefics3 / SmolVLM: SigLIP tower plus projector `idefics3`, its pixel-shuffle scale factor and the image
@@ -97,6 +99,12 @@ def _qwen2_vl_size(v: Any) -> VisionSize:
                       getattr(v, "image_size", 560), v.patch_size, 1e-6)
 
 
+def _qwen2_5_vl_size(v: Any) -> VisionSize:
+    # hidden_size is the tower's width here (out_hidden_size the merger's output); RMSNorm's eps as for Qwen2-VL
+    return VisionSize(v.hidden_size, v.intermediate_size, v.depth, v.num_heads, getattr(v, "image_size", 560),
+                      v.patch_size, 1e-6)
+
+
 def _siglip_size(v: Any) -> VisionSize:
     return VisionSize(v.hidden_size, v.intermediate_size, v.num_hidden_layers, v.num_attention_heads, v.image_size,
                       v.patch_size, v.layer_norm_eps)
@@ -124,6 +132,27 @@ def _qwen2_vl_reshape(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, to
         yield name, tensor
 
 
+# llama.cpp's qwen2.5vl graph cuts the patch grid into windows of this many pixels a side (clip.cpp: an
+# attn_window_size it does not read for this projector falls back to 112, the released models' window_size)
+QWEN2_5_VL_WINDOW = 112
+
+
+def _qwen2_5_vl_metadata(writer: gguf.GGUFWriter, config: Any, image_processor: Any) -> None:
+    """Qwen2-VL's keys, SiLU, and the window-attention pattern: every n-th block attends over the whole picture."""
+    _qwen2_vl_metadata(writer, config, image_processor)
+    v = config.vision_config
+    if v.window_size != QWEN2_5_VL_WINDOW:
+        raise ConfigError(f"export_gguf: llama.cpp's Qwen2.5-VL attends in windows of {QWEN2_5_VL_WINDOW} pixels; "
+                          f"this model's window_size is {v.window_size} (config.json vision_config)")
+    full = list(v.fullatt_block_indexes)
+    pattern = full[0] + 1 if full else 0
+    if not full or full != list(range(pattern - 1, v.depth, pattern)):  # llama.cpp: block i full when (i+1) % n == 0
+        raise ConfigError(f"export_gguf: llama.cpp's Qwen2.5-VL takes full attention in every n-th block; this "
+                          f"model's fullatt_block_indexes {full} (config.json vision_config) are not such a pattern")
+    writer.add_vision_use_silu(True)
+    writer.add_vision_n_wa_pattern(pattern)
+
+
 def _gemma3_metadata(writer: gguf.GGUFWriter, config: Any, image_processor: Any) -> None:
     writer.add_vision_use_gelu(True)
     v = config.vision_config
@@ -148,6 +177,9 @@ PROJECTORS: dict[str, Projector] = {
     "qwen2_vl": Projector(gguf.VisionProjectorType.QWEN2VL, "quick_gelu", _qwen2_vl_size,
                           (("model.visual.", "visual."),), _qwen2_vl_metadata, _qwen2_vl_reshape,
                           f32_always=(".position_embd.",)),
+    "qwen2_5_vl": Projector(gguf.VisionProjectorType.QWEN25VL, "silu", _qwen2_5_vl_size,
+                            (("model.visual.", "visual."),), _qwen2_5_vl_metadata, _qwen2_vl_reshape,
+                            f32_always=(".position_embd.",)),
     "gemma3": Projector(gguf.VisionProjectorType.GEMMA3, "gelu_pytorch_tanh", _siglip_size,
                         (("model.vision_tower.", "vision_tower.vision_model."),
                          ("model.multi_modal_projector.", "multi_modal_projector.")),
@@ -161,7 +193,7 @@ PROJECTORS: dict[str, Projector] = {
 # into tiles of image_size plus an overview (mtmd-image.cpp, mtmd_image_preprocessor_idefics3), where transformers'
 # processor shows a picture no larger than a tile whole, so the two lay out different prompts and the check cannot
 # pass on such a picture; a check on tiled pictures is not built yet.
-EXPORTABLE_VISION_TYPES = ("qwen2_vl", "gemma3")
+EXPORTABLE_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl", "gemma3")
 
 
 def projector(config: Any) -> Projector:

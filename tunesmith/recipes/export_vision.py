@@ -74,14 +74,18 @@ class VisionExportResult:
     embd_tolerance: float
 
 
+# Qwen pictures both engines take without resizing: a whole number of merged patches (28 px), within transformers'
+# default pixel limits and llama.cpp's 8 to 4096 tokens. Qwen2.5-VL's spans two of its 112-pixel attention windows.
+QWEN_CHECK_PICTURES = {"qwen2_vl": (112, 84), "qwen2_5_vl": (224, 56)}
+
+
 def check_picture(config: Any) -> Any:
-    """A picture both engines take without resizing: Qwen2-VL's 112x84 is a whole number of merged patches (28 px),
-    12 tokens, within transformers' default pixel limits and llama.cpp's 8 to 4096 tokens; Gemma 3's SigLIP tower
-    takes its image_size square as it is. A red square and a blue disc on white."""
+    """A picture both engines take without resizing: Qwen2-VL's 112x84 (12 tokens), Qwen2.5-VL's 224x56 (16 tokens,
+    two attention windows); Gemma 3's SigLIP tower takes its image_size square as it is. A red square and a blue
+    disc on white."""
     from PIL import Image, ImageDraw
 
-    side = config.vision_config.image_size if config.model_type != "qwen2_vl" else None
-    width, height = (side, side) if side else (112, 84)
+    width, height = QWEN_CHECK_PICTURES.get(config.model_type) or (config.vision_config.image_size,) * 2
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     draw.rectangle((width // 8, height // 8, width // 2, height // 2), fill=(220, 30, 30))
