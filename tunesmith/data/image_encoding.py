@@ -20,7 +20,7 @@ import torch
 
 from ..constants import IGNORE_INDEX
 from ..errors import DataError, TemplateError
-from .collator import with_reference_logps
+from .collator import PackingCollator, with_reference_logps
 from .images import DEFAULT_MAX_IMAGE_PIXELS, open_image
 from .template import Encoded, trained_token_count
 
@@ -140,6 +140,27 @@ class ImageConversationCollator:
         for row, f in enumerate(features):
             labels[row, :len(f["labels"])] = torch.as_tensor(f["labels"])
         return {**batch, "labels": labels}
+
+
+@dataclass
+class ImagePackingCollator:
+    """A batch of image-conversation records as one padding-free row (data/collator.PackingCollator: positions from
+    0 in each example, `cu_seq_lens_q`, the trained positions' logits only), with the processor's picture inputs for
+    the row's pictures in order: for the families whose packing is exact (utils/vision_families
+    PACKABLE_VISION_TYPES), where each picture is encoded alone and its features replace its tokens. The row runs in
+    one forward (a forward split would split the pictures)."""
+
+    processor: Any
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    trained_logits_only: bool = True
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        ids = [token for f in features for token in f["input_ids"]]
+        pictures = processed_batch(self.processor, features, ["".join(f["text"] for f in features)],
+                                   [[ref for f in features for ref in f["images"] or []]], [ids],
+                                   self.max_image_pixels)
+        packed = PackingCollator(trained_logits_only=self.trained_logits_only, max_forward_tokens=0)(features)
+        return {**packed, **{key: value for key, value in pictures.items() if key not in ("input_ids", "attention_mask")}}
 
 
 # What an ImagePairCollator batch holds beside the model's own inputs.

@@ -33,7 +33,7 @@ from ..utils.paths import (
     run_config_record,
     vision_model_type,
 )
-from ..utils.vision_families import reward_model_types
+from ..utils.vision_families import PACKABLE_VISION_TYPES, reward_model_types
 from .data_args import SPLIT_STAGES, numbers
 from .tool_args import LOOPBACK_HOSTS
 
@@ -282,9 +282,16 @@ RULES: list[Rule] = [
          "are Triton, GPU only): drop the flag on CPU."),
     # -- vision-language models (models/vision.py)
     Rule("vision_packing", ("model", "data"),
-         lambda a: getattr(a.data, "packing", False) and _vision(a.model),
-         "--packing with a vision-language model ({model_type}): its batches go through the model's processor, one "
-         "padded row per conversation (packing its image positions exactly is not built); use --packing false."),
+         lambda a: getattr(a.data, "packing", False) and (v := _vision(a.model))
+         and v["model_type"] not in PACKABLE_VISION_TYPES and v,
+         "--packing with a vision-language model ({model_type}): packed exactly for "
+         + ", ".join(PACKABLE_VISION_TYPES) + " only (Gemma 3's picture tokens attend to each other both ways, "
+         "Qwen's M-RoPE positions follow each row's pictures); use --packing false."),
+    Rule("vision_packing_forward_tokens", ("model", "data"),
+         lambda a: getattr(a.data, "max_forward_tokens", None) and getattr(a.data, "packing", False)
+         and _vision(a.model),
+         "--max_forward_tokens {data.max_forward_tokens} with a vision-language model: a packed row runs in one "
+         "forward (a split would cut its pictures' inputs); drop it, or lower --per_device_train_batch_size."),
     Rule("vision_stage", ("model", "training"),
          lambda a: _vision(a.model) and _vision_stage_missing(a) and {**_vision(a.model), **_vision_stage_missing(a)},
          "{stage} on a vision-language model ({model_type}): not built (SFT, DPO with the sigmoid, ipo, simpo "

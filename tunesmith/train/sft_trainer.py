@@ -15,7 +15,7 @@ from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
 from ..constants import CPU_FORWARD_TOKENS, IGNORE_INDEX
 from ..data.collator import PackingCollator, PaddingCollator
-from ..data.image_encoding import ImageConversationCollator
+from ..data.image_encoding import ImageConversationCollator, ImagePackingCollator
 from ..data.packing import FORWARD_SPLITS, SIZED_BY_FREE_MEMORY, slice_packed_row
 from ..data.template import processor_of
 from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
@@ -339,12 +339,14 @@ def sft_collator(model: torch.nn.Module, tokenizer: Any, data_args: Any, trainin
     full logits (label smoothing) or computes the loss from hidden states itself (Liger's fused linear
     cross-entropy)."""
     processor = processor_of(tokenizer)
-    if processor is not None:  # a vision-language model: its processor makes the batches (the rules refuse packing)
+    if processor is not None and not data_args.packing:  # a vision-language model: its processor makes the batches
         return ImageConversationCollator(processor, data_args.max_image_pixels)
     if not data_args.packing:
         return PaddingCollator(tokenizer.pad_token_id)
     use_varlen_attention(model)
     full_logits = training_args.use_liger_kernel or training_args.label_smoothing_factor != 0
+    if processor is not None:  # the families the rules let pack (utils/vision_families.PACKABLE_VISION_TYPES)
+        return ImagePackingCollator(processor, data_args.max_image_pixels, trained_logits_only=not full_logits)
     max_forward_tokens = data_args.max_forward_tokens
     if max_forward_tokens is None and training_args.deepspeed:  # DeepSpeed steps at every backward: one forward
         max_forward_tokens = 0

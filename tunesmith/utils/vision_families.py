@@ -44,3 +44,10 @@ def reward_model_types() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
     return sorted(t for t in VISION_FAMILIES if t in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+
+
+# The families whose examples pack into one padding-free row exactly (data/image_encoding.ImagePackingCollator): a
+# language model with plain positions and causal attention, pictures encoded one by one and put in place of their
+# tokens (Idefics3, SmolVLM). Not Gemma 3 (its tokens of a picture attend to each other both ways, which a causal
+# packed row does not compute) nor Qwen's (M-RoPE positions computed per row from the pictures' grids).
+PACKABLE_VISION_TYPES = ("idefics3", "smolvlm")
