@@ -13,6 +13,7 @@ same tokens."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,8 @@ class ImagePackingCollator:
     processor: Any
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     trained_logits_only: bool = True
+    # Qwen's M-RoPE: the model's get_rope_index, run on each example alone (its pictures' grids place its tokens)
+    rope_index: Callable | None = None
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         ids = [token for f in features for token in f["input_ids"]]
@@ -160,7 +163,24 @@ class ImagePackingCollator:
                                    [[ref for f in features for ref in f["images"] or []]], [ids],
                                    self.max_image_pixels)
         packed = PackingCollator(trained_logits_only=self.trained_logits_only, max_forward_tokens=0)(features)
-        return {**packed, **{key: value for key, value in pictures.items() if key not in ("input_ids", "attention_mask")}}
+        if self.rope_index is not None:
+            packed["position_ids"] = self.mrope_positions(features, pictures, packed["position_ids"])
+        dropped = ("input_ids", "attention_mask")
+        return {**packed, **{key: value for key, value in pictures.items() if key not in dropped}}
+
+    def mrope_positions(self, features: list[dict[str, Any]], row: dict[str, Any], text_positions: torch.Tensor
+                        ) -> torch.Tensor:
+        """[4, 1, tokens]: each example's text positions (from 0: where transformers' mask sees the examples
+        start), then its three M-RoPE rows as the model computes them for the example alone."""
+        parts, start, image = [], 0, 0
+        for f in features:
+            end, shown = start + len(f["input_ids"]), len(f["images"] or [])
+            grids = row["image_grid_thw"][image:image + shown] if shown else None
+            positions, _ = self.rope_index(row["input_ids"][:, start:end], row["mm_token_type_ids"][:, start:end],
+                                           image_grid_thw=grids, attention_mask=torch.ones_like(row["input_ids"][:, start:end]))
+            parts.append(positions)
+            start, image = end, image + shown
+        return torch.cat([text_positions[None], torch.cat(parts, dim=-1).to(text_positions.dtype)])
 
 
 # What an ImagePairCollator batch holds beside the model's own inputs.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import nn
 from ..data.template import apply_chat_template_override, attach_processor
 from ..errors import ConfigError
 from ..utils.paths import PROCESSOR_FILES
-from ..utils.vision_families import VISION_FAMILIES, VisionParts
+from ..utils.vision_families import MROPE_VISION_TYPES, VISION_FAMILIES, VisionParts
 
 
 def vision_parts(config: Any) -> VisionParts | None:
@@ -90,6 +91,15 @@ def image_only_processor(path: str, trust_remote_code: bool = False) -> Any:
 
 def _parameters_under(model: nn.Module, prefix: str) -> list[nn.Parameter]:
     return [p for name, p in model.named_parameters() if name.startswith(prefix + ".")]
+
+
+def mrope_index(model: nn.Module) -> Callable | None:
+    """The model's own M-RoPE position function (get_rope_index) for a packed row's examples, where its family has
+    one (utils/vision_families.MROPE_VISION_TYPES); None for plain positions."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if base.config.model_type not in MROPE_VISION_TYPES:
+        return None
+    return base.model.get_rope_index
 
 
 def set_vision_trainable(model: nn.Module, parts: VisionParts, train_tower: bool, train_projector: bool) -> None:

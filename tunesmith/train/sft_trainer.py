@@ -22,6 +22,7 @@ from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
 from ..models.attention import use_varlen_attention
 from ..models.prompt_learning import load_encoder, save_encoder
+from ..models.vision import mrope_index
 from ..utils.hardware import trains_on_cpu
 from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
@@ -346,7 +347,8 @@ def sft_collator(model: torch.nn.Module, tokenizer: Any, data_args: Any, trainin
     use_varlen_attention(model)
     full_logits = training_args.use_liger_kernel or training_args.label_smoothing_factor != 0
     if processor is not None:  # the families the rules let pack (utils/vision_families.PACKABLE_VISION_TYPES)
-        return ImagePackingCollator(processor, data_args.max_image_pixels, trained_logits_only=not full_logits)
+        return ImagePackingCollator(processor, data_args.max_image_pixels, trained_logits_only=not full_logits,
+                                    rope_index=mrope_index(model))
     max_forward_tokens = data_args.max_forward_tokens
     if max_forward_tokens is None and training_args.deepspeed:  # DeepSpeed steps at every backward: one forward
         max_forward_tokens = 0

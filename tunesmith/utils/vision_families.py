@@ -47,7 +47,9 @@ def reward_model_types() -> list[str]:
 
 
 # The families whose examples pack into one padding-free row exactly (data/image_encoding.ImagePackingCollator): a
-# language model with plain positions and causal attention, pictures encoded one by one and put in place of their
-# tokens (Idefics3, SmolVLM). Not Gemma 3 (its tokens of a picture attend to each other both ways, which a causal
-# packed row does not compute) nor Qwen's (M-RoPE positions computed per row from the pictures' grids).
-PACKABLE_VISION_TYPES = ("idefics3", "smolvlm")
+# language model with causal attention, pictures encoded one by one and put in place of their tokens, and positions
+# from each example alone: plain ones (Idefics3, SmolVLM) or M-RoPE's from the model's get_rope_index on the example
+# (Qwen2-VL, Qwen2.5-VL: MROPE_VISION_TYPES). Not Gemma 3: the tokens of a picture attend to each other both ways,
+# which a causal packed row does not compute; not Qwen3-VL (its positions are not checked here).
+MROPE_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl")
+PACKABLE_VISION_TYPES = ("idefics3", "smolvlm", *MROPE_VISION_TYPES)
