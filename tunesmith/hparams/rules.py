@@ -286,7 +286,7 @@ RULES: list[Rule] = [
          and v["model_type"] not in PACKABLE_VISION_TYPES and v,
          "--packing with a vision-language model ({model_type}): packed exactly for "
          + ", ".join(PACKABLE_VISION_TYPES) + " only (Gemma 3's picture tokens attend to each other both ways, "
-         "which a causal packed row does not compute); use --packing false."),
+         "which a causal packed row does not compute; Qwen3-VL's positions are not checked); use --packing false."),
     Rule("vision_packing_forward_tokens", ("model", "data"),
          lambda a: getattr(a.data, "max_forward_tokens", None) and getattr(a.data, "packing", False)
          and _vision(a.model),
