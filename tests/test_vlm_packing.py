@@ -6,12 +6,10 @@ refused in one line."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from tests.vlm_models import build_vlm_dir, make_picture, write_memorisation_set
+from tests.vlm_models import build_vlm_dir, write_memorisation_set, write_mixed_rows
 from tunesmith.data.dataset import build_sft_dataset
 from tunesmith.data.image_encoding import ImagePackingCollator
 from tunesmith.data.images import open_image
@@ -37,25 +35,7 @@ def idefics3(vlm_dirs) -> str:
 
 @pytest.fixture(scope="module")
 def conversations(tmp_path_factory) -> str:
-    """Three conversations of different lengths: two pictures in two turns, one picture, none."""
-    folder = tmp_path_factory.mktemp("packing")
-    make_picture(folder / "red.png", (230, 20, 20))
-    make_picture(folder / "blue.png", (20, 40, 230), size=(84, 56), shape="circle")
-    rows = [
-        {"messages": [{"role": "user", "content": [{"type": "image", "image": "blue.png"},
-                                                   {"type": "text", "text": "What shape is this?"}]},
-                      {"role": "assistant", "content": "A circle."},
-                      {"role": "user", "content": [{"type": "text", "text": "And this one?"},
-                                                   {"type": "image", "image": "red.png"}]},
-                      {"role": "assistant", "content": "A red square, drawn on white."}]},
-        {"messages": [{"role": "user", "content": [{"type": "image", "image": "red.png"},
-                                                   {"type": "text", "text": "Colour?"}]},
-                      {"role": "assistant", "content": "Red."}]},
-        {"messages": [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello there!"}]},
-    ]
-    path = folder / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+    return write_mixed_rows(tmp_path_factory.mktemp("packing"), "sft")
 
 
 @pytest.mark.parametrize("family", PACKED_FAMILIES)

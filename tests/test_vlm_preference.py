@@ -8,13 +8,13 @@ line."""
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
 
-from tests.vlm_models import FAMILIES, build_vlm_dir, image_token_ids, make_picture, write_preference_set
+from tests.vlm_models import FAMILIES, build_vlm_dir, image_token_ids, write_mixed_rows, write_preference_set
 from tunesmith.data.image_encoding import ImagePairCollator, model_inputs
 from tunesmith.data.images import open_image
 from tunesmith.data.preference import build_preference_datasets
@@ -39,25 +39,7 @@ def pairs(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def mixed_pairs(tmp_path_factory) -> str:
-    """A pair with two pictures in two turns, one with one picture, one with none."""
-    folder = tmp_path_factory.mktemp("mixed")
-    make_picture(folder / "red.png", (230, 20, 20))
-    make_picture(folder / "blue.png", (20, 40, 230), size=(84, 56), shape="circle")
-    rows = [
-        {"prompt": [{"role": "user", "content": [{"type": "image", "image": "blue.png"},
-                                                 {"type": "text", "text": "What shape is this?"}]},
-                    {"role": "assistant", "content": "A circle."},
-                    {"role": "user", "content": [{"type": "text", "text": "And the colour of this one?"},
-                                                 {"type": "image", "image": "red.png"}]}],
-         "chosen": "Red, a deep red.", "rejected": "Blue."},
-        {"prompt": [{"role": "user", "content": [{"type": "image", "image": "red.png"},
-                                                 {"type": "text", "text": "Colour?"}]}],
-         "chosen": "Red.", "rejected": "It is green, I think."},
-        {"prompt": "Say hello.", "chosen": "Hello!", "rejected": "No."},
-    ]
-    path = folder / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+    return write_mixed_rows(tmp_path_factory.mktemp("mixed"), "pairs")
 
 
 def records(model_dir: str, data: str, max_seq_length: int = 1024) -> list[dict]:
@@ -112,17 +94,23 @@ def test_batched_reply_logps_equal_each_sequence_alone_in_eager_attention(family
     with torch.no_grad():
         batched, counts = sequence_logps(model, batch)
         alone = []
-        for side in ("chosen", "rejected"):
-            for r in rows:
-                pictures = [open_image(ref) for ref in r["images"]]
-                out = processor(text=[r[f"{side}_text"]], images=[pictures] if pictures else None,
-                                add_special_tokens=False, return_tensors="pt")
-                logprobs = model(**out).logits[0].float().log_softmax(-1)
-                ids, start, end = r[f"{side}_ids"], r[f"{side}_start"], r[f"{side}_end"]
-                alone.append(sum(logprobs[k - 1, ids[k]].item() for k in range(start, end)))
+        for side, r, inputs in each_side_alone(processor, rows):
+            logprobs = model(**inputs).logits[0].float().log_softmax(-1)
+            ids, start, end = r[f"{side}_ids"], r[f"{side}_start"], r[f"{side}_end"]
+            alone.append(sum(logprobs[k - 1, ids[k]].item() for k in range(start, end)))
     expected_counts = [r[f"{s}_end"] - r[f"{s}_start"] for s in ("chosen", "rejected") for r in rows]
     assert counts.tolist() == expected_counts
     assert torch.allclose(batched, torch.tensor(alone), atol=1e-4), (batched, alone)
+
+
+def each_side_alone(processor, rows: list[dict]) -> Iterator[tuple[str, dict, dict]]:
+    """(side, record, the processor's inputs for that side alone with its pictures), in ImagePairCollator's order:
+    every chosen sequence, then every rejected one."""
+    for side in ("chosen", "rejected"):
+        for r in rows:
+            pictures = [open_image(ref) for ref in r["images"]]
+            yield side, r, processor(text=[r[f"{side}_text"]], images=[pictures] if pictures else None,
+                                     add_special_tokens=False, return_tensors="pt")
 
 
 def run_dpo(model_dir: str, data: str, out, *extra: str):
@@ -168,13 +156,7 @@ def test_reward_scores_of_a_padded_batch_with_pictures_equal_each_sequence_alone
     rows = records(model_dir, mixed_pairs)
     with torch.no_grad():
         batched = sequence_scores(model, **model_inputs(ImagePairCollator(processor)(rows)))
-        alone = []
-        for side in ("chosen", "rejected"):
-            for r in rows:
-                pictures = [open_image(ref) for ref in r["images"]]
-                out = processor(text=[r[f"{side}_text"]], images=[pictures] if pictures else None,
-                                add_special_tokens=False, return_tensors="pt")
-                alone.append(sequence_scores(model, **out).item())
+        alone = [sequence_scores(model, **inputs).item() for _, _, inputs in each_side_alone(processor, rows)]
     assert len(set(alone)) == len(alone)  # the head reads something that differs per row
     assert torch.allclose(batched, torch.tensor(alone), atol=1e-4), (batched, alone)
 

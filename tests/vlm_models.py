@@ -255,6 +255,31 @@ def write_preference_set(folder: Path) -> str:
     return str(path)
 
 
+def write_mixed_rows(folder: Path, kind: str) -> str:
+    """Three rows of different lengths in `folder` (a jsonl file, pictures beside it): a conversation with two
+    pictures in two turns, one with one picture, one with none; as SFT conversations (`kind` "sft") or as preference
+    pairs ("pairs"): each conversation without its last reply as the prompt, that reply chosen, another rejected."""
+    make_picture(folder / "red.png", (230, 20, 20))
+    make_picture(folder / "blue.png", (20, 40, 230), size=(84, 56), shape="circle")
+
+    def user(*parts: str | dict) -> dict:
+        return {"role": "user", "content": [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]}
+
+    blue, red = {"type": "image", "image": "blue.png"}, {"type": "image", "image": "red.png"}
+    conversations = [
+        [user(blue, "What shape is this?"), {"role": "assistant", "content": "A circle."},
+         user("And the colour of this one?", red), {"role": "assistant", "content": "Red, a deep red."}],
+        [user(red, "Colour?"), {"role": "assistant", "content": "Red."}],
+        [user("Say hello."), {"role": "assistant", "content": "Hello!"}],
+    ]
+    rejected = ["Blue.", "It is green, I think.", "No."]
+    rows = ([{"messages": c} for c in conversations] if kind == "sft" else
+            [{"prompt": c[:-1], "chosen": c[-1]["content"], "rejected": r} for c, r in zip(conversations, rejected)])
+    path = folder / f"{kind}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
 def make_picture(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (56, 56), shape: str = "square"
                  ) -> str:
     """A PNG of a coloured shape on white, `size` pixels (width, height)."""
