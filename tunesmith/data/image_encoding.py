@@ -6,9 +6,10 @@ labels are carried across: a token the expansion inserts is never trained, a rep
 and a reply whose tokens the expansion would change is an error, never a silent shift.
 
 A record holds the expanded `input_ids` and `labels` (so lengths, the trained-token counts and `tunesmith
-inspect` are what the model sees), the rendered `text` before expansion and its `images`: the collator
-(`ImageConversationCollator`) runs the processor on them again for the pixels, and checks that it gives the
-same tokens."""
+inspect` are what the model sees), the rendered `text` before expansion and its `images`: the collators run the
+processor on them again for the pixels, and check that it gives the same tokens: `ImageConversationCollator` (padded
+rows), `ImagePackingCollator` (one padding-free row, for the families whose packing is exact) and, for preference
+pairs (data/preference.py: each side expanded by `expand_reply`), `ImagePairCollator`."""
 
 from __future__ import annotations
 
@@ -175,9 +176,9 @@ class ImagePackingCollator:
         parts, start, image = [], 0, 0
         for f in features:
             end, shown = start + len(f["input_ids"]), len(f["images"] or [])
-            grids = row["image_grid_thw"][image:image + shown] if shown else None
-            positions, _ = self.rope_index(row["input_ids"][:, start:end], row["mm_token_type_ids"][:, start:end],
-                                           image_grid_thw=grids, attention_mask=torch.ones_like(row["input_ids"][:, start:end]))
+            ids = row["input_ids"][:, start:end]
+            positions, _ = self.rope_index(ids, row["mm_token_type_ids"][:, start:end], attention_mask=torch.ones_like(ids),
+                                           image_grid_thw=row["image_grid_thw"][image:image + shown] if shown else None)
             parts.append(positions)
             start, image = end, image + shown
         return torch.cat([text_positions[None], torch.cat(parts, dim=-1).to(text_positions.dtype)])
