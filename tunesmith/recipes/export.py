@@ -47,7 +47,7 @@ from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArgument
 from ..hparams.run_config import as_saved
 from ..models.gguf_adapter import base_state_dict, write_adapter_gguf
 from ..models.gguf_arch import architecture, sliding_window
-from ..models.gguf_export import ExportError, RoundTrip, source_logits, write_gguf
+from ..models.gguf_export import ExportError, RoundTrip, write_gguf
 from ..models.gguf_llama_cpp import (
     K_QUANTS,
     LlamaCppCheck,
@@ -57,20 +57,21 @@ from ..models.gguf_llama_cpp import (
     quantize,
 )
 from ..models.merging import load_adapted, load_merged
-from ..models.ollama import modelfile_text, ollama_chat, ollama_parameters
-from ..utils.io import atomic_write_text
+from ..models.ollama import ollama_chat
 from .export_checks import (
     GREEDY_NEW_TOKENS,
     RUN_CONFIG_KEY,
     UNCHECKED_HINT,
     check_prompts,
+    check_text_gguf,
     check_texts,
     llama_cpp_line,
     llama_cpp_refusal,
-    read_back,
-    read_back_refusal,
+    publish,
     read_back_summary,
     scratch_files,
+    text_references,
+    write_modelfile,
 )
 from .export_vision import VisionExportResult, export_vision
 from .merge import merge_record
@@ -142,14 +143,12 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult | 
                              record, started)
     spec = architecture(model, args.drop_sliding_window)  # refused before the slow part
     _warn_dropped_window(model)
-    texts = check_texts(tokenizer)
-    expected = source_logits(model, tokenizer, texts)
-    refs = greedy_references(model, tokenizer, check_prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
+    refs = text_references(model, tokenizer, in_llama_cpp)
     chat, untranslatable = ollama_chat(tokenizer)
 
     target = Path(args.output_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    result_check = quantized = None
+    quantized = None
     with scratch_files(target) as scratch:
         tmp = scratch()
         record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
@@ -157,40 +156,25 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult | 
                    {RUN_CONFIG_KEY: record}, drop_sliding_window=args.drop_sliding_window)
         del model  # the read-back holds a second copy
         written = time.perf_counter()
-        check, why_not_read_back = read_back(spec, tmp, tokenizer, texts, expected)
-        if check and check.token_mismatch and in_llama_cpp:
-            # transformers rebuilds a tokenizer from the file in its own way (it drops the ▁ that a
-            # SentencePiece-style tokenizer puts after special tokens, for one): llama.cpp, which reads the
-            # file as it is meant to be read, decides on tokens below.
-            logger.warning("transformers' GGUF tokenizer encodes %s; checking tokens in llama.cpp", check.token_mismatch)
-        problem = read_back_refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
-        if not problem and in_llama_cpp:
-            result_check = check_in_llama_cpp(tmp, tokenizer, texts, refs)
-            problem = llama_cpp_refusal(result_check, greedy_must_match=written_dtype != "q8_0")
-        final = tmp
+        checks = check_text_gguf(spec, tmp, tokenizer, refs, tolerance, in_llama_cpp,
+                                 greedy_must_match=written_dtype != "q8_0")
+        problem, final = checks.problem, tmp
         if not problem and dtype in K_QUANTS:
             final = scratch()
             quantize(tmp, final, dtype)
-            quantized = check_in_llama_cpp(final, tokenizer, texts, refs)
+            quantized = check_in_llama_cpp(final, tokenizer, refs.texts, refs.greedy)
             problem = llama_cpp_refusal(quantized, greedy_must_match=False)
         if problem:
             raise ExportError(f"the GGUF written from {source} ({dtype}) does not match it: {problem}; "
                               f"nothing written to {args.output_file}")
-        _log_coverage(why_not_read_back, in_llama_cpp)
-        os.replace(final, target)
-        os.chmod(target, 0o644)  # mkstemp's 0600 would keep Ollama's server (its own user on Linux) out
+        _log_coverage(checks.why_not_read_back, in_llama_cpp)
+        publish(final, target)
     checked = time.perf_counter()
 
-    modelfile = args.modelfile
-    if chat is not None:
-        parameters = ollama_parameters(load_args.model_name_or_path, load_args.adapter_name_or_path)
-        atomic_write_text(modelfile, modelfile_text(target.name, chat, source, parameters))
-        os.chmod(modelfile, 0o644)
-    else:
-        Path(modelfile).unlink(missing_ok=True)  # an old one would describe another template
-        modelfile = None
+    modelfile = write_modelfile(args.modelfile, target.name, chat, source, load_args.model_name_or_path,
+                                load_args.adapter_name_or_path)
     result = ExportResult(str(target), modelfile, dtype, target.stat().st_size, written - started, checked - written,
-                          check, tolerance, result_check, quantized)
+                          checks.round_trip, tolerance, checks.llama_cpp, quantized)
     _report(result, source, untranslatable)
     return result
 
@@ -226,8 +210,7 @@ def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportR
         else:
             logger.warning("NOT CHECKED: an adapter GGUF is checked in llama.cpp only, and llama-cpp-python is not "
                            "installed (%s)", UNCHECKED_HINT)
-        os.replace(tmp, target)
-        os.chmod(target, 0o644)
+        publish(tmp, target)
     checked = time.perf_counter()
     result = ExportResult(str(target), None, model_args.dtype, target.stat().st_size, written - started,
                           checked - written, None, 0.0, check)

@@ -1,13 +1,17 @@
 """The checks an exported GGUF goes through before it gets its name, shared by the text export (export.py) and
-the vision-language one (export_vision.py): the conversations rendered with the training template, transformers'
-read-back and llama.cpp's verdicts on them, the scratch files they are written to, and the lines that report them."""
+the vision-language one (export_vision.py): the conversations rendered with the training template and the source's
+answers to them (text_references), transformers' read-back and llama.cpp's verdicts on a text GGUF (check_text_gguf),
+the scratch files they are written to and their publishing under their names, the Ollama Modelfile, and the lines
+that report them."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +19,12 @@ from ..constants import ASSISTANT, SYSTEM, USER
 from ..data.formats import Message
 from ..data.template import render_text
 from ..models.gguf_arch import Architecture
-from ..models.gguf_export import RoundTrip, compare_round_trip
-from ..models.gguf_llama_cpp import SETUP_HINT, LlamaCppCheck
+from ..models.gguf_export import RoundTrip, compare_round_trip, source_logits
+from ..models.gguf_llama_cpp import SETUP_HINT, LlamaCppCheck, check_in_llama_cpp, greedy_references
+from ..models.ollama import OllamaChat, modelfile_text, ollama_parameters
+from ..utils.io import atomic_write_text
+
+logger = logging.getLogger(__name__)
 
 # What the check renders and compares: a one-word answer, a system prompt and several turns, Chinese (as
 # in the demo data), digits and code (where tokenizers' pre-splitting differs most).
@@ -68,6 +76,68 @@ def read_back(spec: Architecture, path: str, tokenizer, texts: list[str], expect
 
 
 UNCHECKED_HINT = f"{SETUP_HINT}; --require_llama_cpp_check makes this an error"
+
+
+@dataclass
+class TextReferences:
+    """What the source model says, for the checks of a text GGUF written from it: the rendered check conversations,
+    its logits on them, and (where llama.cpp will check the file) its greedy continuations of the check prompts."""
+
+    texts: list[str]
+    expected: Any
+    greedy: list
+
+
+def text_references(model: Any, tokenizer: Any, in_llama_cpp: bool) -> TextReferences:
+    texts = check_texts(tokenizer)
+    greedy = greedy_references(model, tokenizer, check_prompts(tokenizer), GREEDY_NEW_TOKENS) if in_llama_cpp else []
+    return TextReferences(texts, source_logits(model, tokenizer, texts), greedy)
+
+
+@dataclass
+class TextChecks:
+    round_trip: RoundTrip | None  # transformers' read-back; None where its loader cannot rebuild the file
+    why_not_read_back: str
+    llama_cpp: LlamaCppCheck | None
+    problem: str | None  # the first refusal, None when the file may get its name
+
+
+def check_text_gguf(spec: Architecture, path: str, tokenizer: Any, refs: TextReferences, tolerance: float,
+                    in_llama_cpp: bool, greedy_must_match: bool) -> TextChecks:
+    """A written text GGUF read back with transformers' GGUF loader (where it rebuilds the architecture), then in
+    llama.cpp (where llama-cpp-python is installed), stopping at the first refusal."""
+    check, why_not = read_back(spec, path, tokenizer, refs.texts, refs.expected)
+    if check and check.token_mismatch and in_llama_cpp:
+        # transformers rebuilds a tokenizer from the file in its own way (it drops the ▁ that a SentencePiece-style
+        # tokenizer puts after special tokens, for one): llama.cpp, which reads the file as it is meant to be read,
+        # decides on tokens below.
+        logger.warning("transformers' GGUF tokenizer encodes %s; checking tokens in llama.cpp", check.token_mismatch)
+    problem = read_back_refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
+    in_llama = None
+    if not problem and in_llama_cpp:
+        in_llama = check_in_llama_cpp(path, tokenizer, refs.texts, refs.greedy)
+        problem = llama_cpp_refusal(in_llama, greedy_must_match=greedy_must_match)
+    return TextChecks(check, why_not, in_llama, problem)
+
+
+def publish(scratch_path: str, target: Path) -> None:
+    """A checked scratch file under its name, readable by all: mkstemp's 0600 would keep Ollama's server (its own
+    user on Linux) out."""
+    os.replace(scratch_path, target)
+    os.chmod(target, 0o644)
+
+
+def write_modelfile(path: str, gguf_name: str, chat: OllamaChat | None, source: str, model_name_or_path: str | None,
+                    adapter_name_or_path: str | None, projector_name: str | None = None) -> str | None:
+    """The Ollama Modelfile beside the GGUF (its path), or None where the chat template has no Ollama form: an old
+    Modelfile there is removed, since it would describe another template."""
+    if chat is None:
+        Path(path).unlink(missing_ok=True)
+        return None
+    parameters = ollama_parameters(model_name_or_path, adapter_name_or_path)
+    atomic_write_text(path, modelfile_text(gguf_name, chat, source, parameters, projector_name=projector_name))
+    os.chmod(path, 0o644)
+    return path
 
 
 def check_texts(tokenizer) -> list[str]:

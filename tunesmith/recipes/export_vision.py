@@ -27,24 +27,21 @@ from ..data.images import image_part
 from ..data.template import encode_prompt, processor_of, render_text
 from ..hparams import ExportArguments, ModelArguments
 from ..models.gguf_arch import architecture
-from ..models.gguf_export import ExportError, RoundTrip, source_logits
-from ..models.gguf_llama_cpp import LlamaCppCheck, check_in_llama_cpp, greedy_references, llama_cpp_available
+from ..models.gguf_export import ExportError, RoundTrip
+from ..models.gguf_llama_cpp import LlamaCppCheck, llama_cpp_available
 from ..models.gguf_mtmd import ImageCheck, check_image_in_llama_cpp, greedy_reply, mtmd_available
 from ..models.gguf_vision import LanguageModel, projector, write_vision_gguf
-from ..models.ollama import modelfile_text, ollama_chat, ollama_parameters
-from ..utils.io import atomic_write_text
+from ..models.ollama import ollama_chat
 from .export_checks import (
-    GREEDY_NEW_TOKENS,
     RUN_CONFIG_KEY,
     UNCHECKED_HINT,
-    check_prompts,
-    check_texts,
+    check_text_gguf,
     llama_cpp_line,
-    llama_cpp_refusal,
-    read_back,
-    read_back_refusal,
+    publish,
     read_back_summary,
     scratch_files,
+    text_references,
+    write_modelfile,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,13 +117,11 @@ def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: 
                   source: str, record: str, started: float) -> VisionExportResult:
     """Write and check the text GGUF and the mmproj file of `model` (loaded and merged in float32)."""
     dtype = model_args.dtype
-    texts, prompts = check_texts(tokenizer), check_prompts(tokenizer)
     language = LanguageModel(model)
     spec = architecture(language, args.drop_sliding_window)
     projector(model.config)
     in_llama_cpp, with_mtmd = llama_cpp_available(), mtmd_available()
-    expected = source_logits(model, tokenizer, texts)
-    refs = greedy_references(model, tokenizer, prompts, GREEDY_NEW_TOKENS) if in_llama_cpp else []
+    refs = text_references(model, tokenizer, in_llama_cpp)
     picture = check_picture(model.config)
     conversation = [{"role": USER, "content": [image_part(_data_url(picture)), {"type": "text", "text": QUESTION}]}]
     rendered = render_text(tokenizer, conversation, add_generation_prompt=True)
@@ -137,7 +132,7 @@ def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: 
     target = Path(args.output_file).resolve()
     projector_target = Path(args.mmproj_file).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    text_check = image_check = None
+    image_check = None
     embd_tolerance = IMAGE_EMBD_TOLERANCES["f32" if dtype == "f32" else "f16"]
     with scratch_files(target) as scratch:
         tmp, tmp_projector = scratch(), scratch("mmproj.")
@@ -145,11 +140,9 @@ def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: 
                           os.path.basename(os.path.normpath(source)), {RUN_CONFIG_KEY: record},
                           drop_sliding_window=args.drop_sliding_window)
         written = time.perf_counter()
-        check, why_not = read_back(spec, tmp, tokenizer, texts, expected)
-        problem = read_back_refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
-        if not problem and in_llama_cpp:
-            text_check = check_in_llama_cpp(tmp, tokenizer, texts, refs)
-            problem = llama_cpp_refusal(text_check, greedy_must_match=dtype != "q8_0")
+        checks = check_text_gguf(spec, tmp, tokenizer, refs, tolerance, in_llama_cpp,
+                                 greedy_must_match=dtype != "q8_0")
+        problem = checks.problem
         if not problem and with_mtmd:
             image_check = check_image_in_llama_cpp(tmp, tmp_projector, model, tokenizer, rendered,
                                                    _image_token_id(model), list(prompt), prompt.vision, picture,
@@ -158,24 +151,16 @@ def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: 
         if problem:
             raise ExportError(f"the GGUF files written from {source} ({dtype}) do not match it: {problem}; nothing "
                               f"written to {args.output_file}")
-        _log_coverage(why_not, in_llama_cpp, with_mtmd)
-        for path, final in ((tmp, target), (tmp_projector, projector_target)):
-            os.replace(path, final)
-            os.chmod(final, 0o644)  # mkstemp's 0600 would keep Ollama's server (its own user on Linux) out
+        _log_coverage(checks.why_not_read_back, in_llama_cpp, with_mtmd)
+        publish(tmp, target)
+        publish(tmp_projector, projector_target)
     checked = time.perf_counter()
 
-    modelfile = args.modelfile
-    if chat is not None:
-        parameters = ollama_parameters(model_args.model_name_or_path, model_args.adapter_name_or_path)
-        atomic_write_text(modelfile, modelfile_text(target.name, chat, source, parameters,
-                                                    projector_name=projector_target.name))
-        os.chmod(modelfile, 0o644)
-    else:
-        Path(modelfile).unlink(missing_ok=True)
-        modelfile = None
+    modelfile = write_modelfile(args.modelfile, target.name, chat, source, model_args.model_name_or_path,
+                                model_args.adapter_name_or_path, projector_name=projector_target.name)
     result = VisionExportResult(str(target), str(projector_target), modelfile, dtype, target.stat().st_size,
-                                projector_target.stat().st_size, written - started, checked - written, check,
-                                text_check, image_check, tolerance, embd_tolerance)
+                                projector_target.stat().st_size, written - started, checked - written,
+                                checks.round_trip, checks.llama_cpp, image_check, tolerance, embd_tolerance)
     _report(result, source, untranslatable)
     return result
 
