@@ -163,15 +163,19 @@ def _non_sft_stage(a: SimpleNamespace) -> dict | None:
 
 
 def _vision_stage_missing(a: SimpleNamespace) -> dict | None:
-    """{"stage": ..., "reward_types": ...} for a training stage not built for vision-language models: all but SFT,
-    DPO's paired losses and the reward model of a type with a sequence-classification class (KTO's unpaired
-    replies and PPO's rollouts take no pictures yet)."""
-    stage, reward_types = _non_sft_stage(a), reward_model_types()
-    if stage and stage["stage"] == "dpo":
+    """{"model_type": ..., "stage": ..., "reward_types": ...} for a vision-language model and a training stage not
+    built for it: all but SFT, DPO's paired losses and the reward model of a type with a sequence-classification
+    class (KTO's unpaired replies and PPO's rollouts take no pictures yet)."""
+    vision = _vision(a.model)
+    stage = _non_sft_stage(a) if vision else None
+    if not stage:
+        return None
+    reward_types = reward_model_types()
+    if stage["stage"] == "dpo":
         stage = {"stage": "DPO with --loss_type kto"} if a.dpo.loss_type == "kto" else None
-    elif stage and stage["stage"] == "reward" and _vision(a.model)["model_type"] in reward_types:
+    elif stage["stage"] == "reward" and vision["model_type"] in reward_types:
         stage = None
-    return stage and {**stage, "reward_types": ", ".join(reward_types)}
+    return stage and {**vision, **stage, "reward_types": ", ".join(reward_types)}
 
 
 def _vision_folder(path: str) -> str | None:
@@ -293,7 +297,7 @@ RULES: list[Rule] = [
          "--max_forward_tokens {data.max_forward_tokens} with a vision-language model: a packed row runs in one "
          "forward (a split would cut its pictures' inputs); drop it, or lower --per_device_train_batch_size."),
     Rule("vision_stage", ("model", "training"),
-         lambda a: _vision(a.model) and _vision_stage_missing(a) and {**_vision(a.model), **_vision_stage_missing(a)},
+         _vision_stage_missing,
          "{stage} on a vision-language model ({model_type}): not built (SFT, DPO with the sigmoid, ipo, simpo "
          "and orpo losses, and reward models of {reward_types} train on pictures; chat, serve, merge and eval take "
          "them); train it with one of those, or on its text with the language model alone."),
