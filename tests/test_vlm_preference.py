@@ -8,8 +8,10 @@ line."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,6 +180,15 @@ def test_a_gemma3_reward_model_learns_pairs_only_the_picture_decides_and_scores_
     scored = score_main(["--model_name_or_path", str(out), "--data_path", pairs,
                          "--output_file", str(tmp_path / "scores.jsonl")])
     assert len(scored) == 8 and all(r["chosen"] > r["rejected"] for r in scored)
+    # a conversation row (a pair's prompt and its chosen reply, pictures beside the pairs file) scores as that side
+    first = json.loads(Path(pairs).read_text().splitlines()[0])
+    mixed = Path(pairs).with_name("pair_and_conversation.jsonl")
+    mixed.write_text(json.dumps(first) + "\n" + json.dumps(
+        {"messages": [*first["prompt"], {"role": "assistant", "content": first["chosen"]}]}) + "\n")
+    pair, conversation = score_main(["--model_name_or_path", str(out), "--data_path", str(mixed),
+                                     "--output_file", str(tmp_path / "mixed_scores.jsonl")])
+    assert set(conversation) == {"score"} and conversation["score"] == pytest.approx(pair["chosen"], abs=1e-4)
+    assert pair["chosen"] == pytest.approx(scored[0]["chosen"], abs=1e-4)
 
 
 @pytest.mark.parametrize(("stage", "extra", "says"), [

@@ -19,7 +19,8 @@ import torch
 
 from ..boundary import entry_point
 from ..data.formats import Row, conversation_from_row, load_items, offered_tools
-from ..data.image_encoding import ImagePairCollator, model_inputs
+from ..data.image_encoding import processed_batch
+from ..data.images import DEFAULT_MAX_IMAGE_PIXELS
 from ..data.preference import PreferencePair, encode_pair, encode_pair_record, is_pair_row, pair_from_row
 from ..data.template import processor_of
 from ..hparams import DataArguments, ScoreArguments, parse_run
@@ -52,21 +53,24 @@ def _sequences(tokenizer: Any, row: Row, max_length: int | None) -> list[list[in
 def score_image_rows(model: Any, tokenizer: Any, rows: list[Row], max_length: int | None, batch_size: int
                      ) -> list[list[float] | None]:
     """A vision-language reward model's scores of each row ([chosen, rejected], or [score]; None when it does
-    not fit): each row encoded as training encodes a pair, its pictures through the model's processor."""
+    not fit): each row encoded as training encodes a pair, each sequence it asks to score through the model's
+    processor with the row's pictures, batch_size sequences a batch."""
     processor = processor_of(tokenizer)
-    collate = ImagePairCollator(processor)
     found = [encode_pair_record(tokenizer, _as_pair(row), max_length) for row in rows]
-    kept = [(k, enc.records[0]) for k, enc in enumerate(found) if enc is not None]
-    scores: list[list[float] | None] = [None] * len(rows)
+    sequences = [(k, side, enc.records[0]) for k, enc in enumerate(found) if enc is not None
+                 for side in (("chosen", "rejected") if is_pair_row(rows[k]) else ("chosen",))]
+    scores: list[list[float]] = [[] for _ in rows]
     device = next(model.parameters()).device
-    for start in range(0, len(kept), batch_size):
-        chunk = kept[start:start + batch_size]
-        batch = {key: value.to(device) if torch.is_tensor(value) else value
-                 for key, value in model_inputs(collate([record for _, record in chunk])).items()}
-        chosen, rejected = sequence_scores(model, **batch).float().cpu().chunk(2)
-        for (k, _), c, r in zip(chunk, chosen.tolist(), rejected.tolist()):
-            scores[k] = [c, r] if is_pair_row(rows[k]) else [c]
-    return scores
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start:start + batch_size]
+        records = [record for _, _, record in chunk]
+        batch = processed_batch(processor, records, [r[f"{side}_text"] for _, side, r in chunk],
+                                [r["images"] for r in records], [r[f"{side}_ids"] for _, side, r in chunk],
+                                DEFAULT_MAX_IMAGE_PIXELS)
+        values = sequence_scores(model, **{key: value.to(device) for key, value in batch.items()})
+        for (k, _, _), value in zip(chunk, values.float().tolist()):
+            scores[k].append(value)
+    return [values or None for values in scores]
 
 
 def score_file(model: Any, tokenizer: Any, data: DataArguments, score: ScoreArguments) -> list[dict]:
