@@ -251,6 +251,21 @@ def test_a_tower_activation_llama_cpp_does_not_compute_is_refused(vlm_dirs):
         projector(config)
 
 
+@pytest.mark.parametrize(("setting", "value", "message"), [
+    ("window_size", 56, r"llama.cpp's Qwen2.5-VL attends in windows of 112 pixels; this model's window_size is 56"),
+    ("fullatt_block_indexes", [0], r"fullatt_block_indexes \[0\] \(config.json vision_config\) are not such a "),
+])
+def test_a_qwen2_5_vl_window_llama_cpp_does_not_compute_is_refused(setting, value, message, vlm_dirs, tmp_path):
+    """llama.cpp takes full attention in every n-th block (n = the first full block + 1) and windows of 112 pixels."""
+    from tunesmith.models.gguf_vision import PROJECTORS
+
+    config = copy.deepcopy(load(vlm_dirs["qwen2_5_vl"])[0].config)
+    setattr(config.vision_config, setting, value)  # [0] with 2 blocks: llama.cpp would make block 1 full too
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "clip")
+    with pytest.raises(ConfigError, match=message):
+        PROJECTORS["qwen2_5_vl"].metadata(writer, config, None)
+
+
 def test_the_modelfile_names_the_projector_in_a_second_from_line():
     from tunesmith.models.ollama import OllamaChat, modelfile_text
 
