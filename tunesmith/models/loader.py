@@ -35,6 +35,7 @@ from .vision import (
     trained_vision_modules,
     vision_parts,
 )
+from .weights_check import check_adapter_folder, check_load_folders
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def load_tokenizer(model_args: ModelArguments, source: str | None = None) -> Any
     from transformers import AutoTokenizer
 
     path = resolve_model_path(model_args)
+    check_load_folders(model_args)
     source = source or path
     # transformers says ValueError ("Couldn't instantiate the backend tokenizer ...") for a folder
     # without tokenizer files.
@@ -191,6 +193,7 @@ def load_model(
     )
 
     path = resolve_model_path(model_args)
+    check_load_folders(model_args)
     vision = vision_parts(AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)) \
         if vision_model_type(path) else None
     dtype = resolve_dtype(model_args, training_args, trains_base=is_trainable and finetuning_args.finetuning_type == "full")
@@ -400,6 +403,7 @@ def add_adapters(model: nn.Module, model_args: ModelArguments, adapters: dict[st
 
     tokenizers = {}
     for name, path in adapters.items():
+        check_adapter_folder(path)
         if isinstance(model, PeftModel):
             model.load_adapter(path, adapter_name=name, is_trainable=False)
         else:
