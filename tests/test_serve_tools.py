@@ -4,9 +4,11 @@ process called with the official `openai` client.
 A random model's reply cannot be a call, so the server's model here is built to write one: a Llama whose
 layers add nothing (their output projections are zero), so each next token depends on the last token
 only, and whose embedding and output rows chain the tokens of one known reply. After the generation
-prompt it writes `REPLY` (text, then a call in tunesmith's chatml_tools format); after the opening the
-server forces for tool_choice "required" or a named function it goes on with the rest of the same call;
-under tool_choice "none" the server bans the token that would finish the call's tag, and the reply is text.
+prompt it writes `REPLY` (text, then a call in tunesmith's chatml_tools format), whatever it was asked and
+whether or not the prompt lists tools; after the opening the server forces for tool_choice "required" or a
+named function it goes on with the rest of the same call. Refused the tag's ">", it writes a near tag,
+`<tool_call*>`, and its call after it (as the tuned demo adapter did in issue #56); under tool_choice "none"
+the server bans the token that would finish `<tool_call`, and the reply is text.
 Greedy decoding of it is exact, and its log-probabilities are not trivial (the chosen token leads by a
 margin of a few nats over 49k others)."""
 
@@ -29,9 +31,10 @@ from conftest import running_server, wait_until_healthy
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from tunesmith.data.template import apply_chat_template_override, encode_prompt, render_text
+from tunesmith.generation.bans import Bans
 from tunesmith.serve.logprobs import TokenTexts
-from tunesmith.serve.reply import ReplyShape, ReplySplitter, template_text
-from tunesmith.serve.tools import CallFormat, ToolChoice, parse_calls
+from tunesmith.serve.reply import BARE_CALL_STARTS, CALL_TAG_START, ReplyShape, ReplySplitter, template_text
+from tunesmith.serve.tools import CallFormat, ToolChoice, first_call, parse_calls
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key"
@@ -56,6 +59,7 @@ HISTORY = ASK + [
 REQUIRED = '<tool_call>{"name": "'
 NAMED = '<tool_call>{"name": "weather", "arguments": '
 MARGIN = 6.0  # nats by which the chained token leads
+DETOURS = [("call", "*")]  # refused the ">" after "call", the model writes "*>" and goes on with its call
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +74,13 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def chain_model_dir(path: Path, tokenizer, reply: str, joins: list[tuple[str, str]]) -> str:
+def chain_model_dir(path: Path, tokenizer, reply: str, joins: list[tuple[str, str]],
+                    detours: list[tuple[str, str]] = ()) -> str:
     """A Llama that, after each (prompt, continuation) of `joins`, greedily writes the continuation (a tail
     of `reply`) and then the end-of-turn token: each token of the reply leads to the next one, and each
-    prompt's last token to the continuation's first."""
+    prompt's last token to the continuation's first. Each (after, then) of `detours` is a second choice,
+    by half the margin: refused the token that follows the reply's token `after`, the model writes the
+    token `then`, and then the refused token, and the rest of the reply after it."""
     reply_ids = _ids(tokenizer, reply) + [tokenizer.eos_token_id]
     assert len(set(reply_ids)) == len(reply_ids), tokenizer.convert_ids_to_tokens(reply_ids)  # one successor each
     following = dict(zip(reply_ids, reply_ids[1:]))
@@ -81,6 +88,12 @@ def chain_model_dir(path: Path, tokenizer, reply: str, joins: list[tuple[str, st
         start = next(k for k in range(len(reply_ids)) if tokenizer.decode(reply_ids[k:-1]) == continuation)
         last = _ids(tokenizer, prompt)[-1]
         assert following.setdefault(last, reply_ids[start]) == reply_ids[start], "the chain would branch"
+    seconds = {}
+    for after, then in detours:
+        token = next(i for i in reply_ids if tokenizer.decode([i]) == after)
+        (detour,) = _ids(tokenizer, then)
+        assert detour not in following, "the detour must be a token of its own"
+        following[detour], seconds[token] = following[token], detour
     torch.manual_seed(0)
     hidden = 128
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
@@ -99,6 +112,8 @@ def chain_model_dir(path: Path, tokenizer, reply: str, joins: list[tuple[str, st
             embed[token] = 0
             embed[token, k] = 1
             head[following[token], k] += MARGIN / hidden ** 0.5
+            if token in seconds:
+                head[seconds[token], k] += MARGIN / 2 / hidden ** 0.5
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
@@ -109,7 +124,7 @@ def model_dir(tmp_path_factory, tokenizer, tools_tokenizer) -> str:
     prompt = render_text(tools_tokenizer, ASK, add_generation_prompt=True, tools=TOOLS)
     joins = [(prompt, REPLY), (prompt + REQUIRED, REPLY[REPLY.index(REQUIRED) + len(REQUIRED):]),
              (prompt + NAMED, REPLY[REPLY.index('" :') + 3:])]
-    return chain_model_dir(tmp_path_factory.mktemp("chain-model"), tokenizer, REPLY, joins)
+    return chain_model_dir(tmp_path_factory.mktemp("chain-model"), tokenizer, REPLY, joins, DETOURS)
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +168,12 @@ def test_tool_choice_none_gives_text_and_required_or_a_named_function_force_the_
     cut = client.chat.completions.create(model="chain", messages=ASK, tools=TOOLS, max_tokens=2,
                                          tool_choice={"type": "function", "function": {"name": "weather"}})
 
-    # The model writes the tag's first tokens, " <", "tool", "_", "call", but the ">" that would finish it is
-    # banned, so the reply goes on as text; the tools are still in the prompt, as OpenAI shows them to its model.
+    # The model writes the tag's first tokens, " <", "tool", "_", but the "call" that would finish `<tool_call` is
+    # banned, so the reply goes on as text; the prompt leaves the tools out.
     text = none.choices[0].message.content
-    assert text.startswith(CONTENT + " <tool_call") and "<tool_call>" not in text, text
+    assert text.startswith(CONTENT + " <tool_") and "<tool_call" not in text, text
     assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason in ("stop", "length")
-    assert none.usage.prompt_tokens == len(encode_prompt(tools_tokenizer, ASK, tools=TOOLS))
+    assert none.usage.prompt_tokens == len(encode_prompt(tools_tokenizer, ASK))
     for reply, opening in ((required, REQUIRED), (named, NAMED)):
         assert reply.usage.prompt_tokens == len(_ids(tools_tokenizer, prompt + opening))  # the opening is prompt
         assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
@@ -184,7 +199,7 @@ def test_tool_choice_none_is_text_streamed_sampled_and_beside_requests_that_call
     assert "".join(d.content or "" for d in deltas) == whole.choices[0].message.content
     assert not any(d.tool_calls for d in deltas) and chunks[-1].choices[0].finish_reason != "tool_calls"
     for choice in sampled.choices:  # at temperature 0.2 the chain holds; the tag is refused all the same
-        assert choice.message.content.startswith(CONTENT + " <tool_call") and "<tool_call>" not in choice.message.content
+        assert choice.message.content.startswith(CONTENT + " <tool_") and "<tool_call" not in choice.message.content
     for reply, asked in zip(together, ["none", "auto"] * 3):
         message = reply.choices[0].message
         if asked == "none":
@@ -196,7 +211,7 @@ def test_tool_choice_none_is_text_streamed_sampled_and_beside_requests_that_call
 
 
 def test_a_history_with_calls_and_their_results_is_rendered_by_the_template(client, tools_tokenizer):
-    reply = client.chat.completions.create(model="chain", messages=HISTORY, tools=TOOLS, tool_choice="none")
+    reply = client.chat.completions.create(model="chain", messages=HISTORY, tools=TOOLS)
 
     as_read = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
@@ -335,14 +350,101 @@ def test_tool_choice_none_bans_the_call_opening_of_the_templates_format(tools_to
     hermes = "{{- '<tool_call>\\n' + tool_call | tojson + '\\n</tool_call>' }}"
     llama = """{{- '{"name": "' + tool_call.name + '", ' }}{{- '"parameters": ' }}"""
 
-    for template in (chatml, hermes):  # the tag, anywhere in the reply
+    for template in (chatml, hermes):  # the tag's opening and whatever follows it, anywhere in the reply
         shape = ReplyShape.of(template, "", TOOLS, none)
-        assert (shape.banned, shape.banned_openings, shape.names) == (("<tool_call>",), (), None)
+        assert (shape.banned, shape.banned_openings, shape.names) == (("<tool_call",), (), None)
     bare = ReplyShape.of(llama, "", TOOLS, none)  # a bare JSON call: its opening, at the reply's start
-    assert (bare.banned, bare.banned_openings) == ((), ('{"name": "',))
+    assert (bare.banned, bare.banned_openings) == ((), ('{"name"', '[{"name"'))
     for shape in (ReplyShape.of(chatml, "", TOOLS, ToolChoice()), ReplyShape.of(chatml, "", None, none),
                   ReplyShape.of(chatml, "", TOOLS, ToolChoice("required"))):
         assert shape.banned == shape.banned_openings == ()  # auto, no tools, or a forced call: nothing banned
+
+
+ASKED_AROUND = [ASK, [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Is it cold in Montreal?"}],
+                HISTORY]
+
+
+def _none_contents(client, messages: list[dict]) -> list[str]:
+    """The content of a tool_choice none reply to `messages`, whole and streamed (its deltas joined)."""
+    whole = client.chat.completions.create(model="chain", messages=messages, tools=TOOLS, tool_choice="none")
+    chunks = list(client.chat.completions.create(model="chain", messages=messages, tools=TOOLS, tool_choice="none",
+                                                 stream=True))
+    assert whole.choices[0].message.tool_calls is None and not any(c.choices[0].delta.tool_calls for c in chunks)
+    return [whole.choices[0].message.content, "".join(c.choices[0].delta.content or "" for c in chunks)]
+
+
+def test_tool_choice_none_leaves_the_tools_out_and_a_model_tuned_to_call_answers_in_text(client, tools_tokenizer):
+    """Issue #56: the model calls whatever it is asked, and refused the exact tag writes `<tool_call*>` and its
+    call after it; under "none" neither the tag's opening nor a call's JSON reaches the content."""
+    for messages in ASKED_AROUND:
+        auto = client.chat.completions.create(model="chain", messages=messages, tools=TOOLS)
+        assert _call(auto.choices[0].message) == ("weather", ARGUMENTS)  # the control: left free, it calls
+
+        for content in _none_contents(client, messages):
+            assert content.startswith(CONTENT) and CALL_TAG_START not in content, content
+            assert first_call(content) is None and '"name"' not in content, content
+    none = client.chat.completions.create(model="chain", messages=ASK, tools=TOOLS, tool_choice="none")
+    assert none.usage.prompt_tokens == len(encode_prompt(tools_tokenizer, ASK))  # the prompt lists no tools
+
+
+def test_keep_tools_when_tool_choice_none_lists_them_and_still_bans_the_call(model_dir, tools_tokenizer,
+                                                                             tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve-keep-tools") / "server.log", "--model_name_or_path",
+                        model_dir, "--chat_template", "chatml_tools", "--dtype", "float32", "--api_key", KEY,
+                        "--served_model_name", "chain", "--do_sample", "false", "--max_new_tokens", "40",
+                        "--keep_tools_when_tool_choice_none", "true") as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        none = client.chat.completions.create(model="chain", messages=ASK, tools=TOOLS, tool_choice="none")
+        contents = _none_contents(client, ASK)
+
+    assert none.usage.prompt_tokens == len(encode_prompt(tools_tokenizer, ASK, tools=TOOLS))
+    assert contents[0] == contents[1] == none.choices[0].message.content
+    assert contents[0].startswith(CONTENT + " <tool_") and CALL_TAG_START not in contents[0], contents[0]
+
+
+def _spellings(vocabulary: frozenset[str], text: str) -> list[list[str]]:
+    """Every way to write `text` as a sequence of the vocabulary's token texts."""
+    if not text:
+        return [[]]
+    return [[text[:k], *rest] for k in range(1, len(text) + 1) if text[:k] in vocabulary
+            for rest in _spellings(vocabulary, text[k:])]
+
+
+def _refused(bans: Bans, ids: dict[str, int], pieces: list[str], anywhere=(), openings=()) -> bool:
+    """Whether one of the pieces (token texts, in order) is banned after the text before it."""
+    text = ""
+    for piece in pieces:
+        if ids[piece] in bans.tokens(text, anywhere, openings):
+            return True
+        text += piece
+    return False
+
+
+BAN_CASES = [  # (the text a model would write, whether it holds what tool_choice none bans)
+    ("anywhere", "<tool_call>", True), ("anywhere", " <tool_call*>", True), ("anywhere", "Sure.<tool_calls>", True),
+    ("anywhere", "\n<tool_call>\n{", True), ("anywhere", "ok <tool_call", True),
+    ("anywhere", "a tool call is", False), ("anywhere", "<tool> tool_call", False), ("anywhere", "</tool_call>", False),
+    ("anywhere", "<tool_cal", False), ("anywhere", "< tool_call", False),
+    ("openings", '{"name":', True), ("openings", ' { "name"', True), ("openings", '[{"name"', True),
+    ("openings", '\n{\n  "name"', True), ("openings", '{"city"', False), ("openings", 'Sure: {"name"', False),
+    ("openings", "name", False),
+]
+
+
+@pytest.mark.parametrize("where, text, banned", BAN_CASES, ids=[f"{w}:{t!r}" for w, t, _ in BAN_CASES])
+def test_the_ban_of_tool_choice_none_refuses_every_spelling_of_a_call_and_nothing_else(tokenizer, where, text,
+                                                                                        banned):
+    """With SmolLM2's real vocabulary, every sequence of tokens that spells `text` (a greedy model may take
+    any) has a token the ban refuses when `text` holds the call tag's opening, or opens as a bare JSON call;
+    none when it does not."""
+    bans = Bans.of(tokenizer)
+    ids = {t: i for i, t in enumerate(bans.texts())}
+    rules = {"anywhere": (CALL_TAG_START,)} if where == "anywhere" else {"openings": BARE_CALL_STARTS}
+    spellings = _spellings(frozenset(ids), text)
+
+    assert len(spellings) > 1 or len(text) < 2
+    refused = [_refused(bans, ids, pieces, **rules) for pieces in spellings]
+    assert refused == [banned] * len(spellings), [p for p, r in zip(spellings, refused) if r != banned]
 
 
 THINKING = ("{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"

@@ -90,6 +90,12 @@ class ServeArguments:
         metadata={"help": "Most tokens of prompt plus reply (default: the model's max_position_embeddings); a "
                   "request over it is refused with a 400 that says by how much."},
     )
+    keep_tools_when_tool_choice_none: bool = field(
+        default=False,
+        metadata={"help": "List a request's `tools` in the prompt under `tool_choice: \"none\"` too (the call is still "
+                  "banned while sampling). Default: the prompt leaves them out, so a model tuned to call when it "
+                  "sees tools answers in text."},
+    )
 
     def __post_init__(self) -> None:
         # `--adapter a=X --adapter b=Y` and `--adapter a=X b=Y` (and a config file's list) mean the same.

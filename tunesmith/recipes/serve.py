@@ -23,8 +23,9 @@ Tools are listed in the prompt by the model's own chat template (a template that
 refused: serve a tool template, e.g. one trained with --chat_template chatml_tools); a reply that is a
 call (`<tool_call>{json}</tool_call>`, or a bare JSON call as Llama 3 writes them) comes back as
 `message.tool_calls` with finish_reason "tool_calls", streamed as `delta.tool_calls`; anything else
-comes back as text. tool_choice "none" shows the tools and parses no call; "required" or a named
-function puts the call's opening after the prompt. A template's `<think>` block goes to
+comes back as text. tool_choice "none" leaves the tools out of the prompt (--keep_tools_when_tool_choice_none
+keeps them) and bans the call; "required" or a named function puts the call's opening after the prompt.
+A template's `<think>` block goes to
 `reasoning_content` (`delta.reasoning_content` streamed). Log-probabilities are the model's own, in
 OpenAI's `choices[i].logprobs.content` (token, logprob, bytes, top_logprobs). Settings a
 request leaves out come from the generation flags (--do_sample false: greedy; --max_new_tokens, cut to

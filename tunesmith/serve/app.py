@@ -158,7 +158,7 @@ def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, gen
         body = protocol.parse_json_body(await request.body())
         chat = protocol.parse_chat_request(body, serve.max_batch_size, serve.image_root)
         served = server.model(chat.model)
-        prompt_ids, shape = _prompt(served, chat)
+        prompt_ids, shape = _prompt(served, chat, serve.keep_tools_when_tool_choice_none)
         job, events = server.submit(prompt_ids, server.sampling(chat, len(prompt_ids), shape), served)
         texts = TokenTexts(served.tokenizer) if chat.logprobs else None
         if chat.stream:
@@ -176,14 +176,15 @@ def _model_card(server: Server, served: ServedModel) -> dict:
             "parent": None if served is server.default else server.default.id}
 
 
-def _prompt(served: ServedModel, chat: ChatRequest) -> tuple[list[int], ReplyShape]:
+def _prompt(served: ServedModel, chat: ChatRequest, keep_tools_for_none: bool) -> tuple[list[int], ReplyShape]:
     """The prompt's token ids, as encode_prompt makes them (the template's render, the tools listed by
-    the template itself, tokenized; a vision-language model's pictures through its processor), with a forced
-    call's opening after them; and the reply's shape."""
+    the template itself unless tool_choice is none (ToolChoice.prompt_tools), tokenized; a vision-language
+    model's pictures through its processor), with a forced call's opening after them; and the reply's shape."""
     tokenizer = served.tokenizer
+    tools = chat.tool_choice.prompt_tools(chat.tools, keep_tools_for_none)
     try:
-        text = render_text(tokenizer, chat.messages, add_generation_prompt=True, tools=chat.tools)
-        if chat.tools and text == render_text(tokenizer, chat.messages, add_generation_prompt=True):
+        text = render_text(tokenizer, chat.messages, add_generation_prompt=True, tools=tools)
+        if tools and text == render_text(tokenizer, chat.messages, add_generation_prompt=True):
             raise APIError(400, "`tools`: this model's chat template does not render tools (its prompt is the same "
                            "without them), so the model would never see them; serve a model whose template "
                            "supports tools, or one trained with --chat_template chatml_tools", "tools")

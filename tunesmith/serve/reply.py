@@ -15,6 +15,11 @@ from typing import Any
 from .tools import CLOSE, OPEN, CallFormat, ToolCall, ToolChoice, parse_calls, tool_names
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# What tool_choice none bans. The call tag's opening without its ">": a model tuned to call, refused the exact
+# tag, writes a near one (`<tool_call*>`, `<tool_calls>`) and its call after it as text. A bare JSON call's
+# starts, matched with whitespace aside (`{ "name"` too): a call's object or a list of them.
+CALL_TAG_START = OPEN.removesuffix(">")
+BARE_CALL_STARTS = ('{"name"', '[{"name"')
 
 
 def template_text(tokenizer: Any) -> str:
@@ -31,8 +36,9 @@ class ReplyShape:
     not parsed: no tools, or tool_choice none); `forced`: the call's opening put after the prompt
     (tool_choice required or a function), put back before the reply is parsed; `stop`: stop strings
     that end a forced call; `banned`, `banned_openings`: what tool_choice none keeps out of the reply
-    while it is sampled (SamplingParams' banned_strings and banned_openings): the template's call tag,
-    or for a template of bare JSON calls the call's opening at the reply's start."""
+    while it is sampled (SamplingParams' banned_strings and banned_openings): the template's call tag
+    with whatever follows its opening (CALL_TAG_START), or for a template of bare JSON calls a call's
+    opening at the reply's start (BARE_CALL_STARTS)."""
 
     reasoning: bool = False
     opened: bool = False
@@ -45,8 +51,8 @@ class ReplyShape:
     @classmethod
     def of(cls, template: str, prompt: str, tools: list[dict] | None, choice: ToolChoice) -> ReplyShape:
         """The shape for a prompt rendered by `template`. A forced call starts right after the prompt,
-        so it has no reasoning before it. tool_choice none still lists the tools in the prompt (OpenAI's
-        model sees them too), and bans the call: its reply is text whatever the model was tuned to do."""
+        so it has no reasoning before it. tool_choice none bans the call, whether or not the prompt lists
+        the tools (ToolChoice.prompt_tools): its reply is text whatever the model was tuned to do."""
         calls = tools is not None and choice.mode != "none"
         call_format = CallFormat.of(template)
         forced = call_format.opening(choice) if calls and choice.forced else ""
@@ -55,9 +61,9 @@ class ReplyShape:
         banned, banned_openings = (), ()
         if tools is not None and choice.mode == "none":
             if call_format.tagged:
-                banned = (OPEN,)
-            else:  # a bare JSON call is a call only as the whole reply: `{"name": "` may not open it
-                banned_openings = (call_format.opening(ToolChoice("required")),)
+                banned = (CALL_TAG_START,)
+            else:  # a bare JSON call is a call only as the whole reply: it may not open with one
+                banned_openings = BARE_CALL_STARTS
         reasoning = THINK_OPEN in template and not forced
         opened = reasoning and prompt.rstrip().endswith(THINK_OPEN)
         return cls(reasoning, opened, tuple(tool_names(tools)) if calls else None, forced, stop, banned,

@@ -28,7 +28,7 @@ __all__ = ["CALL_SCORES", "CLOSE", "OPEN", "CallFormat", "ToolCall", "ToolChoice
 
 @dataclass(frozen=True)
 class ToolChoice:
-    """`mode` none (tools shown, never called), auto, required (some call), or function (`name`'s)."""
+    """`mode` none (never called), auto, required (some call), or function (`name`'s)."""
 
     mode: str = "auto"
     name: str | None = None
@@ -36,6 +36,14 @@ class ToolChoice:
     @property
     def forced(self) -> bool:
         return self.mode in ("required", "function")
+
+    def prompt_tools(self, tools: list[dict] | None, keep_for_none: bool = False) -> list[dict] | None:
+        """The tools the template lists in the prompt: the request's, but none under tool_choice none
+        unless `keep_for_none` (serve's --keep_tools_when_tool_choice_none). A model tuned to call when it
+        sees tools goes on trying to call when they are listed, whatever the ban lets through (issue #56),
+        so "none" shows it a prompt without them, as vLLM's --expand-tools-even-if-tool-choice-none
+        (off by default) did."""
+        return None if self.mode == "none" and not keep_for_none else tools
 
 
 CALL_SCORES = ("well_formed", "right_function", "right_arguments")
