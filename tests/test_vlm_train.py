@@ -5,6 +5,7 @@ result loads as the model did; the settings that cannot work are refused in one 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -13,7 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.vlm_models import TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, write_memorisation_set
+from tunesmith.data.images import image_part
+from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
+from tunesmith.generation import Engine, SamplingParams
+from tunesmith.models.loader import inference_model_args, load_for_inference
 from tunesmith.models.vision import VISION_FAMILIES
 from tunesmith.recipes.sft import run as sft_main
 
@@ -55,6 +60,25 @@ def test_lora_learns_image_conversations_with_the_vision_parts_frozen(family, vl
     # the processor is saved with the adapter: the result loads, with its chat template, as the model did
     assert os.path.isfile(tmp_path / "out" / "chat_template.jinja")
     assert any(os.path.isfile(tmp_path / "out" / f) for f in ("preprocessor_config.json", "processor_config.json"))
+
+
+@pytest.mark.parametrize("family", TRAIN_AND_GENERATE_FAMILIES)
+def test_a_config_shaped_as_the_hubs_loads_trains_and_answers(family, vlm_dirs, memorise, tmp_path):
+    """Google's Gemma 3 config has no top-level pad_token_id, Qwen-VL's none at all, Idefics3's only in its text
+    config (tests/vlm_models.py): the training load, a step, the inference load and a reply all work, and the pad
+    id the run fills in is where transformers reads it (the text config)."""
+    top = json.loads(open(os.path.join(vlm_dirs[family], "config.json")).read())
+    assert "pad_token_id" not in top and "text_config" in top
+    trainer = run_sft(vlm_dirs[family], memorise, tmp_path / "out", "--max_steps", "1")
+    assert trainer.state.global_step == 1
+    text = trainer.model.get_base_model().config.get_text_config(decoder=True)
+    assert text.pad_token_id == (top["text_config"].get("pad_token_id") or top["text_config"]["eos_token_id"])
+    model, tokenizer = load_for_inference(inference_model_args(str(tmp_path / "out")))
+    picture = os.path.join(os.path.dirname(memorise), "red_square.png")
+    prompt = encode_prompt(tokenizer, [{"role": "user", "content": [image_part(picture),
+                                                                     {"type": "text", "text": "What is this?"}]}])
+    [[reply]] = Engine(model, tokenizer).generate([prompt], SamplingParams(temperature=0, max_new_tokens=4))
+    assert reply.token_ids
 
 
 def test_full_finetuning_freezes_the_tower_and_trains_the_projector_when_asked(vlm_dirs, memorise, tmp_path):

@@ -64,9 +64,11 @@ TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
         "num_key_value_heads": 2, "max_position_embeddings": 4096, "initializer_range": 0.2}
 
 
-def _special_ids(tokenizer: Any, eos: str | None = None) -> dict[str, int]:
-    return {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
-            "eos_token_id": tokenizer.convert_tokens_to_ids(eos) if eos else tokenizer.eos_token_id}
+def _special_ids(tokenizer: Any, eos: str | None = None, pad: bool = True) -> dict[str, int]:
+    """The text config's token ids; `pad`: whether the family's real config names a padding id (Qwen's do not)."""
+    ids = {"bos_token_id": tokenizer.bos_token_id,
+           "eos_token_id": tokenizer.convert_tokens_to_ids(eos) if eos else tokenizer.eos_token_id}
+    return {**ids, "pad_token_id": tokenizer.pad_token_id} if pad else ids
 
 
 def _tokenizer_with(base_dir: str, special: list[str], **extra_special: str) -> Any:
@@ -92,16 +94,15 @@ def _qwen2_vl(base_dir: str) -> tuple[Any, Any]:
     image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2,
                                             temporal_patch_size=2)
     processor = QwenFolder(image_processor, tokenizer, QWEN2_VL_TEMPLATE, Qwen2VLProcessor.__name__)
+    # Shaped as Qwen/Qwen2-VL-7B-Instruct's config.json: bos and eos but no pad_token_id anywhere (the hub's flat
+    # file, which transformers 5 reads into text_config), the vision token ids at the top.
     config = Qwen2VLConfig(
-        text_config={**TEXT, **_special_ids(tokenizer), "vocab_size": len(tokenizer),
-                     "rope_parameters": {"rope_type": "default",
-                                                                               "rope_theta": 10000.0,
-                                                                               "mrope_section": [2, 3, 3]}},
+        text_config={**TEXT, **_special_ids(tokenizer, pad=False), "vocab_size": len(tokenizer),
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
         vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
                        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     return Qwen2VLForConditionalGeneration(config), processor
 
@@ -115,15 +116,15 @@ def _qwen2_5_vl(base_dir: str) -> tuple[Any, Any]:
     qwen2, processor = _qwen2_vl(base_dir)
     processor.processor_class = "Qwen2_5_VLProcessor"
     text = qwen2.config.text_config.to_dict()
+    # Shaped as Qwen/Qwen2.5-VL-7B-Instruct's config.json: Qwen2-VL's, no pad_token_id anywhere.
     config = Qwen2_5_VLConfig(
         text_config={key: text[key] for key in (*TEXT, "vocab_size", "rope_parameters", "bos_token_id",
-                                                "eos_token_id", "pad_token_id")},
+                                                "eos_token_id")},
         vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
                        "fullatt_block_indexes": [1]},
         **{key: getattr(qwen2.config, key) for key in ("image_token_id", "video_token_id", "vision_start_token_id",
-                                                       "vision_end_token_id", "bos_token_id", "eos_token_id",
-                                                       "pad_token_id")},
+                                                       "vision_end_token_id")},
     )
     return Qwen2_5_VLForConditionalGeneration(config), processor
 
@@ -159,6 +160,10 @@ def _gemma3(base_dir: str) -> tuple[Any, Any]:
     image_processor = Gemma3ImageProcessor(size={"height": 32, "width": 32}, do_pan_and_scan=False)
     processor = Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, chat_template=GEMMA3_TEMPLATE,
                                 image_seq_length=tokens_per_image)
+    # Shaped as Google's gemma-3-27b-it config.json (a copy: NVIDIA/TensorRT-LLM,
+    # tests/unittest/_torch/modeling/test_modeling_gemma3.py, GEMMA3_27B_CONFIG): no pad_token_id or bos_token_id at
+    # the top, eos_token_id there as the list [<eos>, <end_of_turn>], the image token indices; the text config's
+    # token ids are Gemma3TextConfig's defaults there (Gemma's tokenizer's), set here for this tokenizer.
     config = Gemma3Config(
         text_config={**TEXT, **_special_ids(tokenizer, "<end_of_turn>"), "vocab_size": len(tokenizer), "head_dim": 16,
                      "sliding_window": 16,
@@ -169,8 +174,7 @@ def _gemma3(base_dir: str) -> tuple[Any, Any]:
         boi_token_index=tokenizer.convert_tokens_to_ids(marks["boi_token"]),
         eoi_token_index=tokenizer.convert_tokens_to_ids(marks["eoi_token"]),
         image_token_index=tokenizer.convert_tokens_to_ids(marks["image_token"]),
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_turn>"),
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")],
     )
     model = Gemma3ForConditionalGeneration(config)
     with torch.no_grad():  # from_config starts the projector at zero: no picture would reach the language model
@@ -194,14 +198,14 @@ def _idefics3(base_dir: str) -> tuple[Any, Any]:
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4,
                                   chat_template=SMOLVLM_TEMPLATE)  # adds <image>, <fake_token_around_image>, ...
     tokenizer = processor.tokenizer
+    # Shaped as HuggingFaceM4/Idefics3-8B-Llama3's and HuggingFaceTB/SmolVLM-Instruct's config.json: the token ids,
+    # pad_token_id among them, in the Llama text_config only; image_token_id and scale_factor at the top.
     config = Idefics3Config(
         text_config={**TEXT, **_special_ids(tokenizer, "<end_of_utterance>"), "model_type": "llama",
                      "vocab_size": len(tokenizer)},
         vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                        "image_size": 32, "patch_size": 8},
         scale_factor=2, image_token_id=processor.image_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_utterance>"),
-        pad_token_id=tokenizer.pad_token_id,
     )
     return Idefics3ForConditionalGeneration(config), processor
 

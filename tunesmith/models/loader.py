@@ -17,6 +17,7 @@ from ..data.template import apply_chat_template_override
 from ..errors import PathError
 from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
+from ..utils.config_facts import fill_pad_token_id
 from ..utils.hardware import native_bf16, trains_on_cpu
 from ..utils.paths import has_processor, vision_model_type
 from .attention import choose_attn_implementation
@@ -165,13 +166,23 @@ def find_lora_targets(model: nn.Module) -> list[str]:
     return sorted(names)
 
 
-def dropout_off(path: str, trust_remote_code: bool = False) -> dict[str, float]:
+def dropout_off(path: str, trust_remote_code: bool = False) -> dict[str, Any]:
     """The config's dropout probabilities set to 0, as from_pretrained overrides (`attention_dropout`,
-    `hidden_dropout_prob`, GPT-2's `attn_pdrop`, ...): the modules read them when they are built."""
+    `hidden_dropout_prob`, GPT-2's `attn_pdrop`, ...): the modules read them when they are built. A composite
+    config's sub-configs (a vision-language model's text_config and vision_config) get theirs as a dict under the
+    sub-config's name, which from_pretrained applies to those fields only."""
     from transformers import AutoConfig
 
     with _path_errors(path):
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).to_dict()
+    overrides: dict[str, Any] = _dropouts_at_zero(config)
+    for key, value in config.items():
+        if isinstance(value, dict) and (inner := _dropouts_at_zero(value)):
+            overrides[key] = inner
+    return overrides
+
+
+def _dropouts_at_zero(config: dict[str, Any]) -> dict[str, float]:
     return {key: 0.0 for key, value in config.items()
             if isinstance(value, float) and value > 0 and ("dropout" in key or key.endswith("_pdrop"))}
 
@@ -224,8 +235,7 @@ def load_model(
         contiguous_head_inputs(model)
     if vision and is_trainable and not finetuning_args.adapter:
         set_vision_trainable(model, vision, finetuning_args.train_vision_tower, finetuning_args.train_projector)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = model.config.eos_token_id
+    fill_pad_token_id(model)
     if finetuning_args.adapter:
         model = _attach_adapter(model, model_args, finetuning_args, training_args, is_trainable, task, vision)
         if is_trainable:
