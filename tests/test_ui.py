@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("gradio", reason="gradio is not installed (pip install -e '.[ui]')")
@@ -85,6 +87,71 @@ def test_paths_are_confined_to_the_root_and_data_folders(tmp_path):
     for bad in ("/etc/passwd", str(tmp_path / "data" / ".." / "secret"), str(tmp_path / "runs-other")):
         with pytest.raises(PathError, match="outside the folders this UI may use"):
             fence.check(bad, "Dataset")
+
+
+def test_the_page_writes_under_the_root_only(tmp_path):
+    fence = Confinement(str(tmp_path / "runs"), [str(tmp_path / "data")])
+    assert fence.check(str(tmp_path / "data" / "out")) == str(tmp_path / "data" / "out")  # read there
+    with pytest.raises(PathError, match=r"output folder .*data/out: outside --root \(.*runs\), the one folder this UI "
+                       "writes to; give a name or a path under it"):
+        fence.under_root(str(tmp_path / "data" / "out"))
+
+
+def outside_and_bench(tmp_path, allow_code: bool = False) -> tuple[str, str, Workbench]:
+    """(a data file in the UI's data folder, one outside every folder it may use, a page's bench)."""
+    (tmp_path / "data").mkdir(exist_ok=True)
+    dataset = write_jsonl(tmp_path / "data" / "d.jsonl", ROWS)
+    outside = write_jsonl(tmp_path / "outside.jsonl", ROWS)
+    return dataset, outside, Workbench(str(tmp_path / "runs"), [str(tmp_path / "data")], allow_code=allow_code)
+
+
+def test_advanced_flags_and_run_configs_are_held_to_the_forms_rules(tmp_path):
+    dataset, outside, bench = outside_and_bench(tmp_path)
+
+    def refusal(advanced: str = "", stage: str = "sft", **form) -> str:
+        line = bench.start(TrainForm(stage=stage, **{"dataset": dataset, **form}, advanced=advanced))
+        assert "train" not in bench.jobs, line  # refused before any process starts
+        return line
+
+    assert refusal("--output_dir /elsewhere") == ("tunesmith: config error: advanced flags: --output_dir is set by the "
+                                                 "form's Output folder box; change it there, not in the advanced flags too")
+    assert refusal(f"--data_path={outside}").startswith("tunesmith: config error: advanced flags: --data_path is set "
+                                                        "by the form's Dataset box")
+    assert refusal("--trust_remote_code true") == (
+        "tunesmith: config error: --trust_remote_code runs the Python code that comes with a model; this page runs "
+        "none: start `tunesmith ui --allow_code` to allow it, or run the command from a shell")
+    assert refusal("--reward_funcs os:system", stage="grpo") == (
+        "tunesmith: config error: --reward_funcs os:system imports os to call its system; this page runs only "
+        "tunesmith's own functions (bare names): start `tunesmith ui --allow_code` to allow it")
+    assert refusal("--reward_funcs exact_answer --tool_funcs os:system", stage="grpo").startswith(
+        "tunesmith: config error: --tool_funcs os:system imports os")
+    # every path-valued flag of the stage, --adapter being the old spelling of --adapter_name_or_path
+    for given, flag in (("--eval_data_path", "--eval_data_path"), ("--deepspeed", "--deepspeed"),
+                        ("--resume_from_checkpoint", "--resume_from_checkpoint"), ("--chat_template", "--chat_template"),
+                        ("--adapter", "--adapter_name_or_path")):
+        assert refusal(f"{given} {outside}") == (f"tunesmith: path error: {flag} {outside}: outside the folders this UI "
+                                                 f"may use ({bench.confinement.describe()}); move it there or start "
+                                                 "`tunesmith ui` with --root / --data_dir naming its folder")
+    assert refusal(f"--ptx_data_path {outside}", stage="ppo").startswith(f"tunesmith: path error: --ptx_data_path {outside}")
+    assert refusal(output_dir="/elsewhere").startswith("tunesmith: path error: output folder /elsewhere: outside --root")
+    config = tmp_path / "data" / "run.yaml"  # a run config the form names: the CLI reads its paths too
+    config.write_text(f"data_path: {outside}\n")
+    assert refusal(config=str(config), dataset="").startswith(f"tunesmith: path error: --data_path {outside}: outside")
+    config.write_text("trust_remote_code: true\n")
+    assert refusal(config=str(config)).startswith("tunesmith: config error: --trust_remote_code runs the Python code")
+    # what stays allowed: tunesmith's own reward functions, a built-in template, files in the folders, other flags
+    allowed = TrainForm(stage="grpo", dataset=dataset, advanced=f"--reward_funcs exact_answer --chat_template chatml "
+                        f"--ptx_data_path {dataset} --logging_steps 1")
+    assert bench.command_line(allowed).startswith("tunesmith ppo --advantage grpo")
+
+
+def test_allow_code_lets_runs_import_code_and_keeps_paths_confined(tmp_path):
+    dataset, outside, bench = outside_and_bench(tmp_path, allow_code=True)
+    form = TrainForm(stage="grpo", dataset=dataset, advanced="--reward_funcs os:system --trust_remote_code true")
+    assert bench.command_line(form).endswith("--reward_funcs os:system --trust_remote_code true")
+    assert bench.command_line(TrainForm(dataset=dataset, advanced=f"--eval_data_path {outside}")).startswith(
+        f"tunesmith: path error: --eval_data_path {outside}: outside the folders this UI may use")
+    assert parse_run("ui", ["--allow_code"]).ui.allow_code and not parse_run("ui", []).ui.allow_code
 
 
 def test_ui_settings_refused_in_one_line():
@@ -167,10 +234,12 @@ def test_evaluate_on_a_file_of_prompts_gives_a_table(trained, ui_data):
 
 def test_a_bad_flag_or_file_shows_the_cli_one_line_error(tiny_model_dir, ui_data, tmp_path):
     bench = bench_for(tmp_path, tiny_model_dir, ui_data)
-    bench.start(TrainForm(model=tiny_model_dir, dataset=ui_data, max_steps=3, advanced="--lerning_rate 1"))
+    bench.start(TrainForm(model=tiny_model_dir, dataset=ui_data, max_steps=3, advanced="--max_seq_length 0"))
     assert wait_for(bench.jobs["train"]) == 2
-    assert bench.progress()["error"] == ("tunesmith: config error: unknown flag --lerning_rate "
-                                         "(did you mean --learning_rate?)")
+    assert bench.progress()["error"] == "tunesmith: config error: --max_seq_length must be at least 8 tokens (got 0)."
+    # a flag the parser does not know is refused at Start, before any process (the page reads the flags first)
+    assert bench.start(TrainForm(model=tiny_model_dir, dataset=ui_data, advanced="--lerning_rate 1")) == (
+        "tunesmith: config error: unknown flag --lerning_rate (did you mean --learning_rate?)")
     assert bench.start(TrainForm(dataset="/etc/passwd")).startswith("tunesmith: path error: Dataset /etc/passwd: "
                                                                     "outside the folders")
     missing = str(Path(ui_data).parent / "missing.jsonl")  # the preview says so before any run starts
@@ -247,6 +316,72 @@ def test_chat_streams_and_compares_base_with_tuned(tiny_model_dir, tokenizer, ui
     assert refused[-1]["content"].startswith("tunesmith: path error: Model /etc: outside")
     not_a_model = list(bench.chat("Hi", [], str(tmp_path / "runs")))[-1][0]
     assert not_a_model[-1]["content"].startswith("tunesmith: path error: ") and "runs" in not_a_model[-1]["content"]
+
+
+def last_reply(updates) -> str:
+    return list(updates)[-1][0][-1]["content"]
+
+
+def test_chat_saves_only_under_the_root_and_reads_pictures_only_from_the_ui_folders(tiny_model_dir, tmp_path):
+    bench = Workbench(str(tmp_path / "runs"), [tiny_model_dir])
+    runs_dir = os.path.realpath(bench.root)
+    made_up = [{"role": "user", "content": "$(id > pwned)"}, {"role": "assistant", "content": "ok"}]
+    profile = tmp_path / "profile.sh"
+    os.symlink(profile, Path(bench.root) / "link.sh")  # a link under --root to a file outside it
+    for target in (str(profile), str(Path(bench.root) / "link.sh")):
+        assert last_reply(bench.chat(f"/save {target}", made_up, tiny_model_dir)) == (
+            f"/save {target}: outside --root ({runs_dir}), the one folder this UI writes to; give a name or a path under it")
+    assert not profile.exists()
+    saved = os.path.join(bench.root, "chat.jsonl")  # a bare name: under --root
+    assert last_reply(bench.chat("/save chat.jsonl", made_up, tiny_model_dir)) == f"saved 2 messages to {saved}"
+    assert json.loads(Path(saved).read_text())["messages"][0]["content"] == "$(id > pwned)"
+    picture = tmp_path / "outside.png"  # a made-up history (as gradio_client can send one) naming a file outside
+    picture.write_bytes(b"not read")
+    history = [{"role": "user", "content": {"path": str(picture)}}, *made_up]
+    assert last_reply(bench.chat("Hi", history, tiny_model_dir)) == (
+        f"tunesmith: path error: /image {picture}: outside the folders this UI may use ({bench.confinement.describe()}); "
+        "move it there or start `tunesmith ui` with --root / --data_dir naming its folder")
+
+
+def test_chat_image_reads_the_ui_folders_and_the_pages_uploads_only(tmp_path, default_model_path):
+    from tests.vlm_models import build_vlm_dir, make_picture
+
+    bench = Workbench(str(tmp_path / "runs"), [], uploads=str(tmp_path / "uploads"))
+    model = build_vlm_dir("qwen2_vl", tmp_path / "runs" / "vlm", default_model_path)
+    outside = make_picture(tmp_path / "outside.png", (230, 20, 20))
+    assert last_reply(bench.chat(f"/image {outside}", [], model)).startswith(
+        f"/image {outside}: outside the folders this UI may use")
+    inside = make_picture(tmp_path / "runs" / "red.png", (230, 20, 20))
+    assert last_reply(bench.chat(f"/image {inside}", [], model)) == "1 picture will be shown with your next message"
+    (tmp_path / "uploads").mkdir()
+    uploaded = make_picture(tmp_path / "uploads" / "red.png", (230, 20, 20))  # the Picture box's upload
+    tuned = list(bench.chat("What colour?", [], model, picture=uploaded, temperature=0.0, max_new_tokens=2))[-1][0]
+    assert tuned[0] == {"role": "user", "content": {"path": uploaded}} and not tuned[-1]["content"].startswith("tunesmith:")
+
+
+def test_the_pages_http_api_is_confined_too_and_answers_loopback_names_only(tiny_model_dir, tmp_path):
+    from gradio_client import Client
+
+    from tunesmith.ui.app import build, launch
+
+    app = build(Workbench(str(tmp_path / "runs"), [tiny_model_dir]))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    launch(app, "127.0.0.1", port, block=False)
+    try:
+        address = f"http://127.0.0.1:{port}/"
+        # a web page that made its own name resolve to 127.0.0.1 (DNS rebinding) sends that name as the Host
+        assert httpx.get(address, headers={"Host": f"rebound.example:{port}"}).status_code == 400
+        profile = tmp_path / "profile.sh"
+        made_up = [{"role": role, "content": [{"type": "text", "text": text}]}  # Gradio's message shape
+                   for role, text in (("user", "$(id > pwned)"), ("assistant", "ok"))]
+        tuned, _ = Client(address, verbose=False).predict(
+            f"/save {profile}", made_up, tiny_model_dir, "", False, [], 0.0, 0.9, 4, "", None, api_name="/chat")
+        assert tuned[-1]["content"][0]["text"].startswith(f"/save {profile}: outside --root")
+        assert not profile.exists()
+    finally:
+        app.close()
 
 
 def test_eval_and_export_run_the_cli_commands(tmp_path, ui_data):

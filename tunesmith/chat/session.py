@@ -18,7 +18,7 @@ from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, USER
 from ..data.formats import Message
 from ..data.images import image_part, open_image, resolve_reference
 from ..data.template import PromptTooLong, fit_prompt, reads_images
-from ..errors import DataError
+from ..errors import DataError, PathError
 from ..generation import Engine, SamplingParams
 from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
@@ -29,6 +29,10 @@ COMMANDS = ("/clear (forget the history; the system prompt stays), /system TEXT 
             "starting with // is a message that starts with /")
 # A word of a message that names one of these existing files is a picture shown with it (a vision-language model).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
+# Where a session's commands may touch files: given a path and "read" (/image, a picture a message names) or
+# "write" (/save), the path to use, or a PathError saying why not. The terminal's chat has none (anywhere its user
+# may); the web UI's confines them to its folders.
+PathCheck = Callable[[str, Literal["read", "write"]], str]
 # Words that leave when typed alone, in a terminal only: there a person typing just `quit` means it,
 # while a piped line is data (a script ends with /quit or the end of its input).
 BARE_QUIT_WORDS = ("quit", "exit")
@@ -53,7 +57,7 @@ class ChatSession:
 
     def __init__(self, model: Any, tokenizer: Any, generation: GenerationArguments | None = None,
                  max_prompt_length: int = 2048, system: str | None = None, bare_quit: bool = False,
-                 notify: Callable[[str], None] | None = None) -> None:
+                 notify: Callable[[str], None] | None = None, check_path: PathCheck | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.generation = generation or GenerationArguments()
@@ -62,6 +66,7 @@ class ChatSession:
         self.system = system
         self.bare_quit = bare_quit
         self.notify = notify or (lambda text: None)
+        self.check_path = check_path
         self.messages: list[Message] = []
         self.turn_systems: list[str | None] = []
         self.interrupted = False
@@ -183,13 +188,20 @@ class ChatSession:
         if not reads_images(self.tokenizer):
             return text
         words = text.split()
-        named = [w for w in words if w.lower().endswith(IMAGE_SUFFIXES) and os.path.isfile(os.path.expanduser(w))]
+        named = [w for w in words if w.lower().endswith(IMAGE_SUFFIXES) and os.path.isfile(os.path.expanduser(w))
+                 and self._may_read(os.path.expanduser(w))]  # a file it may not read stays a word
         pictures = self.pending_images + [resolve_reference(w, Path.cwd()) for w in named]
         self.pending_images = []
         if not pictures:
             return text
         rest = " ".join(w for w in words if w not in named) if named else text
         return [*map(image_part, pictures), *([{"type": "text", "text": rest}] if rest else [])]
+
+    def _may_read(self, path: str) -> bool:
+        try:
+            return not self.check_path or bool(self.check_path(path, "read"))
+        except PathError:
+            return False
 
     def _attach(self, path: str) -> Outcome:
         if not reads_images(self.tokenizer):
@@ -198,7 +210,11 @@ class ChatSession:
             return Outcome("error", "usage: /image PATH (a picture shown with your next message)")
         try:
             ref = resolve_reference(os.path.expanduser(path), Path.cwd())
+            if self.check_path and not ref.startswith("data:"):
+                ref = self.check_path(ref, "read")
             open_image(ref)  # a picture that cannot be read is refused now, not at the next message
+        except PathError as e:  # the path check's own line names the command
+            return Outcome("error", str(e))
         except ValueError as e:  # DataError too
             return Outcome("error", f"/image {path}: {e}")
         self.pending_images.append(ref)
@@ -223,7 +239,9 @@ class ChatSession:
             if not path:
                 return Outcome("error", "usage: /save FILE")
             try:
-                return Outcome("info", self.save(path))
+                return Outcome("info", self.save(self.check_path(path, "write") if self.check_path else path))
+            except PathError as e:
+                return Outcome("error", str(e))
             except (OSError, ValueError) as e:
                 return Outcome("error", f"/save {path}: {e}")
         return Outcome("error", f"unknown command {word}; commands: {COMMANDS}")

@@ -7,6 +7,7 @@ means true (`--disable_dropout`), or takes a value (`--disable_dropout false`, y
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import logging
@@ -163,18 +164,7 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
     """Parse a command line into the given dataclasses, then apply the rules table (check_paths=False:
     all but the rows about files and folders). `description` (the recipe's docstring) opens `--help`."""
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--debug"]
-    parser = Parser(dataclass_types, description)
-    file_argv: list[str] = []
-    if argv and not argv[0].startswith("-"):
-        if not argv[0].endswith(CONFIG_SUFFIXES):
-            raise ConfigError(f"unexpected argument {argv[0]!r}: the first argument may be a run config "
-                              "(.yaml, .yml or .json); everything else goes as --flag value (see --help)")
-        file_argv = config_file_to_argv(argv[0], parser.flags)
-        argv = argv[1:]
-    namespace, unknown = parser.parse_known_args(args=file_argv + _renamed(argv, parser.flags, "command line"))
-    if unknown:
-        raise ConfigError(_unknown_message(unknown, parser.flags))
-    del namespace.debug  # the boundary's flag, not a dataclass field (TrainingArguments has its own `debug`)
+    namespace = parse_namespace(dataclass_types, argv, description)
     eval_note = resolve_eval_schedule(vars(namespace))
     checkpointing_note = resolve_checkpointing(vars(namespace), dataclass_types)
     configs = []
@@ -198,6 +188,26 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
             if note:
                 logger.info(note)
     return run
+
+
+def parse_namespace(dataclass_types: Sequence[type], argv: Sequence[str],
+                    description: str | None = None) -> argparse.Namespace:
+    """Every field's value as the command line sets it (the run config first, the flags after it winning, old
+    spellings renamed), before any dataclass is built, file read or rule applied: what parse_args builds the
+    dataclasses from, and what a caller that vets a command line before it runs (the web UI) reads."""
+    parser = Parser(dataclass_types, description)
+    file_argv: list[str] = []
+    if argv and not argv[0].startswith("-"):
+        if not argv[0].endswith(CONFIG_SUFFIXES):
+            raise ConfigError(f"unexpected argument {argv[0]!r}: the first argument may be a run config "
+                              "(.yaml, .yml or .json); everything else goes as --flag value (see --help)")
+        file_argv = config_file_to_argv(argv[0], parser.flags)
+        argv = argv[1:]
+    namespace, unknown = parser.parse_known_args(args=file_argv + _renamed(argv, parser.flags, "command line"))
+    if unknown:
+        raise ConfigError(_unknown_message(unknown, parser.flags))
+    del namespace.debug  # the boundary's flag, not a dataclass field (TrainingArguments has its own `debug`)
+    return namespace
 
 
 def resolve_adapter_base(model_args: Any, warn: bool = True) -> None:

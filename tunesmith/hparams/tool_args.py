@@ -253,6 +253,12 @@ class UIArguments:
         default_factory=lambda: ["data", "configs"],
         metadata={"nargs": "+", "help": "Folders the page may read data files, run configs and models from (besides "
                   "--root and the embedded default model)."})
+    allow_code: bool = field(
+        default=False, metadata={"help": "Let runs started from the page run code that is not tunesmith's: "
+                                 "--trust_remote_code (a model's own Python) and functions named "
+                                 "package.module:function (--reward_funcs, --tool_funcs), from the Advanced flags or a "
+                                 "Run config. Without it the page refuses them in one line. Paths stay confined either "
+                                 "way."})
     auth: str | None = field(
         default=None, metadata={"help": "user:password asked by the page (required with a --host other than this "
                                 "machine's; default: the TUNESMITH_UI_AUTH environment variable when set)."})

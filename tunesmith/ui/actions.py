@@ -21,6 +21,7 @@ from ..models.loader import load_tokenizer
 from . import runs as runs_mod
 from .chat import ModelCache, session, stream_reply
 from .command import Confinement, TrainForm, shown, train_flags, tunesmith_argv
+from .flag_rules import check_run
 from .jobs import Job, tail
 
 PREVIEW_ROWS = 3
@@ -34,10 +35,14 @@ class Workbench:
     """The state behind one page: its folders, its jobs (one per kind: train, eval, export) and its
     loaded chat models."""
 
-    def __init__(self, root: str, data_dirs: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(self, root: str, data_dirs: list[str] | tuple[str, ...] = (), allow_code: bool = False,
+                 uploads: str | None = None) -> None:
+        """allow_code: runs may import code (`tunesmith ui --allow_code`); uploads: the folder where the page keeps
+        the pictures it uploads (Gradio's), read by Chat."""
         os.makedirs(root, exist_ok=True)
         self.root = root
-        self.confinement = Confinement(root, data_dirs, extra=[str(default_model_dir())])
+        self.allow_code = allow_code
+        self.confinement = Confinement(root, data_dirs, extra=[str(default_model_dir()), *([uploads] if uploads else [])])
         # What a newcomer starts from, where the repo's demo is at hand: the quickstart's run config.
         self.demo_config = DEMO_CONFIG if os.path.isfile(DEMO_CONFIG) and self.allowed(DEMO_CONFIG) else ""
         self.jobs: dict[str, Job] = {}
@@ -73,6 +78,7 @@ class Workbench:
         output = form.output_dir.strip() if form.output_dir and form.output_dir.strip() else self.default_output(form.stage)
         form = TrainForm(**{**vars(form), "output_dir": self.confinement.under_root(output)})
         command, flags = train_flags(form)
+        check_run(command, flags, self.confinement, self.allow_code)  # the Run config's and Advanced flags' values too
         return tunesmith_argv(command, flags)
 
     def command_line(self, form: TrainForm) -> str:
@@ -199,7 +205,8 @@ class Workbench:
             earlier = list(conversation)
             conversation += [*shown, {"role": "user", "content": message}, {"role": "assistant", "content": ""}]
             try:
-                chat = session(self.models, model or None, column_adapter, earlier, generation, system)
+                chat = session(self.models, model or None, column_adapter, earlier, generation, system,
+                               self.chat_path)
                 if picture:
                     outcome = chat.handle(f"/image {picture}")
                     if outcome.kind == "error":
@@ -210,6 +217,11 @@ class Workbench:
             except UserError as e:  # a model or adapter that cannot load: the CLI's one line, in the chat
                 conversation[-1] = {"role": "assistant", "content": f"tunesmith: {e.kind}: {e}"}
                 yield history, base_history
+
+    def chat_path(self, path: str, mode: str) -> str:
+        """Where Chat's commands may touch files: /image and pictures read from the UI's folders, /save written
+        under --root (a bare name: there)."""
+        return self.confinement.under_root(path, "/save") if mode == "write" else self.confinement.check(path, "/image")
 
     # -- Evaluate and Export: one command each, followed as it runs
     def follow(self, kind: str, argv: list[str]) -> Iterator[str]:

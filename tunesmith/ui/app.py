@@ -8,14 +8,18 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..errors import UserError
+from ..hparams.tool_args import LOOPBACK_HOSTS
 from .actions import GGUF_DTYPES, SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
 from .command import METHODS, STAGES, TrainForm
 from .runs import COLUMNS
 
 CSS = ".ts-row pre {white-space: pre-wrap; font-size: 0.85em} .ts-row mark {background: #b7f5c0}"
 REFRESH_S = 1.0
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]"]  # Host headers that name this machine (IPv6 in brackets)
 LOSSES = ("loss", "eval_loss")
 
 
@@ -46,6 +50,17 @@ def progress_html(p: dict[str, Any]) -> str:
     of = f"/{total}" if total else ""
     return (f"<div id='ts-progress'><progress value='{fraction:.3f}' max='1' style='width:100%'></progress>"
             f"<div>{p['status']}: step {step}{of}{eta}</div></div>")
+
+
+def launch(app: gr.Blocks, host: str, port: int, credentials: tuple[str, str] | None = None,
+           block: bool = True) -> None:
+    """Serve the page. On this machine's loopback it answers only requests addressed to a loopback name: a web page
+    whose own domain name is made to resolve to 127.0.0.1 (DNS rebinding) sends that name as the Host and is
+    refused (Gradio's CORS check lets any Host that is not a loopback name through). block=False: return once
+    it listens (tests)."""
+    hosts = [Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)] if host in LOOPBACK_HOSTS else []
+    app.queue().launch(server_name=host, server_port=port, auth=credentials, css=CSS, show_error=True, quiet=True,
+                       app_kwargs={"middleware": hosts}, prevent_thread_lock=not block)
 
 
 def build(bench: Workbench) -> gr.Blocks:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..chat.session import ChatSession
+from ..chat.session import ChatSession, PathCheck
 from ..data.images import image_part
 from ..hparams import GenerationArguments
 from ..models.loader import inference_model_args, load_for_inference
@@ -35,15 +35,17 @@ class ModelCache:
 
 
 def session(cache: ModelCache, model: str | None, adapter: str | None, history: list[dict],
-            generation: GenerationArguments, system: str | None = None) -> ChatSession:
-    """A chat session on the cached model whose history is the page's conversation so far."""
+            generation: GenerationArguments, system: str | None = None, check_path: PathCheck | None = None
+            ) -> ChatSession:
+    """A chat session on the cached model whose history is the page's conversation so far. check_path: where its
+    commands and the history's pictures may touch files (ChatSession's); a picture outside raises its error."""
     loaded, tokenizer = cache.get(model, adapter)
-    chat = ChatSession(loaded, tokenizer, generation, system=system or None)
+    chat = ChatSession(loaded, tokenizer, generation, system=system or None, check_path=check_path)
     pictures: list[str] = []  # a picture is its own message in the page, shown with the user message after it
     for message in history:
         picture = _picture(message.get("content"))
         if message.get("role") == "user" and picture:
-            pictures.append(picture)
+            pictures.append(check_path(picture, "read") if check_path else picture)
         elif message.get("role") in ("user", "assistant"):
             text = _text(message.get("content"))
             content = [*map(image_part, pictures), {"type": "text", "text": text}] if pictures else text

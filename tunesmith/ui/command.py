@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ConfigError, PathError
+from ..hparams.parser import DEPRECATED_FLAGS
 
 # The Train tab's stages: the command each runs, and the flags it adds (GRPO is `tunesmith ppo` with
 # group-relative advantages, as configs/grpo_demo.yaml runs it).
@@ -22,6 +23,11 @@ STAGES = {
     "grpo": ("ppo", ("--advantage", "grpo")),
 }
 METHODS = ("lora", "qlora", "full")
+# The flags the form writes, by the box that writes them (--advantage: the Stage grpo).
+FORM_FLAGS = {"--model_name_or_path": "Model", "--data_path": "Dataset", "--output_dir": "Output folder",
+              "--finetuning_type": "Method", "--quantization_bit": "Method", "--max_steps": "Max steps",
+              "--learning_rate": "Learning rate", "--num_train_epochs": "Epochs", "--lora_r": "LoRA rank",
+              "--advantage": "Stage"}
 EMBEDDED = ""  # the Model box left empty: the CLI's default, the embedded SmolLM2-135M-Instruct
 
 
@@ -67,6 +73,12 @@ def advanced_flags(text: str) -> list[str]:
     return tokens
 
 
+def flag_names(tokens: Sequence[str]) -> set[str]:
+    """The `--flag` names among argument tokens (`--flag=value` too), old spellings as the names they stand for."""
+    names = {token[2:].partition("=")[0] for token in tokens if token.startswith("--")}
+    return {f"--{DEPRECATED_FLAGS.get(name, name)}" for name in names}
+
+
 def train_flags(form: TrainForm) -> tuple[str, list[str]]:
     """(command, flags) for the Train tab's form."""
     if form.stage not in STAGES:
@@ -89,7 +101,12 @@ def train_flags(form: TrainForm) -> tuple[str, list[str]]:
                         ("--num_train_epochs", form.epochs), ("--lora_r", form.lora_rank)):
         if value not in (None, "", 0):  # empty (a number box shows 0): the CLI's default
             flags += [flag, _number(value)]
-    return command, flags + advanced_flags(form.advanced)
+    advanced = advanced_flags(form.advanced)
+    twice = sorted(flag_names(flags) & flag_names(advanced))
+    if twice:  # the CLI takes the last value: the Advanced one would silently replace the form's, checked one
+        raise ConfigError(f"advanced flags: {twice[0]} is set by the form's {FORM_FLAGS.get(twice[0], 'Stage')} "
+                          "box; change it there, not in the advanced flags too")
+    return command, flags + advanced
 
 
 def _number(value: float | int | str) -> str:
@@ -99,27 +116,37 @@ def _number(value: float | int | str) -> str:
 
 
 class Confinement:
-    """The folders the page may touch: paths outside them are refused in one line."""
+    """The folders the page may touch: it reads from --root, the --data_dir folders and the embedded model's
+    folder (`extra`), and writes under --root only. Paths outside them are refused in one line."""
 
     def __init__(self, root: str, data_dirs: Iterable[str] = (), extra: Iterable[str] = ()) -> None:
         self.root = os.path.realpath(root)
         self.allowed = [self.root, *(os.path.realpath(d) for d in (*data_dirs, *extra))]
 
     def check(self, path: str, what: str = "path") -> str:
-        """The path, resolved against the current folder, when it lies under an allowed folder."""
+        """A path to read, resolved against the current folder (links followed), when it lies under an allowed
+        folder."""
         if not path or not path.strip():
             raise PathError(f"{what}: empty; give a path under {self.describe()}")
-        real = os.path.realpath(path.strip())
-        if not any(real == a or real.startswith(a.rstrip(os.sep) + os.sep) for a in self.allowed):
+        if not _inside(path.strip(), self.allowed):
             raise PathError(f"{what} {path.strip()}: outside the folders this UI may use ({self.describe()}); "
                             "move it there or start `tunesmith ui` with --root / --data_dir naming its folder")
         return path.strip()
 
     def under_root(self, name: str, what: str = "output folder") -> str:
-        """A folder named relative to --root (or a path already inside an allowed folder)."""
-        if not os.path.isabs(name) and not name.startswith(("./", "../")) and os.sep not in name.strip("/"):
+        """A path to write: a bare name is taken under --root; any other path must lie under --root."""
+        name = name.strip() if name else ""
+        if name and not os.path.isabs(name) and not name.startswith(("./", "../")) and os.sep not in name.strip("/"):
             name = os.path.join(self.root, name)
-        return self.check(name, what)
+        if not name or not _inside(name, [self.root]):
+            raise PathError(f"{what} {name}: outside --root ({self.root}), the one folder this UI writes to; "
+                            "give a name or a path under it")
+        return name
 
     def describe(self) -> str:
         return ", ".join(self.allowed)
+
+
+def _inside(path: str, folders: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == f or real.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
