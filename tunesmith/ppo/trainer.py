@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import shutil
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from transformers.trainer_callback import CallbackHandler, ProgressCallback, Tra
 from ..constants import REWARD_PLOT_FILE
 from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
+from ..errors import PathError
 from ..generation import Engine
 from ..hparams import PPOArguments, ToolUseArguments, check, save_run_config, zero_stage
 from ..train.callbacks import MetricsFileCallback, plot_loss
@@ -631,11 +633,10 @@ class PPOTrainer:
         if not self.zero_stage:
             self.optimizer.load_state_dict(torch.load(path, map_location="cpu"))
             return
-        # A ZeRO optimizer's state holds DeepSpeed objects (its loss scaler): no plain weights file,
-        # but one this run wrote. ZeRO optimizers take a list of every rank's state, pick their own,
-        # and restore their fp32 master weights from it too.
+        # ZeRO optimizers take a list of every rank's state, pick their own, and restore their fp32 master
+        # weights from it too.
         states: list[dict | None] = [None] * self.accelerator.num_processes
-        states[self.accelerator.process_index] = torch.load(path, map_location="cpu", weights_only=False)
+        states[self.accelerator.process_index] = load_zero_optimizer_state(path)
         self.optimizer.optimizer.load_state_dict(states, load_from_fp32_weights=True)
 
     def _load_state(self, checkpoint: str) -> None:
@@ -655,6 +656,31 @@ class PPOTrainer:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         logger.info("restored the optimizer, scheduler, random state and kl_coef (%.4g) of %s", self.kl_ctl.value, ckpt)
+
+
+def zero_optimizer_state_types() -> list[type]:
+    """The DeepSpeed classes a ZeRO-1/2/3 optimizer's state_dict holds beside tensors, numbers and strings (its
+    loss scaler, the stage, ZeRO-1/2's fragment offsets): torch.load's weights_only unpickler rebuilds these and
+    nothing else, so a crafted optimizer file cannot run code (a full unpickle runs whatever it names)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_zero_optimizer_state(path: Path) -> dict[str, Any]:
+    """A ZeRO optimizer's saved state, through torch's weights_only unpickler; PathError naming the file when it
+    holds anything else."""
+    try:
+        with torch.serialization.safe_globals(zero_optimizer_state_types()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message: a paragraph on weights_only, the reason (the global it refused), a link
+        lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        reason = next((line for line in lines if "GLOBAL" in line), lines[0])
+        raise PathError(f"{path}: refused: it holds more than a ZeRO optimizer's state ({reason}); resume from a "
+                        "checkpoint this run wrote") from None
 
 
 def policy_loss_spec(ppo: PPOArguments) -> PolicyLossSpec:

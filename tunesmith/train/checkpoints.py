@@ -10,6 +10,8 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ..constants import RUN_CONFIG_FILE
 from ..errors import ConfigError, PathError
 from ..hparams.run_config import as_saved, describe_differences, result_differences
-from ..utils.io import replace_directory
+from ..models.weights_check import folder_problems
+from ..utils.io import disk_full_error, folder_bytes, ran_out_of_space, replace_directory
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +55,17 @@ def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 # ---------------------------------------------------------------------------- state and resume
 
 
-def state_problem(checkpoint: str | os.PathLike) -> str | None:
-    """Why the checkpoint's state file cannot be used, or None."""
+def resume_problem(checkpoint: str | os.PathLike) -> str | None:
+    """Why the checkpoint cannot be resumed, or None: its state file does not read, or another of its files
+    (weights, optimizer, scheduler, random state, configs) is cut short or corrupt. Checked here, before the
+    Trainer loads anything: a failure inside its resume would come after the model's weights were replaced,
+    and leave nothing to fall back from."""
     try:
         read_state(checkpoint)
     except PathError as e:
         return str(e)
-    return None
+    problems = folder_problems(checkpoint, recursive=True)
+    return problems[0] if problems else None
 
 
 def read_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
@@ -84,13 +91,16 @@ def checkpoint_step(checkpoint: str | os.PathLike) -> int:
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The newest checkpoint in output_dir whose state file reads; newer ones that do not are
-    skipped with a warning that names them and the reason."""
-    for checkpoint in reversed(checkpoints(output_dir)):
-        problem = state_problem(checkpoint)
+    """The newest checkpoint in output_dir whose files all read; newer ones that do not are skipped with a
+    warning that names them and the reason, and when none reads one more line says so."""
+    found = checkpoints(output_dir)
+    for checkpoint in reversed(found):
+        problem = resume_problem(checkpoint)
         if problem is None:
             return str(checkpoint)
         logger.warning("skipping %s: %s", checkpoint, problem)
+    if found:
+        logger.warning("no checkpoint in %s can be resumed (%d skipped)", output_dir, len(found))
     return None
 
 
@@ -110,7 +120,7 @@ def resolve_resume(training: Any) -> str | None:
         found = str(requested)
         if not os.path.isdir(found):
             raise PathError(f"--resume_from_checkpoint {found}: no such checkpoint folder")
-        problem = state_problem(found)
+        problem = resume_problem(found)
         if problem:
             raise PathError(f"--resume_from_checkpoint {found}: {problem}; give an earlier checkpoint, or leave "
                             "the flag out to resume the last complete one in --output_dir")
@@ -141,6 +151,37 @@ def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | No
         return
     for old in checkpoints(output_dir)[:-save_total_limit]:
         shutil.rmtree(old)
+
+
+@contextmanager
+def stop_when_a_checkpoint_fills_the_disk(output_dir: str | os.PathLike, step: Callable[[], int]) -> Iterator[None]:
+    """Training whose checkpoint saves may fill the disk (`step`: the step being saved). The Trainer writes
+    checkpoint-<step> in place, its state file last: one that a full disk cut short is removed (no resume would
+    read it, and its space is free again) and the run stops in one line (utils/io.stop_when_disk_fills), its
+    earlier checkpoints intact."""
+    try:
+        yield
+    except Exception as e:
+        partial = checkpoint_dir(output_dir, step())
+        written = partial if partial.is_dir() else Path(output_dir)
+        if not ran_out_of_space(e, written):
+            raise
+        earlier = [c for c in checkpoints(output_dir) if c != partial and (c / STATE_FILE).is_file()]
+        cut_short = partial.is_dir() and resume_problem(partial) is not None
+        raise disk_full_error(e, written, folder_bytes(earlier[-1]) if earlier else 0,
+                              discard=cut_short and int(os.environ.get("RANK", "0")) == 0) from e
+
+
+# Files of a checkpoint that only a resume reads; the rest (weights, configs, tokenizer) a final save writes too.
+TRAINING_STATE_PREFIXES = ("optimizer", "scheduler", "rng", "scaler", "global_step", STATE_FILE, "training_args")
+
+
+def model_bytes(checkpoint: str | os.PathLike | None) -> int:
+    """The size of what a final save of the same run writes, estimated from one of its checkpoints (0 for None)."""
+    if checkpoint is None:
+        return 0
+    return sum(f.stat().st_size for f in Path(checkpoint).rglob("*")
+               if f.is_file() and not f.relative_to(checkpoint).parts[0].startswith(TRAINING_STATE_PREFIXES))
 
 
 # ---------------------------------------------------------------------------- the output_dir guard

@@ -5,13 +5,23 @@ Trainer stages do at the end: train, save, evaluate."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..distributed import start_single_process_world
 from ..hparams import ParsedRun, parse_run
 from ..models.loader import resolve_model_path
-from .checkpoints import guard_output_dir, resolve_resume
+from ..utils.io import publish_files, stop_when_disk_fills
+from .checkpoints import (
+    checkpoints,
+    guard_output_dir,
+    model_bytes,
+    resolve_resume,
+    staging_dir,
+    stop_when_a_checkpoint_fills_the_disk,
+)
 
 
 def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str | None) -> tuple[ParsedRun, str | None]:
@@ -30,10 +40,29 @@ def train_save_evaluate(trainer: Any, resume: str | None) -> None:
     """Train (continuing `resume`, if any), save the result, evaluate it once more when there is evaluation
     data, whatever --eval_strategy (its metrics printed, in eval_results.json and in the log history), and
     save the trainer's state. The evaluations during training follow hparams.resolve_eval_schedule."""
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()
+    with stop_when_a_checkpoint_fills_the_disk(trainer.args.output_dir, lambda: trainer.state.global_step):
+        trainer.train(resume_from_checkpoint=resume)
+    save_final_model(trainer)
     if trainer.eval_dataset is not None:
         metrics = trainer.evaluate()
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
     trainer.save_state()
+
+
+def save_final_model(trainer: Any) -> None:
+    """trainer.save_model into a staging folder in output_dir, then each file moved into place: a save that
+    fails part way (a full disk: one line, utils/io.stop_when_disk_fills) leaves the previous finished model
+    whole, where saving in place would leave it half overwritten."""
+    output_dir = Path(trainer.args.output_dir)
+    staging = staging_dir(output_dir / "final-model")
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)  # a killed run's
+    trainer.accelerator.wait_for_everyone()
+    newest = checkpoints(output_dir)[-1] if checkpoints(output_dir) else None
+    with stop_when_disk_fills(staging, needed=model_bytes(newest), discard=trainer.args.should_save):
+        trainer.save_model(str(staging))
+    trainer.accelerator.wait_for_everyone()  # every process's files written before they move
+    if trainer.args.should_save:
+        publish_files(staging, output_dir)
+    trainer.accelerator.wait_for_everyone()
