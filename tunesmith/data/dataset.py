@@ -22,6 +22,7 @@ from datasets import Dataset, load_from_disk
 
 from ..errors import ConfigError, DataError, UserError
 from ..hparams import SFTDataArguments, TrainDataArguments
+from ..hparams.data_args import DEFAULT_MAX_ROW_BYTES
 from ..utils.io import atomic_directory, atomic_write_json
 from ..utils.paths import cache_root
 from .formats import BadRows, Conversation, Row, conversation_from_row, load_items
@@ -150,7 +151,9 @@ def cache_key(kind: DataKind, paths: Sequence[str], tokenizer: Any, settings: di
         files = sorted(f for f in Path(p).rglob("*") if f.is_file()) if Path(p).is_dir() else [Path(p)]
         for f in files:  # a datasets.save_to_disk folder: every file in it
             h.update(str(f.relative_to(p) if f != Path(p) else "").encode())
-            h.update(f.read_bytes())
+            with f.open("rb") as content:  # in pieces: a data file may be larger than the memory
+                for block in iter(lambda: content.read(1 << 20), b""):
+                    h.update(block)
     h.update(tokenizer_fingerprint(tokenizer).encode())
     h.update(json.dumps([settings, max_samples], sort_keys=True).encode())
     if selection:  # --data_split, --data_weights and the seed decide which rows are used
@@ -171,7 +174,8 @@ def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_arg
     key = cache_key(kind, paths, tokenizer, {**settings, "skip_bad_rows": skip_bad_rows}, max_samples, selection)
     cache_dir = cache_root() / "datasets" / kind.name / key
     if not (cache_dir.is_dir() and not data_args.overwrite_cache):
-        items, bad = load_items(paths, kind.from_row, max_samples, skip_bad_rows, selection)
+        items, bad = load_items(paths, kind.from_row, max_samples, skip_bad_rows, selection,
+                                getattr(data_args, "max_row_bytes", DEFAULT_MAX_ROW_BYTES))
         records, stats, bad_encodings = encode_items(kind, tokenizer, items, skip_bad_rows, **settings)
         bad += bad_encodings
         stats.bad = len(bad)

@@ -8,7 +8,6 @@ array), and the field."""
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 
 from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
+from ..hparams.data_args import DEFAULT_MAX_ROW_BYTES
 from ..utils.paths import is_table, problem_with_data_file
 from .hh import DAHOAS, HH, hh_conversation, hh_kind
 from .images import (
@@ -29,6 +29,7 @@ from .images import (
     resolve_reference,
     split_placeholders,
 )
+from .json_rows import json_items
 from .mix import RowSelection
 
 Message = dict[str, Any]
@@ -68,18 +69,20 @@ class Conversation:
     tools: list[dict] | None = None  # function specs the template lists for the model
 
 
-def read_rows(path: str | Path, strict: bool = True) -> Iterator[Row | DataError]:
+def read_rows(path: str | Path, strict: bool = True,
+              max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[Row | DataError]:
     """Rows of a data file, each with the line it starts on. JSON or JSONL is decided by the content,
-    not the name: a JSON array (or one object), or one object per line. A Parquet file or a
-    datasets.save_to_disk folder gives its rows, numbered from 1 ("file:row N"). A file that is missing,
-    empty, a folder of anything else, or not UTF-8 is refused by name. A row that is not a JSON object
-    raises (strict) or is yielded as its DataError, so a caller can list every bad row."""
+    not the name: a JSON array (or one object), or one object per line (json_rows.py, which reads no row
+    longer than max_row_bytes). A Parquet file or a datasets.save_to_disk folder gives its rows, numbered
+    from 1 ("file:row N"). A file that is missing, empty, a folder of anything else, or not UTF-8 is
+    refused by name. A row that is not a JSON object raises (strict) or is yielded as its DataError, so a
+    caller can list every bad row."""
     path = str(path)
     problem = problem_with_data_file(path)
     if problem:
         raise DataError(f"data file {path}: {problem}")
     table = is_table(path)
-    items = _table_items(path) if table else _json_items(path, read_data_text(path))
+    items = _table_items(path) if table else json_items(path, max_row_bytes)
     for lineno, index, item in items:
         try:
             if isinstance(item, DataError):
@@ -89,58 +92,6 @@ def read_rows(path: str | Path, strict: bool = True) -> Iterator[Row | DataError
             if strict:
                 raise
             yield error
-
-
-def _json_items(path: str, text: str) -> Iterator[tuple[int, int | None, Any]]:
-    """(line, array index, parsed value or DataError) per row: the elements of a JSON array, one
-    pretty-printed object, or the lines of JSONL."""
-    body = text.lstrip()
-    decoder = json.JSONDecoder()
-    if body.startswith("["):
-        at, index = text.index("[") + 1, 0
-        while True:
-            while at < len(text) and text[at] in " \t\r\n,":
-                at += 1
-            if at >= len(text) or text[at] == "]":
-                return
-            try:
-                item, end = decoder.raw_decode(text, at)
-            except json.JSONDecodeError as e:  # an array cannot be resumed after a syntax error
-                raise DataError(f"{path}:line {e.lineno}: not valid JSON (column {e.colno}: {e.msg})") from None
-            index += 1
-            yield text.count("\n", 0, at) + 1, index, item
-            at = end
-    if body.startswith("{") and "\n" in body.strip():
-        try:
-            whole = json.loads(text)
-        except json.JSONDecodeError:
-            pass  # JSONL
-        else:
-            yield text[: len(text) - len(body)].count("\n") + 1, None, whole
-            return
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, None, json.loads(line)
-        except json.JSONDecodeError as e:
-            yield lineno, None, DataError(f"{path}:line {lineno}: not valid JSON ({e.msg} at column {e.colno})")
-
-
-def read_data_text(path: str) -> str:
-    """The text of a data file, decoded as UTF-8 (a byte-order mark is allowed and dropped)."""
-    problem = problem_with_data_file(path)
-    if problem:
-        raise DataError(f"data file {path}: {problem}")
-    raw = Path(path).read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        utf16 = " (it looks like UTF-16)" if raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else ""
-        raise DataError(f"{path}:line {line}: not UTF-8 text{utf16}: byte {e.start} is 0x{raw[e.start]:02x}; "
-                        "save the file as UTF-8") from None
-    return text.removeprefix("\ufeff")
 
 
 def _table_items(path: str) -> Iterator[tuple[int, None, Any]]:
@@ -268,6 +219,7 @@ def _content(row: Row, value: Any, where: str) -> tuple[str | list[dict] | None,
             texts.append(part)
             continue
         kind = part.get("type") if isinstance(part, dict) else None
+        kind = kind if isinstance(kind, str) or kind is None else repr(kind)  # a list or object names no part
         if kind in IMAGE_PARTS:
             try:
                 ref = resolve_reference(part_reference(part), *row.images_folder())
@@ -590,17 +542,19 @@ def link_tool_results(messages: list[Message]) -> None:
 
 
 def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: int | None = None,
-               skip_bad_rows: bool = False, selection: RowSelection | None = None) -> tuple[list[T], list[str]]:
+               skip_bad_rows: bool = False, selection: RowSelection | None = None,
+               max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> tuple[list[T], list[str]]:
     """(from_row of every good row of the given files, in order, stopping after max_samples good ones;
     the problems of the bad rows). Every row is checked before anything stops: bad rows raise one
     BadRows error listing them all, or with skip_bad_rows are left out and returned. A selection
     (--data_split, --data_weights; mix.py) first keeps each file's part of the split, then draws the
-    rows by weight, max_samples of them in all when given."""
+    rows by weight, max_samples of them in all when given. A row longer than max_row_bytes (--max_row_bytes)
+    is a bad row, refused as it is read."""
     per_file: list[list[T]] = []
     problems: list[str] = []
     cap = None if selection and selection.weights else max_samples  # weights draw from every good row
     for path in paths:
-        rows: Iterable[Row | DataError] = read_rows(path, strict=False)
+        rows: Iterable[Row | DataError] = read_rows(path, strict=False, max_row_bytes=max_row_bytes)
         if selection:
             rows = selection.part_of(path, list(rows))
         items: list[T] = []

@@ -14,6 +14,8 @@ from typing import ClassVar, Literal
 # --data_split's three parts, in DeepSpeed-Chat's order: which stage trains on which.
 SPLIT_STAGES = ("sft", "reward/dpo", "ppo")
 LIST_FIELDS = ("data_path", "eval_data_path", "data_weights", "data_split")
+# --max_row_bytes' default (data/formats.py reads with it where no flag is given): 64 MiB.
+DEFAULT_MAX_ROW_BYTES = 64 * 2**20
 
 
 def comma_list(values: str | Iterable[str] | None) -> list[str]:
@@ -40,7 +42,7 @@ class DataFileArguments:
 
     role: ClassVar[str] = "data"
     _argument_group_name: ClassVar[str] = "data"
-    result_neutral: ClassVar[frozenset[str]] = frozenset({"overwrite_cache"})  # hparams/run_config.py
+    result_neutral: ClassVar[frozenset[str]] = frozenset({"overwrite_cache", "max_row_bytes"})  # hparams/run_config.py
     # The part of --data_split this kind of run trains on (1 SFT, 2 reward/DPO, 3 PPO/GRPO/RLOO); 0: none.
     split_part: ClassVar[int] = 0
 
@@ -75,6 +77,14 @@ class DataFileArguments:
         default=False,
         metadata={"help": "Tokenize again even when the cache holds these files tokenized with the same tokenizer, "
                   "chat template and settings."},
+    )
+    max_row_bytes: int = field(
+        default=DEFAULT_MAX_ROW_BYTES,
+        metadata={"help": "The largest row a data file may hold, in bytes: a JSONL line, or one element of a JSON "
+                  "array; a longer one is refused with its file and line as it is read, before it fills the "
+                  "memory. The default, 64 MiB, holds a long-context conversation (a million tokens of text is "
+                  "about 4 MB) with several pictures inlined as data: URLs; pictures given as paths cost only "
+                  "their path. Parquet and saved-dataset rows are read by pyarrow, in batches, unbounded."},
     )
     skip_bad_rows: bool = field(
         default=False,

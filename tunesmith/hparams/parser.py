@@ -131,6 +131,11 @@ class Parser(HfArgumentParser):
     def flags(self) -> set[str]:
         return {s[2:] for s in self._option_string_actions if s.startswith("--")}
 
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Each flag's default value (None where the stage decides, or the flag is off)."""
+        return {action.dest: action.default for action in self._actions}
+
 
 def boolean_or(words: tuple[str, ...]) -> Any:
     """The argparse type of a boolean flag that also takes these words (--gradient_checkpointing offload)."""
@@ -201,7 +206,7 @@ def parse_namespace(dataclass_types: Sequence[type], argv: Sequence[str],
         if not argv[0].endswith(CONFIG_SUFFIXES):
             raise ConfigError(f"unexpected argument {argv[0]!r}: the first argument may be a run config "
                               "(.yaml, .yml or .json); everything else goes as --flag value (see --help)")
-        file_argv = config_file_to_argv(argv[0], parser.flags)
+        file_argv = config_file_to_argv(argv[0], parser.flags, parser.defaults)
         argv = argv[1:]
     namespace, unknown = parser.parse_known_args(args=file_argv + _renamed(argv, parser.flags, "command line"))
     if unknown:
@@ -268,9 +273,11 @@ def _moved(name: str, flags: set[str], prefix: str) -> str | None:
     return f"{prefix}{name} is renamed: use {prefix}{new} ({why})"
 
 
-def config_file_to_argv(path: str, flags: set[str]) -> list[str]:
+def config_file_to_argv(path: str, flags: set[str], defaults: dict[str, Any] | None = None) -> list[str]:
     """A flat YAML/JSON mapping as `--key value` tokens, so that flags given after it win. Unknown keys
-    are refused with the file, line and a suggestion."""
+    are refused with the file, line and a suggestion. A null (`output_dir: null`, `~`) is the key left out
+    where the flag's default is null too (`defaults`), and refused elsewhere: as a token it would be the
+    text "None", a folder of that name for a path."""
     if not os.path.isfile(path):
         raise ConfigError(f"run config {path}: no such file")
     try:
@@ -296,6 +303,13 @@ def config_file_to_argv(path: str, flags: set[str]) -> list[str]:
                                   else f"{where}: unknown key `{key}`{_suggestion(key, flags, prefix='')}")
         if isinstance(value, dict):
             raise ConfigError(f"{where}: `{key}` is a mapping; give a file path instead (e.g. a DeepSpeed json).")
+        name = key if key in flags else DEPRECATED_FLAGS[key]
+        if value is None and (defaults or {}).get(name, "") is None:
+            continue
+        if value is None or isinstance(value, list) and None in value:
+            default = (defaults or {}).get(name)
+            raise ConfigError(f"{where}: `{key}` is null: give a value, or leave the key out for its default"
+                              + (f" ({default})" if default not in (None, "", []) else ""))
         argv.extend(_renamed([f"--{key}"], flags, where))
         for v in value if isinstance(value, list) else [value]:
             argv.append(_config_value(v, key, base))

@@ -36,6 +36,7 @@ from ..utils.paths import (
 from ..utils.vision_families import PACKABLE_VISION_TYPES, reward_model_types
 from .data_args import SPLIT_STAGES, numbers
 from .tool_args import LOOPBACK_HOSTS
+from .value_bounds import BOUNDS, Bound
 
 
 def deepspeed_config(training_args: Any) -> dict:
@@ -202,6 +203,18 @@ def _has_mtmd() -> bool:
     return bool(spec and spec.origin and any(Path(spec.origin).parent.glob("lib/*mtmd*")))
 
 
+def _bound_rule(bound: Bound) -> Rule:
+    """The row of one value's bound: `--FIELD must be NEED (got VALUE); ADVICE.`"""
+
+    def broken(a: SimpleNamespace) -> bool:
+        value = getattr(getattr(a, bound.role), bound.field, None)
+        return value is not None and (bound.when is None or bound.when(a)) and not bound.ok(value)
+
+    advice = f"; {bound.advice}" if bound.advice else ""
+    return Rule(f"{bound.role}_{bound.field}_value", (bound.role,), broken,
+                f"--{bound.field} must be {bound.need} (got {{{bound.role}.{bound.field}}}){advice}.")
+
+
 def _batch(a: SimpleNamespace) -> int:
     return a.training.per_device_train_batch_size
 
@@ -236,6 +249,11 @@ RULES: list[Rule] = [
          "merged model alone, or the adapter on its original base ({base})."),
     Rule("output_dir", ("training",), lambda a: _problem(problem_with_output_dir(a.training.output_dir)),
          "--output_dir {training.output_dir}: {problem}; choose another directory.", PathError),
+    # -- single values out of their range (value_bounds.py), before any row computes with them
+    *map(_bound_rule, BOUNDS),
+    Rule("length_of_run", ("training",), lambda a: a.training.max_steps <= 0 and not a.training.num_train_epochs > 0,
+         "--num_train_epochs {training.num_train_epochs} with --max_steps {training.max_steps} trains nothing: set "
+         "--max_steps N (optimizer steps; for PPO/GRPO/RLOO, rollout batches) or --num_train_epochs above 0."),
     # -- model loading
     Rule("quantization_bit", ("model",), lambda a: a.model.quantization_bit not in (None, 4, 8),
          "--quantization_bit must be 4 or 8 (got {model.quantization_bit})."),
@@ -591,9 +609,6 @@ RULES: list[Rule] = [
          lambda a: min(a.ppo.sapo_temperature_pos, a.ppo.sapo_temperature_neg) <= 0,
          "--sapo_temperature_pos and --sapo_temperature_neg must be positive (got {ppo.sapo_temperature_pos}, "
          "{ppo.sapo_temperature_neg})."),
-    Rule("ppo_length_of_run", ("ppo", "training"),
-         lambda a: a.training.max_steps <= 0 and a.training.num_train_epochs <= 0,
-         "set --max_steps (PPO steps, one rollout batch each) or --num_train_epochs."),
     # -- generation and chat
     Rule("generation_temperature", ("generation",),
          lambda a: a.generation.do_sample and a.generation.temperature <= 0,

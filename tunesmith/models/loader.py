@@ -23,6 +23,7 @@ from ..utils.paths import has_processor, vision_model_type
 from .attention import choose_attn_implementation
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
+from .lora_targets import check_lora_targets
 from .moe import expert_count, expert_lora_parameters, is_router
 from .output_head import contiguous_head_inputs
 from .prompt_learning import load_encoder, prompt_learning_config
@@ -308,6 +309,8 @@ def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_arg
     if targets == ["all"]:
         targets = find_lora_targets(language)
         parameters = expert_lora_parameters(model, finetuning_args.lora_dropout)  # MoE experts stored fused
+    else:
+        check_lora_targets(language, targets, find_lora_targets(language))
     config = LoraConfig(
         r=finetuning_args.lora_r,
         lora_alpha=finetuning_args.lora_alpha,

@@ -22,6 +22,7 @@ from .checkpoints import (
     staging_dir,
     stop_when_a_checkpoint_fills_the_disk,
 )
+from .finished_run import stop_if_finished
 
 
 def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str | None) -> tuple[ParsedRun, str | None]:
@@ -32,6 +33,7 @@ def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str
     resolve_model_path(args.model)
     guard_output_dir(args)
     resume = resolve_resume(args.training)
+    stop_if_finished(kind, args.training, resume)  # a rerun of a finished run leaves its outputs alone
     start_single_process_world(args.training)
     return args, resume
 
