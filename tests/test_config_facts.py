@@ -94,3 +94,12 @@ def test_disable_dropout_reaches_a_composite_configs_text_and_vision_models(tmp_
     loaded = AutoConfig.from_pretrained(tmp_path, **overrides)
     assert loaded.text_config.attention_dropout == 0.0 and loaded.vision_config.attention_dropout == 0.0
     assert loaded.text_config.hidden_size == 32 and loaded.vision_config.patch_size == 8  # the rest as it was
+
+
+def test_a_vision_mixture_of_experts_counts_its_text_models_experts():
+    from transformers import Qwen3VLMoeConfig
+
+    from tunesmith.models.moe import expert_count
+
+    assert expert_count(Qwen3VLMoeConfig(text_config={"num_experts": 4})) == 4  # only text_config names them
+    assert expert_count(LlamaConfig(**SMALL_TEXT)) is None

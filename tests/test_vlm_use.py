@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig
 
 from tests.conftest import running_server
-from tests.vlm_models import TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, make_picture
+from tests.vlm_models import TEXT, TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, make_picture
 from tunesmith.chat.session import ChatSession
 from tunesmith.data.images import image_part
 from tunesmith.data.template import encode_prompt
@@ -132,7 +132,10 @@ def test_server_answers_image_requests_through_the_openai_client(vlm_dirs, pictu
     with running_server(tmp_path / "serve.log", "--model_name_or_path", vlm_dirs["qwen2_vl"], "--dtype", "float32",
                         "--image_root", root) as base:
         client = OpenAI(base_url=f"{base}/v1", api_key="none")
-        served = client.models.list().data[0].id
+        [listed] = client.models.list().data
+        served = listed.id
+        # the context is the language model's (Qwen2-VL keeps max_position_embeddings in text_config only)
+        assert listed.model_extra["context_length"] == TEXT["max_position_embeddings"]
 
         def ask(image_url: str):
             return client.chat.completions.create(

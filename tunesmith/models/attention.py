@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..utils.config_facts import text_config
 
 logger = logging.getLogger(__name__)
 
@@ -315,7 +316,7 @@ ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention"})
 def refuse_stateful_layers(config: Any) -> None:
     """One line for a model with layers that are not attention (MiniMax's and Qwen3-Next's linear attention,
     Bamba's Mamba, LFM2's convolutions...): packed rows would leak across conversations there."""
-    config = getattr(config, "text_config", None) or config
+    config = text_config(config)
     layer_kinds = set(getattr(config, "layer_types", None) or ()) | set(getattr(config, "layers_block_type", None) or ())
     others = sorted(layer_kinds - ATTENTION_LAYERS - {"attention"})  # Jamba's block types: "attention" / "mamba"
     if others or "mamba" in config.model_type:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from ..utils.config_facts import config_fact
 from ..utils.io import atomic_directory
 from ..utils.paths import cache_root
 
@@ -64,7 +65,7 @@ def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
+        bos_token_id=config_fact(config, "bos_token_id"),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )

@@ -15,6 +15,7 @@ import gguf
 import torch
 
 from ..errors import ConfigError
+from ..utils.config_facts import text_config
 from .gguf_arch import ExportError, architecture, llama_rope_order
 from .gguf_export import add_tensor, gguf_file
 
@@ -52,8 +53,9 @@ def write_adapter_gguf(peft_model: Any, path: str, dtype: str, name: str, drop_s
     spec = architecture(base, drop_sliding_window)
     config = peft_model.peft_config[peft_model.active_adapter]
     alpha = _check_config(config)
-    names = gguf.get_tensor_name_map(spec.arch, base.config.num_hidden_layers)
-    heads = {"q_proj": base.config.num_attention_heads, "k_proj": base.config.num_key_value_heads}
+    text = text_config(base.config)
+    names = gguf.get_tensor_name_map(spec.arch, text.num_hidden_layers)
+    heads = {"q_proj": text.num_attention_heads, "k_proj": text.num_key_value_heads}
     qtype = gguf.GGMLQuantizationType.F32 if dtype == "f32" else gguf.GGMLQuantizationType.F16
     with gguf_file(path, spec.name, gguf.GGUFType.ADAPTER, name) as writer:
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, UserError
+from ..utils.config_facts import config_fact, text_config
 
 
 class ExportError(UserError, RuntimeError):
@@ -125,6 +126,7 @@ def sliding_window(config: Any) -> tuple[int, list[bool]] | None:
     anything: no window, or one no shorter than max_position_embeddings (a query never sees a key that far
     back). Mistral applies its window on every layer; Qwen2/3 and Gemma name the sliding layers in layer_types
     (Qwen2/3 only with use_sliding_window, from max_window_layers on)."""
+    config = text_config(config)
     window = getattr(config, "sliding_window", None)
     if not window or window >= config.max_position_embeddings:
         return None
@@ -146,7 +148,7 @@ def architecture(model: Any, drop_sliding_window: bool = False) -> Architecture:
     """The model's Architecture, or a ConfigError naming the supported ones and any setting llama.cpp's graph
     for it does not compute (a sliding window it cannot apply, unless `drop_sliding_window`). A vision-language
     model's language model (gguf_vision.LanguageModel) carries its own Architecture and name."""
-    config, name = model.config, getattr(model, "display_name", type(model).__name__)
+    config, name = text_config(model.config), getattr(model, "display_name", type(model).__name__)
     spec = getattr(model, "gguf_architecture", None) or ARCHITECTURES.get(name)
     if spec is None:
         raise ConfigError(f"export_gguf supports {', '.join(ARCHITECTURES)}; this model is {name}")
@@ -167,6 +169,7 @@ def architecture(model: Any, drop_sliding_window: bool = False) -> Architecture:
 def add_model_metadata(writer: gguf.GGUFWriter, spec: Architecture, config: Any) -> None:
     """The hyperparameters llama.cpp's loader reads for this architecture (keys from gguf.Keys, through the
     writer's add_* methods)."""
+    config = text_config(config)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -194,11 +197,11 @@ def llama_rope_order(weight: np.ndarray, heads: int) -> np.ndarray:
 def gguf_tensors(model: Any, spec: Architecture, state_dict: dict[str, torch.Tensor] | None = None,
                  ) -> Iterator[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array in PyTorch's (out, in) layout) of every weight, in state-dict order."""
-    config = model.config
+    config = text_config(model.config)
     names = gguf.get_tensor_name_map(spec.arch, config.num_hidden_layers)
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     for hf_name, tensor in (model.state_dict() if state_dict is None else state_dict).items():
-        if hf_name == "lm_head.weight" and getattr(config, "tie_word_embeddings", False):
+        if hf_name == "lm_head.weight" and config_fact(model.config, "tie_word_embeddings", False):
             continue  # llama.cpp uses token_embd when there is no `output`
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:

@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 import torch
 
+from ..utils.config_facts import config_fact
 from .gguf_arch import ExportError, add_model_metadata, architecture, gguf_tensors
 from .gguf_vocab import add_vocab, gguf_vocab
 
@@ -67,7 +68,7 @@ def write_gguf(model: Any, tokenizer: Any, path: str, dtype: str, name: str,
     chat template) to `path` as GGUF with weight matrices in `dtype` (f32, f16, bf16 or q8_0). A sliding window
     llama.cpp cannot apply for the architecture is refused unless `drop_sliding_window`."""
     spec = architecture(model, drop_sliding_window)
-    vocab = gguf_vocab(tokenizer, model.config.vocab_size)
+    vocab = gguf_vocab(tokenizer, config_fact(model.config, "vocab_size"))
     with gguf_file(path, spec.name, gguf.GGUFType.MODEL, name) as writer:
         writer.add_file_type(FILE_TYPES[dtype])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..utils.config_facts import config_fact, text_config
 from .gguf_arch import LANGUAGE_MODELS, Architecture, ExportError
 from .gguf_export import FILE_TYPES, add_tensor, gguf_file, write_gguf
 from .vision import VISION_FAMILIES
@@ -53,8 +54,8 @@ class LanguageModel:
         model_type = model.config.model_type
         self.gguf_architecture: Architecture = LANGUAGE_MODELS[model_type]
         self.display_name = f"{type(model).__name__}'s language model"
-        self.config = copy.deepcopy(model.config.text_config)
-        self.config.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.config = copy.deepcopy(text_config(model.config))
+        self.config.tie_word_embeddings = bool(config_fact(model.config, "tie_word_embeddings", False))
         prefix = VISION_FAMILIES[model_type].language + "."
         tensors = model.state_dict() if state_dict is None else state_dict
         self._tensors = {("model." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()
@@ -255,7 +256,7 @@ def write_mmproj(model: Any, image_processor: Any, path: str, dtype: str, name: 
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         writer.add_clip_has_vision_encoder(True)
         writer.add_clip_projector_type(spec.projector)
-        writer.add_vision_projection_dim(model.config.text_config.hidden_size)
+        writer.add_vision_projection_dim(config_fact(model.config, "hidden_size"))
         writer.add_vision_image_size(size.image_size)
         writer.add_vision_patch_size(size.patch_size)
         writer.add_vision_embedding_length(size.width)

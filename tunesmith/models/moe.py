@@ -14,6 +14,8 @@ import logging
 
 from torch import nn
 
+from ..utils.config_facts import text_config
+
 logger = logging.getLogger(__name__)
 
 # The attribute of the causal LM whose value multiplies the aux loss its forward adds to `loss`.
@@ -41,7 +43,8 @@ def router_loss_attribute(model: nn.Module) -> str | None:
 
 
 def expert_count(config: object) -> int | None:
-    """How many routed experts each MoE layer has, from the config; None for a dense model."""
+    """How many routed experts each MoE layer has, from the (text) config; None for a dense model."""
+    config = text_config(config)
     for source in (config, getattr(config, "ffn_config", None)):
         for name in EXPERT_COUNT_FIELDS:
             value = getattr(source, name, None)

@@ -35,6 +35,7 @@ from ..constants import IGNORE_INDEX
 from ..errors import ConfigError
 from ..hparams import FinetuningArguments, ModelArguments, PPOArguments
 from ..models.loader import load_model, resolve_model_path
+from ..utils.config_facts import config_fact
 from ..utils.paths import adapter_config, is_adapter_dir, model_architecture, model_config
 from .core import logprobs_from_logits
 from .shared_prompts import prompt_groups, shared_prompt_logits
@@ -239,8 +240,7 @@ def critic_mismatch(path: str, base: str, finetuning_type: str) -> str | None:
 
 
 def _hidden_size(path: str) -> int | None:
-    config = model_config(path)
-    return config.get("hidden_size", config.get("text_config", {}).get("hidden_size"))
+    return config_fact(model_config(path), "hidden_size")
 
 
 def _add_value_adapter_from_reward_adapter(policy: nn.Module, reward_adapter: str) -> torch.Tensor:
@@ -300,7 +300,7 @@ def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningAr
         if sft_adapter:
             policy.set_requires_grad(REFERENCE, requires_grad=False)
         reference = None
-        hidden_size = policy.get_base_model().config.get_text_config().hidden_size
+        hidden_size = config_fact(policy.get_base_model().config, "hidden_size")
     else:
         def full(path: str, trainable: bool) -> nn.Module:
             # A value model started from a reward model keeps its class (a sequence classifier) when saved.
@@ -318,7 +318,7 @@ def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningAr
             for model in (policy, value):
                 if model is not None:
                     model.gradient_checkpointing_enable()
-        hidden_size = policy.config.get_text_config().hidden_size
+        hidden_size = config_fact(policy.config, "hidden_size")
 
     value_head = new_value_head(hidden_size, resume_from) if value_model else None
     if score is not None:  # the reward model's head (no bias): the values start as its score of each prefix

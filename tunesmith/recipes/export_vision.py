@@ -97,7 +97,7 @@ def _data_url(image: Any) -> str:
 
 
 def _image_token_id(model: Any) -> int:
-    config = model.config
+    config = model.config  # the outer config: a picture's token ids are the vision-language model's, not the text's
     return getattr(config, "image_token_id", None) or config.image_token_index
 
 

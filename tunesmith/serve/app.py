@@ -30,6 +30,7 @@ from ..generation import Event, SamplingParams
 from ..generation import Request as Job
 from ..generation.worker import Scheduler
 from ..hparams import GenerationArguments, ServeArguments
+from ..utils.config_facts import config_fact
 from . import protocol
 from .completions import add_completion_routes
 from .logprobs import TokenTexts, choice_logprobs
@@ -59,7 +60,7 @@ class Server:
         self.models = {m.id: m for m in models}
         self.default = models[0]
         self.serve, self.generation, self.api_key = serve, generation, api_key
-        self.context = serve.context_length or getattr(model.config, "max_position_embeddings", None) or 2048
+        self.context = serve.context_length or config_fact(model.config, "max_position_embeddings", 2048)
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.scheduler = Scheduler(model, self.default.tokenizer, serve.max_batch_size, serve.batch_wait_ms / 1000)
         self.created = int(time.time())
