@@ -26,6 +26,7 @@ from tunesmith.train.checkpoints import last_complete_checkpoint, resume_problem
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cli_errors import REPO, assert_one_line_error, cli  # noqa: E402
 from test_corrupt_files import garbage, truncate  # noqa: E402
+from test_ppo_trainer import make_trainer, policy_dir, prompts  # noqa: E402, F401 (fixtures)
 
 ROWS = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
                       {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]}
@@ -221,6 +222,22 @@ def test_a_real_full_disk_stops_each_save_in_one_line_and_keeps_the_last_complet
     assert all(torch.equal(kept[k], finished[k]) for k in finished)
 
 
+def test_a_full_disk_during_a_ppo_checkpoint_keeps_the_one_before(tmp_path, policy_dir, tokenizer, prompts,  # noqa: F811
+                                                                   monkeypatch):
+    import tunesmith.ppo.trainer
+
+    out = tmp_path / "ppo"
+    trainer = make_trainer(out, policy_dir, tokenizer, prompts,
+                           training={"max_steps": 2, "save_strategy": "steps", "save_steps": 1})
+    # A checkpoint's torch files: optimizer, random state, scheduler; the disk fills in checkpoint-2's first.
+    simulated_full_disk(monkeypatch, tunesmith.ppo.trainer.torch, "save", after=3)
+    staging = out / ".checkpoint-2.tmp"
+    with pytest.raises(PathError, match=rf"^{staging}: the disk filled up while saving \(the save needs about "):
+        trainer.train()
+    assert not staging.exists() and sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert last_complete_checkpoint(out) == str(out / "checkpoint-1")
+
+
 # --------------------------------------------------------------------------- PPO's ZeRO optimizer state
 
 
@@ -246,12 +263,12 @@ def test_a_crafted_zero_optimizer_file_is_refused_without_running_it(tmp_path):
 def test_a_one_process_zero2_grpo_run_resumes_its_optimizer_exactly(tiny_model_dir, tmp_path):
     from tunesmith.recipes.ppo import run as ppo_main
 
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("red", "blue", "green", "sun")))
+    prompt_file = tmp_path / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("red", "blue", "green", "sun")))
 
     def grpo(out: Path, *extra: str):
         return ppo_main(["--model_name_or_path", tiny_model_dir, "--reward_funcs", "length_penalty", "--advantage",
-                         "grpo", "--samples_per_prompt", "2", "--data_path", str(prompts), "--output_dir", str(out),
+                         "grpo", "--samples_per_prompt", "2", "--data_path", str(prompt_file), "--output_dir", str(out),
                          "--per_device_train_batch_size", "4", "--max_new_tokens", "4", "--ppo_epochs", "2",
                          "--save_steps", "1", "--max_steps", "2", "--lora_r", "4", "--learning_rate", "1e-2",
                          "--deepspeed", str(REPO / "configs" / "ds_zero2.json"), *extra])

@@ -34,7 +34,9 @@ from ..train.callbacks import MetricsFileCallback, plot_loss
 from ..train.checkpoints import (
     STATE_FILE,
     checkpoint_dir,
+    checkpoints,
     empty_tensors,
+    model_bytes,
     publish_checkpoint,
     read_state,
     rotate_checkpoints,
@@ -42,7 +44,7 @@ from ..train.checkpoints import (
 )
 from ..train.ema import WeightAverage
 from ..train.param_groups import split_lora_groups
-from ..utils.io import atomic_write_json
+from ..utils.io import atomic_write_json, folder_bytes, publish_files, stop_when_disk_fills
 from .core import (
     AdaptiveKLController,
     FixedKLController,
@@ -561,13 +563,10 @@ class PPOTrainer:
         if acc.is_main_process:
             tmp = Path(output_dir) / ".save.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            self._write_weights(tmp, weights)
-            for entry in tmp.iterdir():
-                target = Path(output_dir) / entry.name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                os.replace(entry, target)
-            tmp.rmdir()
+            newest = checkpoints(output_dir)
+            with stop_when_disk_fills(tmp, needed=model_bytes(newest[-1] if newest else None), discard=True):
+                self._write_weights(tmp, weights)
+            publish_files(tmp, output_dir)
         acc.wait_for_everyone()
 
     def _gathered_weights(self) -> dict[str, torch.Tensor] | None:
@@ -609,6 +608,18 @@ class PPOTrainer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()
+        earlier = checkpoints(self.args.output_dir)
+        # A full disk: one line, the staging folder removed, the earlier checkpoints whole.
+        with stop_when_disk_fills(tmp, needed=folder_bytes(earlier[-1]) if earlier else 0, discard=acc.is_main_process):
+            self._write_checkpoint(tmp)
+        if acc.is_main_process:
+            publish_checkpoint(tmp, final)
+            rotate_checkpoints(self.args.output_dir, self.args.save_total_limit)
+        acc.wait_for_everyone()
+        return str(final)
+
+    def _write_checkpoint(self, tmp: Path) -> None:
+        acc = self.accelerator
         rank = acc.process_index
         torch.save(self.optimizer.state_dict(), tmp / f"optimizer-rank{rank}.pt")
         rng = {"cpu": torch.get_rng_state()}
@@ -624,10 +635,6 @@ class PPOTrainer:
                 self.ema.save_state(str(tmp))
             atomic_write_json(tmp / RL_STATE_FILE, {"kl_coef": self.kl_ctl.value})
             self.state.save_to_json(str(tmp / STATE_FILE))  # last: a checkpoint is complete once it reads
-            publish_checkpoint(tmp, final)
-            rotate_checkpoints(self.args.output_dir, self.args.save_total_limit)
-        acc.wait_for_everyone()
-        return str(final)
 
     def _load_optimizer_state(self, path: Path) -> None:
         if not self.zero_stage:
