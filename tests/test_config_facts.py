@@ -103,3 +103,17 @@ def test_a_vision_mixture_of_experts_counts_its_text_models_experts():
 
     assert expert_count(Qwen3VLMoeConfig(text_config={"num_experts": 4})) == 4  # only text_config names them
     assert expert_count(LlamaConfig(**SMALL_TEXT)) is None
+
+
+@pytest.mark.parametrize("ids", [{"bos_token_id": 1, "eos_token_id": 7}, {}])
+def test_fill_pad_token_id_on_qwen3_vl_whose_text_config_class_has_no_eos(ids):
+    """Qwen/Qwen3-VL's config.json names bos and eos in text_config, no pad; its class defines no eos at all."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    text = {**SMALL_TEXT, "num_hidden_layers": 1, **ids,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
+              "patch_size": 8, "num_position_embeddings": 16, "deepstack_visual_indexes": [0]}
+    model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=text, vision_config=vision))
+    fill_pad_token_id(model)
+    assert config_fact(model.config, "pad_token_id") == ids.get("eos_token_id")

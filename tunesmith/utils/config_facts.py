@@ -53,8 +53,8 @@ def fill_pad_token_id(model: Any) -> None:
     config (the sequence-classification head's last-token search, the embeddings' padding row) and the generation
     config (generate's padding), which was made from the text config at load, before this."""
     config = text_config(model.config)
-    if config.pad_token_id is None:
-        eos = config.eos_token_id
+    if getattr(config, "pad_token_id", None) is None:
+        eos = getattr(config, "eos_token_id", None)  # Qwen3-VL's text config class has none unless its file says
         config.pad_token_id = eos[0] if isinstance(eos, list) else eos
     generation = getattr(model, "generation_config", None)
     if generation is not None and generation.pad_token_id is None:
