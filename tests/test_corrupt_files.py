@@ -115,3 +115,9 @@ def test_chat_and_training_on_a_model_cut_short_exit_with_one_line(tiny_model_di
     proc = cli("sft/train.py", "--model_name_or_path", str(model), "--data_path", data, "--output_dir",
                str(tmp_path / "out"), "--max_steps", "1", cwd=tmp_path)
     assert_one_line_error(proc, weights, "re-download or re-export the model")
+
+
+def test_an_adapter_config_that_is_not_json_is_one_line(adapter_dir, tmp_path):
+    adapter = damaged_copy(adapter_dir, tmp_path, "adapter_config.json", not_json)
+    proc = cli("chat/cli.py", "--model_name_or_path", str(adapter), cwd=tmp_path)
+    assert_one_line_error(proc, f"{adapter}/adapter_config.json: not valid JSON", "train or copy the adapter again")

@@ -29,8 +29,15 @@ def is_adapter_dir(path: str | None) -> bool:
 
 
 def adapter_config(adapter_dir: str) -> dict:
-    with open(os.path.join(adapter_dir, ADAPTER_CONFIG), encoding="utf-8") as f:
-        return json.load(f)
+    from ..errors import PathError
+
+    path = os.path.join(adapter_dir, ADAPTER_CONFIG)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PathError(f"{path}: not valid JSON ({e}): train or copy the adapter again, or give another "
+                        "adapter folder") from None
 
 
 # PEFT's peft_type of each prompt-based --finetuning_type.
