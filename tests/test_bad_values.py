@@ -213,3 +213,39 @@ def test_rerunning_a_finished_run_leaves_its_outputs_alone(tiny_model_dir, tmp_p
     run([*common, "--max_steps", "3"])
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and state["log_history"][-1]["train_loss"] > 0
+
+
+def test_training_data_and_inspect_take_the_flag(tiny_model_dir, tokenizer, tmp_path, monkeypatch):
+    from tunesmith.data.dataset import build_sft_datasets
+    from tunesmith.hparams import SFTDataArguments
+    from tunesmith.recipes.inspect import run as inspect
+
+    monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "data.jsonl"
+    long_row = {"messages": [{"role": "user", "content": "x" * 3000}, ROW["messages"][1]]}
+    path.write_text(json.dumps(ROW) + "\n" + json.dumps(long_row) + "\n")
+    with pytest.raises(BadRows, match=r"data.jsonl:line 2: the row is longer than --max_row_bytes 1024"):
+        build_sft_datasets(tokenizer, SFTDataArguments(data_path=[str(path)], max_row_bytes=1024))
+    out = tmp_path / "encoded.jsonl"
+    inspect(["--model_name_or_path", tiny_model_dir, "--data_path", str(path), "--max_row_bytes", "1024",
+             "--output_file", str(out), "--show", "0"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r.get("line") for r in records][0] == 1 and "--max_row_bytes 1024" in records[1]["error"]
+
+
+def test_rerunning_a_finished_grpo_run_leaves_its_outputs_alone(tiny_model_dir, tmp_path):
+    """PPO's own trainer writes no trainer_state.json in output_dir: its final save is its run config there."""
+    from tunesmith.recipes.ppo import run
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {w}.", "answer": w}) + "\n" for w in "abcd"))
+    out = tmp_path / "out"
+    argv = ["--model_name_or_path", tiny_model_dir, "--data_path", str(data), "--output_dir", str(out),
+            "--reward_funcs", "exact_answer", "--advantage", "grpo", "--samples_per_prompt", "2",
+            "--per_device_train_batch_size", "4", "--max_new_tokens", "4", "--ppo_epochs", "1", "--save_steps", "1",
+            "--max_steps", "2", "--report_to", "none", "--lora_r", "4"]
+    run(argv)
+    before = snapshot(out)
+    with pytest.raises(SystemExit) as exited:
+        run(argv)
+    assert exited.value.code == 0 and snapshot(out) == before

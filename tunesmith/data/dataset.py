@@ -327,6 +327,6 @@ def build_ptx_dataset(tokenizer: Any, ppo_args: Any, prompt_args: Any) -> Datase
     """PPO-ptx's conversations (--ptx_data_path), encoded as SFT encodes them, each at most as long as a rollout
     (--max_prompt_length + --max_new_tokens), as DeepSpeed-Chat cuts its unsupervised data."""
     data_args = SFTDataArguments(data_path=list(ppo_args.ptx_data_path), overwrite_cache=prompt_args.overwrite_cache,
-                                 skip_bad_rows=prompt_args.skip_bad_rows,
+                                 skip_bad_rows=prompt_args.skip_bad_rows, max_row_bytes=prompt_args.max_row_bytes,
                                  max_seq_length=prompt_args.max_prompt_length + ppo_args.max_new_tokens)
     return build_sft_dataset(tokenizer, data_args.data_path, data_args, name="ptx")

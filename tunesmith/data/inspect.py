@@ -63,7 +63,8 @@ def inspect_rows(tokenizer: Any, data_args: SFTDataArguments, seed: int = 42) ->
     selection = RowSelection.of(data_args, seed)
     try:
         conversations, problems = load_items(data_args.data_path, conversation_from_row, data_args.max_samples,
-                                             skip_bad_rows=True, selection=selection)
+                                             skip_bad_rows=True, selection=selection,
+                                             max_row_bytes=data_args.max_row_bytes)
     except BadRows as e:  # every row is bad: show them all
         conversations, problems = [], e.problems
     for note in selection.notes if selection else []:

@@ -75,7 +75,7 @@ def score_image_rows(model: Any, tokenizer: Any, rows: list[Row], max_length: in
 
 def score_file(model: Any, tokenizer: Any, data: DataArguments, score: ScoreArguments) -> list[dict]:
     """One dict per row of the data files (the first --max_samples rows, or all), in order."""
-    rows, _ = load_items(data.data_path, lambda row: row, data.max_samples)
+    rows, _ = load_items(data.data_path, lambda row: row, data.max_samples, max_row_bytes=data.max_row_bytes)
     if processor_of(tokenizer) is not None:
         per_row = score_image_rows(model, tokenizer, rows, data.max_seq_length, score.batch_size)
         scores = iter(value for values in per_row if values for value in values)
