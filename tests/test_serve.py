@@ -7,7 +7,9 @@ streamed text: incremental decoding and stop strings."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import assert_openai_error, running_server, save_random_adapter
+from conftest import assert_openai_error, running_server, save_random_adapter, wait_until_healthy
 from transformers import AutoModelForCausalLM
 
 from tunesmith.chat.session import ChatSession
@@ -177,6 +179,61 @@ def test_bad_json_an_unknown_path_and_the_api_key(server, client):
     assert client.models.list().data  # the server took none of it badly
 
 
+NESTED = b"[" * 30000 + b"]" * 30000
+RAW_BODIES = [
+    ("lists 30000 deep", "/v1/chat/completions", NESTED, "the request body nests lists and objects more than 64 "
+     "levels deep; send a flatter body"),
+    ("lists 30000 deep, completions", "/v1/completions", NESTED, "more than 64 levels deep"),
+    ("a field 100 deep", "/v1/completions", b'{"prompt": "Hi", "stop": ' + b"[" * 100 + b"]" * 100 + b"}",
+     "more than 64 levels deep"),
+    ("top level a list", "/v1/chat/completions", b'[{"messages": []}]', "the request body must be a JSON object, got list"),
+    ("part type a list", "/v1/chat/completions",
+     json.dumps({"messages": [{"role": "user", "content": [{"type": ["text"]}]}]}).encode(),
+     r"`messages\[0\].content\[0\].type`: content part of type \"\['text'\]\": tunesmith reads text"),
+]
+
+
+@pytest.mark.parametrize("name, route, body, message", RAW_BODIES, ids=[b[0] for b in RAW_BODIES])
+def test_bad_json_shapes_get_a_400_never_a_500(server, name, route, body, message):
+    """Nesting past the recursion limit was a 500 with a RecursionError logged (the server's log is checked for
+    tracebacks when the fixture stops); a part's type that is a list was a TypeError."""
+    reply = httpx.post(server + route, content=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert_openai_error(reply, 400, message)
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(server):
+    """Without a Content-Length the limit used to go unchecked: the body was read and tokenized whole."""
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 200_000}]}).encode()
+
+    def chunks():
+        for start in range(0, len(body), 8192):
+            yield body[start:start + 8192]
+
+    reply = httpx.post(server + "/v1/chat/completions", content=chunks(), headers={"Authorization": f"Bearer {KEY}"})
+    assert reply.request.headers["transfer-encoding"] == "chunked"
+    error = assert_openai_error(reply, 413, r"the request body \(sent without a Content-Length\) passed 65536 bytes, "
+                                r"more than this server's limit of 65536 \(--max_request_bytes\)")
+    assert error["code"] == "request_too_large"
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
+LONG_JOBS = [("/v1/chat/completions", {"messages": CONVERSATIONS[0]}), ("/v1/completions", {"prompt": "Hi"})]
+
+
+@pytest.mark.parametrize("route, body", LONG_JOBS, ids=["chat", "completions"])
+def test_a_whole_reply_whose_client_left_stops_generating(server, route, body):
+    """16 replies of 2000 tokens fill the batch for many seconds: once their client is gone they end at the
+    next step, and a later small request is answered at once instead of waiting for them."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server + route, json={**body, "max_tokens": 2000, "n": 16}, headers=auth, timeout=2)
+    started = time.monotonic()
+    small = httpx.post(server + route, json={**body, "max_tokens": 4}, headers=auth, timeout=60)
+    assert small.status_code == 200 and time.monotonic() - started < 3
+    health = httpx.get(server + "/health").json()
+    assert health["running"] == 0 and health["waiting"] == 0
+
+
 def test_a_burst_of_concurrent_requests_is_batched_and_every_answer_is_complete(client, server, engine):
     prompts = [[{"role": "user", "content": f"Question {i}:" + " why?" * i}] for i in range(8)]
 
@@ -231,6 +288,37 @@ def test_rows_join_a_running_batch_and_leave_it_with_the_answers_they_get_alone(
     assert len(batch) == 0 and batch.cache is None
 
 
+def test_a_job_cancelled_before_it_ran_hears_its_end(engine, tokenizer):
+    """The worker used to drop a cancelled job unseen, so whoever waited for its replies waited forever; and
+    after a shutdown began, a job submitted still ran."""
+    from tunesmith.generation.worker import Scheduler
+
+    prompt = encode_prompt(tokenizer, CONVERSATIONS[0])
+    heard: dict[str, list] = {"kept": [], "dropped": [], "late": []}
+
+    def job(name: str, n: int = 1) -> Request:
+        return Request(prompt, SamplingParams(temperature=0, max_new_tokens=3, n=n),
+                       emit=lambda event: heard[name].append((event.index, event.finish_reason)))
+
+    scheduler = Scheduler(engine.model, tokenizer, max_batch_size=2, wait_s=0)
+    kept, dropped = job("kept"), job("dropped", n=2)
+    dropped.cancelled = True
+    scheduler.submit(dropped)
+    scheduler.submit(kept)
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (kept.done and dropped.done) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        scheduler.close()
+    late = job("late")
+    scheduler.submit(late)
+    assert heard["dropped"] == [(0, "cancelled"), (1, "cancelled")] and heard["late"] == [(0, "cancelled")]
+    assert [c.finish_reason for c in dropped.completions] == ["cancelled", "cancelled"]
+    assert heard["kept"][-1] == (0, "length") and scheduler.stats["running"] == 0
+
+
 def test_a_busy_port_is_refused_before_the_model_loads(chatty_model_dir):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -245,16 +333,78 @@ def test_a_busy_port_is_refused_before_the_model_loads(chatty_model_dir):
     assert "Loading weights" not in proc.stderr
 
 
+def test_health_answers_while_a_large_prompt_is_tokenized(chatty_model_dir, tmp_path):
+    """A 6 MB prompt takes seconds to parse, render and tokenize; on the event loop it blocked /health (and
+    every other request) all that time."""
+    text = "The sky is blue. " * 350_000
+    with running_server(tmp_path / "server.log", "--model_name_or_path", chatty_model_dir, "--dtype", "float32") as url:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            big = pool.submit(httpx.post, url + "/v1/chat/completions",
+                              json={"messages": [{"role": "user", "content": text}]}, timeout=120)
+            waits = []
+            while not big.done():
+                started = time.monotonic()
+                assert httpx.get(url + "/health", timeout=60).status_code == 200
+                waits.append(time.monotonic() - started)
+                time.sleep(0.05)
+        assert_openai_error(big.result(), 400, "more than the model's context of 2048 tokens leaves for a reply")
+    assert len(waits) >= 5 and max(waits) < 1.0, waits
+
+
+def test_sigterm_cancels_a_long_generation_and_the_server_exits_within_seconds(chatty_model_dir, tmp_path):
+    """uvicorn's graceful shutdown waits for open requests; a reply of 8000 tokens kept the server up for
+    minutes. Now the shutdown cancels it: the waiting client gets a 503 and the process exits at once."""
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "chat" / "serve.py"), "--port", "0", "--model_name_or_path",
+                                 chatty_model_dir, "--dtype", "float32", "--context_length", "8192"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        url = wait_until_healthy(proc, log)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            long = pool.submit(httpx.post, url + "/v1/chat/completions",
+                               json={"messages": CONVERSATIONS[0], "max_tokens": 8000, "n": 4}, timeout=120)
+            while httpx.get(url + "/health").json()["requests"] == 0:
+                time.sleep(0.1)
+            time.sleep(1)  # generating
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            took = time.monotonic() - started
+            reply = long.result()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert took < 5, log.read_text()[-2000:]
+    assert reply.status_code == 503 and reply.json()["error"]["code"] == "server_shutting_down"
+    assert "Traceback" not in log.read_text()
+    assert proc.returncode == -signal.SIGTERM  # uvicorn re-raises the signal once shut down, as its exit status
+
+
 @pytest.mark.parametrize("flags, message", [
     (dict(port=70000), r"--port must be in 0..65535 \(got 70000\); 0 takes any free port"),
+    (dict(host="0.0.0.0"), r"--host 0.0.0.0 serves the model to every machine that can reach this one: give --api_key "
+     r"KEY too \(or set TUNESMITH_API_KEY\), or keep the default --host 127.0.0.1 \(--allow_no_api_key"),
     (dict(max_batch_size=0), r"--max_batch_size must be at least 1 and --batch_wait_ms at least 0 \(got 0 and 10.0\)"),
     (dict(context_length=4), r"--context_length must be at least 8 tokens \(got 4\)"),
     (dict(adapter=["tuned"]), r"--adapter: 'tuned' is not NAME=PATH; give each adapter as NAME=PATH"),
     (dict(max_request_bytes=10), r"--max_request_bytes must be at least 1024 \(got 10\)"),
 ])
-def test_serve_flags_are_checked(flags, message):
+def test_serve_flags_are_checked(flags, message, monkeypatch):
+    monkeypatch.delenv("TUNESMITH_API_KEY", raising=False)
     with pytest.raises(ConfigError, match=message):
         check(serve=ServeArguments(**flags))
+
+
+def test_a_host_other_than_loopback_is_served_with_a_key_or_when_asked(monkeypatch):
+    monkeypatch.delenv("TUNESMITH_API_KEY", raising=False)
+    for flags in (dict(host="0.0.0.0", api_key="k"), dict(host="0.0.0.0", allow_no_api_key=True), dict(host="::1"),
+                  dict(host="localhost")):
+        check(serve=ServeArguments(**flags))
+    monkeypatch.setenv("TUNESMITH_API_KEY", "from-the-environment")
+    check(serve=ServeArguments(host="0.0.0.0"))
+    assert ServeArguments(host="0.0.0.0").key() == "from-the-environment"
 
 
 def test_serve_refuses_beam_search_and_one_adapter_name_twice(adapter_dir):

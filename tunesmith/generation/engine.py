@@ -50,6 +50,14 @@ class Request:
     def done(self) -> bool:
         return all(c is not None for c in self.completions)
 
+    def end_unstarted(self) -> None:
+        """Cancelled before its rows were admitted: each reply not yet finished ends "cancelled", and its
+        caller hears so (a caller waiting for every reply's finish would otherwise wait forever)."""
+        for index, completion in enumerate(self.completions):
+            if completion is None:
+                self.completions[index] = Completion(index, [], "", "cancelled")
+                self.emit(Event(index, finish_reason="cancelled"))
+
 
 class _Row:
     """One reply being generated."""
@@ -373,10 +381,8 @@ class Engine:
                 batch.step()
             elif self.synced:
                 batch.idle_forward()
-        for request in requests:  # cancelled before admission
-            for i, c in enumerate(request.completions):
-                if c is None:
-                    request.completions[i] = Completion(i, [], "", "cancelled")
+        for request in requests:
+            request.end_unstarted()
         return [list(r.completions) for r in requests]
 
     def _anyone_busy(self, busy: bool) -> bool:

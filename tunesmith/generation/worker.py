@@ -1,6 +1,9 @@
 """The engine on a worker thread of its own, for the server: while rows are being generated, requests
 that arrive join the batch at the next step (up to --max_batch_size rows); when the worker is idle, the first request waits a short window (--batch_wait_ms) for others to share its
-prefill. The asyncio loop that serves HTTP never waits on the model."""
+prefill. The asyncio loop that serves HTTP never waits on the model. A job whose caller is gone is
+cancelled: its rows end at the next step, and one still waiting is dropped with its replies ended
+"cancelled", so every job's caller hears the end of each reply. On shutdown every job is cancelled so that
+no generation keeps the server up."""
 
 from __future__ import annotations
 
@@ -23,20 +26,38 @@ class Scheduler:
         self._queue: queue.Queue[Request | None] = queue.Queue()
         self._held: list[Request] = []  # jobs that did not fit yet go first next time
         self._closing = False
+        self._stopping = False  # shutting down: every job, running or not, is cancelled
+        self._accepting = threading.Lock()  # no job is queued behind the shutdown's wake-up
         self._thread = threading.Thread(target=self._run, name="tunesmith-generate", daemon=True)
-        self.stats = {"requests": 0, "prefills": 0, "largest_batch": 0}
+        self._counts = {"requests": 0, "prefills": 0, "largest_batch": 0}
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Requests taken, prefills run and the largest batch so far; rows generating and jobs waiting now."""
+        return {**self._counts, "running": len(self.batch), "waiting": self._queue.qsize() + len(self._held)}
 
     def start(self) -> None:
         self._thread.start()
 
+    def cancel_all(self) -> None:
+        """Shutting down: every job, running, waiting or submitted from now on, ends "cancelled" at the
+        worker's next step (the worker thread sets the flags: it alone walks the batch and the queue)."""
+        with self._accepting:
+            self._stopping = True
+            self._queue.put(None)  # wakes an idle worker; it takes no job after this
+
     def close(self) -> None:
-        self._queue.put(None)
+        self.cancel_all()
         self._thread.join(timeout=10)
 
     def submit(self, job: Request) -> None:
         """Queue a job; its rows must fit one batch (the protocol caps n at max_batch_size)."""
-        self.stats["requests"] += 1
-        self._queue.put(job)
+        self._counts["requests"] += 1
+        with self._accepting:
+            if self._stopping:
+                job.end_unstarted()
+            else:
+                self._queue.put(job)
 
     def _get(self, timeout: float | None) -> Request | None:
         """The next queued job (None: none within the timeout, or closing); timeout None blocks, 0 polls."""
@@ -61,7 +82,8 @@ class Scheduler:
         jobs: list[Request] = []
         held = []
         for job in self._held:
-            if job.cancelled:
+            if job.cancelled or self._stopping:
+                job.end_unstarted()
                 continue
             if not held and self._fits(job, room, adapters | {j.adapter for j in jobs}):
                 jobs.append(job)
@@ -82,7 +104,8 @@ class Scheduler:
             job = self._get(timeout)
             if job is None:
                 break
-            if job.cancelled:
+            if job.cancelled or self._stopping:
+                job.end_unstarted()
                 continue
             if not self._held and self._fits(job, room, adapters | {j.adapter for j in jobs}):
                 jobs.append(job)
@@ -94,11 +117,14 @@ class Scheduler:
     def _run(self) -> None:
         while not (self._closing and not len(self.batch)):
             jobs = self._take()
+            if self._stopping:
+                for job in self.batch.requests:
+                    job.cancelled = True
             try:
                 if jobs:
                     self.batch.admit(jobs)
-                    self.stats["prefills"] += 1
-                    self.stats["largest_batch"] = max(self.stats["largest_batch"], len(self.batch))
+                    self._counts["prefills"] += 1
+                    self._counts["largest_batch"] = max(self._counts["largest_batch"], len(self.batch))
                 if len(self.batch):
                     self.batch.step()
             except Exception as e:  # a failed step fails the requests in it, not the server

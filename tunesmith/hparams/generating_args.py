@@ -3,6 +3,7 @@ settings."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -58,6 +59,11 @@ class ServeArguments:
         metadata={"help": "Require `Authorization: Bearer KEY` on /v1 requests (default: the TUNESMITH_API_KEY "
                   "environment variable when set, else no key)."},
     )
+    allow_no_api_key: bool = field(
+        default=False,
+        metadata={"help": "Serve a --host other than loopback without an API key, to every machine that can reach "
+                  "this one (refused unless set)."},
+    )
     served_model_name: str | None = field(
         default=None,
         metadata={"help": "The model id clients name in requests and /v1/models lists (default: the adapter's "
@@ -100,6 +106,10 @@ class ServeArguments:
     def __post_init__(self) -> None:
         # `--adapter a=X --adapter b=Y` and `--adapter a=X b=Y` (and a config file's list) mean the same.
         self.adapter = [spec for item in self.adapter for spec in (item if isinstance(item, list) else [item])]
+
+    def key(self) -> str | None:
+        """The API key requests must send: --api_key, else the TUNESMITH_API_KEY environment variable; None: none."""
+        return self.api_key or os.environ.get("TUNESMITH_API_KEY") or None
 
     def adapters(self) -> dict[str, str]:
         """--adapter as {name: path}, in the order given (the rules table has checked the specs)."""

@@ -665,6 +665,10 @@ RULES: list[Rule] = [
          "a reply only at its end); leave it out."),
     Rule("serve_request_limit", ("serve",), lambda a: a.serve.max_request_bytes < 1024,
          "--max_request_bytes must be at least 1024 (got {serve.max_request_bytes})."),
+    Rule("serve_key_needed", ("serve",),
+         lambda a: a.serve.host not in LOOPBACK_HOSTS and not a.serve.key() and not a.serve.allow_no_api_key,
+         "--host {serve.host} serves the model to every machine that can reach this one: give --api_key KEY too (or "
+         "set TUNESMITH_API_KEY), or keep the default --host 127.0.0.1 (--allow_no_api_key: serve it open anyway)."),
     Rule("serve_context", ("serve",), lambda a: a.serve.context_length is not None and a.serve.context_length < 8,
          "--context_length must be at least 8 tokens (got {serve.context_length}); leave it out to use the model's."),
     # -- merge

@@ -42,7 +42,9 @@ penalties. It is what lm-eval's `local-completions` model calls:
 
 Errors come back as OpenAI's {"error": {"message", "type", "param", "code"}}: 400 for a malformed
 request (`param` names the field, e.g. `tools[0].function.name`), 401 for a wrong key, 404 for another
-model's name or an unknown path, 413 for a body over --max_request_bytes, 500 if generation fails.
+model's name or an unknown path, 413 for a body over --max_request_bytes, 500 if generation fails, 503 for a
+reply cut short by the server shutting down (SIGTERM or Ctrl-C cancel what is running; the process exits within
+seconds). A --host other than loopback needs an API key (--allow_no_api_key to serve it open anyway).
 """
 
 from __future__ import annotations
@@ -63,9 +65,8 @@ logger = logging.getLogger(__name__)
 
 def run(argv: Sequence[str] | None = None) -> None:
     args = parse_run("serve", argv, __doc__)
-    import uvicorn
-
     from ..serve.app import ServedModel, create_app
+    from ..serve.limits import serve_forever
 
     listener = listen(args.serve.host, args.serve.port)  # before the model loads: a busy port fails at once
     args.model = serving_model_args(args.model)  # --dtype auto: bf16 where the hardware computes it
@@ -77,12 +78,12 @@ def run(argv: Sequence[str] | None = None) -> None:
     first = None if not adapters else "default" if args.model.adapter_name_or_path else BASE
     models = [ServedModel(main_id, first, tokenizer)]
     models += [ServedModel(name, name, tokenizers[name]) for name in adapters]
-    api_key = args.serve.api_key or os.environ.get("TUNESMITH_API_KEY") or None
+    api_key = args.serve.key()
     app = create_app(model, models, args.serve, args.generation, api_key)
     port = listener.getsockname()[1]  # the one the system chose, for --port 0
     logger.info("serving %s at http://%s:%d/v1 (%s)", ", ".join(m.id for m in models), args.serve.host, port,
                 "API key required" if api_key else "no API key")
-    uvicorn.Server(uvicorn.Config(app, host=args.serve.host, port=port, log_level="info")).run(sockets=[listener])
+    serve_forever(app, listener)
 
 
 def model_name(model: ModelArguments) -> str:

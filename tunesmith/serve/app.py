@@ -3,7 +3,9 @@
 object. Each request names one of the served models (the base or model as loaded, and each --adapter),
 is rendered by that model's training template (data/template.py's encode_prompt, what chat uses),
 checked against the context, and handed to the engine's worker thread (generation/worker.py); its
-events come back through an asyncio queue, so the loop never waits on the model. A reply comes back
+events come back through an asyncio queue, so the loop never waits on the model, nor on a request's parsing,
+rendering and tokenizing (a thread of their own). A client that leaves cancels its request, streamed or
+not; a shutdown cancels every request, so the process exits within seconds. A reply comes back
 split into reasoning, content and tool calls (reply.py, tools.py), with its log-probabilities when
 asked (logprobs.py)."""
 
@@ -33,6 +35,7 @@ from ..hparams import GenerationArguments, ServeArguments
 from ..utils.config_facts import config_fact
 from . import protocol
 from .completions import add_completion_routes
+from .limits import BodyLimit, cancelled_error, cancelled_when_gone
 from .logprobs import TokenTexts, choice_logprobs
 from .protocol import APIError, ChatRequest
 from .reply import ReplyShape, ReplySplitter, template_text
@@ -136,7 +139,7 @@ def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, gen
     app = FastAPI(title="tunesmith", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
     _add_error_handlers(app)
-    _limit_request_size(app, serve.max_request_bytes)
+    app.add_middleware(BodyLimit, limit=serve.max_request_bytes)
 
     @app.get("/health")
     async def health() -> dict:
@@ -156,16 +159,21 @@ def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, gen
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         server.authorize(request)
-        body = protocol.parse_json_body(await request.body())
-        chat = protocol.parse_chat_request(body, serve.max_batch_size, serve.image_root)
-        served = server.model(chat.model)
-        prompt_ids, shape = _prompt(served, chat, serve.keep_tools_when_tool_choice_none)
+        raw = await request.body()
+
+        def prepare() -> tuple[ChatRequest, ServedModel, list[int], ReplyShape]:
+            chat = protocol.parse_chat_request(protocol.parse_json_body(raw), serve.max_batch_size, serve.image_root)
+            served = server.model(chat.model)
+            return chat, served, *_prompt(served, chat, serve.keep_tools_when_tool_choice_none)
+
+        chat, served, prompt_ids, shape = await asyncio.to_thread(prepare)  # CPU work: the loop goes on serving
         job, events = server.submit(prompt_ids, server.sampling(chat, len(prompt_ids), shape), served)
         texts = TokenTexts(served.tokenizer) if chat.logprobs else None
         if chat.stream:
             return StreamingResponse(_stream(job, events, chat, served.id, shape, texts),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _complete(job, events, served.id, shape, texts)
+        async with cancelled_when_gone(request, [job]):
+            return await _complete(job, events, served.id, shape, texts)
 
     add_completion_routes(app, server)
     return app
@@ -207,6 +215,8 @@ async def _complete(job: Job, events: asyncio.Queue[Event], model_id: str, shape
             event = await events.get()
             if event.error:
                 raise APIError(500, event.error)
+            if event.finish_reason == "cancelled":
+                raise cancelled_error()
             replies[event.index] += event.text
             records[event.index] += event.logprobs
             if event.finish_reason:
@@ -243,8 +253,8 @@ async def _stream(job: Job, events: asyncio.Queue[Event], chat: ChatRequest, mod
             yield protocol.sse(protocol.chunk(cid, model_id, index, {"role": "assistant", "content": ""}))
         while done < job.n:
             event = await events.get()
-            if event.error:
-                yield protocol.sse(APIError(500, event.error).body())
+            if event.error or event.finish_reason == "cancelled":
+                yield protocol.sse((APIError(500, event.error) if event.error else cancelled_error()).body())
                 break
             index = event.index
             pending[index] += event.logprobs
@@ -263,19 +273,6 @@ async def _stream(job: Job, events: asyncio.Queue[Event], chat: ChatRequest, mod
         yield protocol.sse("[DONE]")
     finally:
         job.cancelled = True
-
-
-def _limit_request_size(app: FastAPI, limit: int) -> None:
-    """A body over --max_request_bytes is refused with a 413 before it is read into memory."""
-
-    @app.middleware("http")
-    async def check_size(request: Request, call_next: Any) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            error = APIError(413, f"the request body has {length} bytes, more than this server's limit of {limit} "
-                             "(--max_request_bytes)", code="request_too_large")
-            return JSONResponse(error.body(), status_code=413)
-        return await call_next(request)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -24,6 +25,7 @@ from ..generation import Completion, Event, SamplingParams, TokenLogprob
 from ..generation import Request as Job
 from ..generation.detokenizer import IncrementalDecoder
 from . import protocol
+from .limits import cancelled_error, cancelled_when_gone
 from .protocol import APIError, _integer, _neutral, _number, _optional, _stop
 
 if TYPE_CHECKING:
@@ -119,11 +121,19 @@ def _kind(value: Any) -> str:
 @dataclass
 class Prompt:
     """One prompt as the model sees it: its token ids, the text an `echo` returns, and each token's
-    character offset in that text."""
+    character offset in that text (counted when an echo asks for it: a long prompt's are slow to count)."""
 
     ids: list[int]
     text: str
-    offsets: list[int]
+    tokenizer: Any = field(repr=False)
+
+    @cached_property
+    def offsets(self) -> list[int]:
+        # Counted on the decoded text; a special token the tokenizer put in front of a string (a BOS) is not
+        # in the client's string, so they shift back by it.
+        decoded = self.tokenizer.decode(self.ids)
+        shift = len(decoded) - len(self.text) if decoded.endswith(self.text) else 0
+        return [max(0, o - shift) for o in text_offsets(self.tokenizer, self.ids, skip_special=False)]
 
 
 def encode(prompt: str | list[int], tokenizer: Any, name: str) -> Prompt:
@@ -132,18 +142,13 @@ def encode(prompt: str | list[int], tokenizer: Any, name: str) -> Prompt:
     base model sees what it was trained on; token ids are taken as given, once checked against the
     vocabulary. The echo of ids is their decoding, special tokens kept."""
     if isinstance(prompt, str):
-        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        decoded = tokenizer.decode(ids)
-        # Offsets are counted on the decoded text; a special token the tokenizer put in front (a BOS)
-        # is not in the client's string, so they shift back by it.
-        shift = len(decoded) - len(prompt) if decoded.endswith(prompt) else 0
-        return Prompt(ids, prompt, [max(0, o - shift) for o in text_offsets(tokenizer, ids, skip_special=False)])
+        return Prompt(tokenizer(prompt, add_special_tokens=True)["input_ids"], prompt, tokenizer)
     vocabulary = len(tokenizer)
     outside = next((t for t in prompt if not 0 <= t < vocabulary), None)
     if outside is not None:
         raise APIError(400, f"{name} has the token id {outside}, outside the model's vocabulary (0..{vocabulary - 1})",
                        "prompt")
-    return Prompt(list(prompt), tokenizer.decode(prompt), text_offsets(tokenizer, prompt, skip_special=False))
+    return Prompt(list(prompt), tokenizer.decode(prompt), tokenizer)
 
 
 def text_offsets(tokenizer: Any, ids: list[int], skip_special: bool) -> list[int]:
@@ -232,19 +237,26 @@ def add_completion_routes(app: FastAPI, server: Server) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         server.authorize(request)
-        body = protocol.parse_json_body(await request.body())
-        parsed = parse_completion_request(body, server.serve.max_batch_size)
-        served = server.model(parsed.model)
-        names = ["`prompt`"] if len(parsed.prompts) == 1 else [f"`prompt[{k}]`" for k in range(len(parsed.prompts))]
-        prompts = [encode(p, served.tokenizer, name) for p, name in zip(parsed.prompts, names)]
-        for prompt, name in zip(prompts, names):
-            check_context(prompt, parsed.max_tokens, server.context, name)
+        raw = await request.body()
+        parsed, served, prompts = await asyncio.to_thread(_prepare, server, raw)  # CPU work: the loop goes on
         params = sampling(server, parsed)
         submitted = [server.submit(prompt.ids, params, served) for prompt in prompts]
         if parsed.stream:
             return StreamingResponse(_stream(submitted, prompts, parsed, served), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _complete(submitted, prompts, parsed, served)
+        async with cancelled_when_gone(request, [job for job, _ in submitted]):
+            return await _complete(submitted, prompts, parsed, served)
+
+
+def _prepare(server: Server, raw: bytes) -> tuple[CompletionRequest, ServedModel, list[Prompt]]:
+    """The body checked, its model found, its prompts tokenized and checked against the context."""
+    parsed = parse_completion_request(protocol.parse_json_body(raw), server.serve.max_batch_size)
+    served = server.model(parsed.model)
+    names = ["`prompt`"] if len(parsed.prompts) == 1 else [f"`prompt[{k}]`" for k in range(len(parsed.prompts))]
+    prompts = [encode(p, served.tokenizer, name) for p, name in zip(parsed.prompts, names)]
+    for prompt, name in zip(prompts, names):
+        check_context(prompt, parsed.max_tokens, server.context, name)
+    return parsed, served, prompts
 
 
 async def _events(submitted: list[tuple[Job, asyncio.Queue]]) -> AsyncIterator[tuple[int, Event]]:
@@ -288,6 +300,8 @@ async def _complete(submitted: list[tuple[Job, asyncio.Queue]], prompts: list[Pr
     async for _, event in _events(submitted):
         if event.error:
             raise APIError(500, event.error)
+        if event.finish_reason == "cancelled":
+            raise cancelled_error()
     choices, generated = [], 0
     for k, ((job, _), prompt) in enumerate(zip(submitted, prompts)):
         echoed = prompt.text if request.echo else ""
@@ -318,8 +332,8 @@ async def _stream(submitted: list[tuple[Job, asyncio.Queue]], prompts: list[Prom
     started: set[int] = set()
     generated, done = 0, 0
     async for k, event in _events(submitted):
-        if event.error:
-            yield protocol.sse(APIError(500, event.error).body())
+        if event.error or event.finish_reason == "cancelled":
+            yield protocol.sse((APIError(500, event.error) if event.error else cancelled_error()).body())
             break
         c, job = k * n + event.index, submitted[k][0]
         if request.echo and c not in started:

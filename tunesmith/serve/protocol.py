@@ -40,6 +40,9 @@ MAX_TOP_LOGPROBS = 20
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 MAX_TOOLS = 128
 TOOL_CHOICES = ("none", "auto", "required")
+# Lists and objects inside each other, at most: a tool's JSON schema needs a few dozen levels; a body nested
+# thousands deep would overflow Python's recursion wherever it is walked (json.loads, json.dumps, a comparison).
+MAX_JSON_DEPTH = 64
 
 
 class APIError(Exception):
@@ -92,14 +95,34 @@ class ChatRequest:
 
 
 def parse_json_body(raw: bytes) -> dict:
+    """The body as a JSON object, nested at most MAX_JSON_DEPTH levels deep."""
+    too_deep = APIError(400, f"the request body nests lists and objects more than {MAX_JSON_DEPTH} levels deep; "
+                        "send a flatter body")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         where = f" ({e.msg} at line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
         raise APIError(400, f"the request body is not valid JSON{where}") from None
+    except RecursionError:  # deeper than the interpreter's recursion limit
+        raise too_deep from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    if _depth(body, MAX_JSON_DEPTH + 1) > MAX_JSON_DEPTH:
+        raise too_deep
     return body
+
+
+def _depth(value: Any, stop: int) -> int:
+    """How deep lists and objects nest in a parsed JSON value (a scalar: 0), counted level by level without
+    recursion, up to `stop`."""
+    depth, level = 0, [value]
+    while depth < stop:
+        containers = [item for item in level if isinstance(item, dict | list)]
+        if not containers:
+            return depth
+        depth += 1
+        level = [child for item in containers for child in (item.values() if isinstance(item, dict) else item)]
+    return depth
 
 
 def parse_chat_request(body: dict, max_n: int, image_root: str | None = None) -> ChatRequest:
