@@ -23,9 +23,9 @@ MODEL_REMEDY = "re-download or re-export the model, or point --model_name_or_pat
 ADAPTER_REMEDY = "train or copy the adapter again, or point --adapter_name_or_path at another folder"
 
 
-def file_problem(path: str | os.PathLike) -> str | None:
-    """What is wrong with one safetensors, JSON or torch archive file, or None when it reads (other kinds
-    of file are not checked)."""
+def file_problem(path: str | os.PathLike, archives: bool = True) -> str | None:
+    """What is wrong with one safetensors, JSON or (with `archives`) torch archive file, or None when it reads
+    (other kinds of file are not checked)."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -35,7 +35,7 @@ def file_problem(path: str | os.PathLike) -> str | None:
                 pass
         elif path.suffix == ".json":
             json.loads(path.read_bytes())
-        elif path.suffix in TORCH_ARCHIVE_SUFFIXES and not _legacy_pickle(path):
+        elif archives and path.suffix in TORCH_ARCHIVE_SUFFIXES and not _legacy_pickle(path):
             with zipfile.ZipFile(path) as archive:
                 damaged = archive.testzip()
             if damaged is not None:
@@ -58,13 +58,13 @@ def _legacy_pickle(path: Path) -> bool:
         return f.read(1) == b"\x80"
 
 
-def folder_problems(folder: str | os.PathLike, recursive: bool = False) -> list[str]:
+def folder_problems(folder: str | os.PathLike, recursive: bool = False, archives: bool = True) -> list[str]:
     """'<file>: <what is wrong>' for each checked file in `folder` (and its subfolders when recursive) that
     does not read, in name order."""
     files = Path(folder).rglob("*") if recursive else Path(folder).iterdir()
     problems = []
     for path in sorted(files):
-        problem = file_problem(path) if path.is_file() else None
+        problem = file_problem(path, archives) if path.is_file() else None
         if problem:
             problems.append(f"{path}: {problem}")
     return problems
@@ -72,10 +72,12 @@ def folder_problems(folder: str | os.PathLike, recursive: bool = False) -> list[
 
 def check_model_folder(folder: str | None, flag: str = "--model_name_or_path", remedy: str = MODEL_REMEDY) -> None:
     """PathError naming the first file of a local model or adapter folder (its configs, tokenizer files and
-    weights) that does not read, and what to do. A hub id or a missing folder is left to the loader."""
+    safetensors weights) that does not read, and what to do. A hub id or a missing folder is left to the loader.
+    Torch archives are left out: a model's pytorch_model.bin can be gigabytes, and its checksums would be read at
+    every load."""
     if not folder or not os.path.isdir(folder):
         return
-    problems = folder_problems(folder)
+    problems = folder_problems(folder, archives=False)
     if problems:
         raise PathError(f"{flag} {folder}: {problems[0]}: {remedy}")
 
