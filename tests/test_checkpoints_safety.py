@@ -129,7 +129,7 @@ def test_a_full_disk_during_the_final_save_keeps_the_previous_model(tiny_model_d
     simulated_full_disk(monkeypatch, peft.peft_model, "safe_save_file", after=1)
     staging = out / ".final-model.tmp"
     with pytest.raises(PathError, match=rf"^{staging}: the disk filled up while saving \(the save needs about "
-                                        r"[\d.]+ MB, [\d.]+ [KMG]?B is free there\): free space and run the same"):
+                                        r"[\d.]+MB, [\d.]+[kMGT]?B is free there\): free space and run the same"):
         sft_main(flags(tiny_model_dir, data, out, steps=2))
     assert not staging.exists()
     after = load_file(out / "adapter_model.safetensors")
@@ -144,7 +144,7 @@ def test_a_full_disk_during_a_checkpoint_save_stops_and_the_run_resumes(tiny_mod
     out = tmp_path / "out"
     simulated_full_disk(monkeypatch, transformers.trainer.torch, "save", after=0)  # optimizer.pt of checkpoint-1
     with pytest.raises(PathError, match=rf"^{out / 'checkpoint-1'}: the disk filled up while saving \(the save "
-                                        r"needs more than the [\d.]+ MB written"):
+                                        r"needs more than the [\d.]+MB written"):
         sft_main(flags(tiny_model_dir, data, out))
     assert not (out / "checkpoint-1").exists()  # cut short: removed, its space free again
     monkeypatch.undo()

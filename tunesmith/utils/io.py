@@ -118,11 +118,9 @@ def ran_out_of_space(error: BaseException, path: str | os.PathLike) -> bool:
 
 
 def human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
+    from tqdm import tqdm
+
+    return tqdm.format_sizeof(n, "B", 1000)  # 4.00MB, as transformers' progress bars write sizes
 
 
 @contextmanager
