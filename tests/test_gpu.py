@@ -212,10 +212,19 @@ def test_offloaded_checkpointing_keeps_the_layer_inputs_off_the_gpu_with_the_sam
         return loss.item(), grads, torch.cuda.max_memory_allocated() - before
 
     plain_loss, plain_grads, plain_peak = step(offload=False)
+    again_loss, again_grads, _ = step(offload=False)
     offload_loss, offload_grads, offload_peak = step(offload=True)
     assert offload_loss == pytest.approx(plain_loss, rel=1e-6)
-    for name, grad in offload_grads.items():  # the same kernels on the same values (flash's backward may reorder sums)
-        assert torch.allclose(grad, plain_grads[name], rtol=1e-2, atol=1e-6 * grad.abs().max().item()), name
+    # Offloading moves the saved layer inputs, bit for bit, and changes no kernel: any gradient difference is the
+    # run-to-run noise of plain checkpointing itself (flash's varlen backward adds dQ with atomics, in an order that
+    # changes between runs; in bf16 that shows most in the embedding's gradient, which sums every layer's backward).
+    # An elementwise rtol cannot hold for that noise (H100, 2026-11-25: the embedding's gradient missed rtol 1e-2);
+    # the offloaded gradients must be no further from plain ones than a second plain run is, within a margin.
+    for name, grad in offload_grads.items():
+        noise = (again_grads[name] - plain_grads[name]).norm().item()
+        scale = plain_grads[name].norm().item()
+        difference = (grad - plain_grads[name]).norm().item()
+        assert difference <= 4 * noise + 1e-3 * scale, (name, difference, noise, scale)
     inputs = config.num_hidden_layers * ids.numel() * config.hidden_size * 2
     print(f"peak above the weights: plain {plain_peak / 2**20:.0f} MB, offloaded {offload_peak / 2**20:.0f} MB, "
           f"layer inputs {inputs / 2**20:.0f} MB")
