@@ -32,6 +32,27 @@ def test_atomic_write_json(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["b.json"]
 
 
+def test_an_atomic_rewrite_keeps_the_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
+    """A rewrite (chat's /save appends by rewriting) must not turn a shared file private, nor a new file 0600
+    (mkstemp's mode) where open() would make it readable to the group and others (issue 51)."""
+    import os
+    import stat
+
+    from tunesmith.utils.io import atomic_write_text
+
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("old\n")
+    kept.chmod(0o644)
+    atomic_write_text(kept, "old\nnew\n")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o644 and kept.read_text() == "old\nnew\n"
+    umask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "new.txt", "x")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o644
+
+
 def test_default_model_is_converted_and_answers(default_model_path):
     from transformers import AutoModelForCausalLM
 

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,10 +29,34 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _mode_for(path: Path) -> int:
+    """The mode a rewritten file keeps: its own where it exists, else what open() would give a new one (mkstemp
+    makes its file 0600, which would leave a rewritten or new file readable by its owner alone)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read where Linux shows it; elsewhere set and put back (a moment in which another
+    thread's new file would get no umask, hence not the first choice)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
