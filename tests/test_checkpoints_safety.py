@@ -154,12 +154,12 @@ def test_a_full_disk_during_a_checkpoint_save_stops_and_the_run_resumes(tiny_mod
 
 
 def one_error(proc: subprocess.CompletedProcess, words: str) -> str:
-    """assert_one_line_error for a run stopped while training: the line follows the progress bar's last frame,
-    which ends in no newline."""
+    """assert_one_line_error for a run stopped while training: the progress bar is closed first, so the error
+    starts a line of its own (split on newlines only: a bar's frames end in carriage returns)."""
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line[line.index("tunesmith:"):] for line in proc.stderr.splitlines() if "tunesmith:" in line]
-    assert len(errors) == 1 and words in errors[0], proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.split("\n") if "tunesmith:" in line]
+    assert len(errors) == 1 and errors[0].startswith("tunesmith: ") and words in errors[0], proc.stderr[-3000:]
     return errors[0]
 
 

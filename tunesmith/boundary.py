@@ -34,6 +34,7 @@ def entry_point(run: Callable[[list[str]], Any]) -> Callable[[Sequence[str] | No
         try:
             run(args)
         except UserError as e:
+            close_progress_bars()
             if debug_requested(args):
                 traceback.print_exc()
             print(f"tunesmith: {e.kind}: {e}", file=sys.stderr, flush=True)
@@ -47,6 +48,15 @@ def entry_point(run: Callable[[list[str]], Any]) -> Callable[[Sequence[str] | No
             exit_without_teardown()
 
     return main
+
+
+def close_progress_bars() -> None:
+    """Close the progress bars a stopped run left open, so that the error line starts a line of its own: a bar's
+    frame is redrawn in place (it ends in a carriage return, not a newline), and the line printed after it
+    otherwise continues the bar's last frame."""
+    tqdm = sys.modules.get("tqdm")  # a run that never showed a bar has none to close
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 def leave_process_group() -> None:
