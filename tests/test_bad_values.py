@@ -213,6 +213,14 @@ def test_rerunning_a_finished_run_leaves_its_outputs_alone(tiny_model_dir, tmp_p
     run([*common, "--max_steps", "3"])
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and state["log_history"][-1]["train_loss"] > 0
+    # a longer run whose final save failed (a full disk) leaves step 3's final save beside checkpoint-4: not
+    # finished, so the rerun resumes checkpoint-4 and makes the final save instead of leaving step 3's in place
+    final_of_step_3 = (out / "trainer_state.json").read_text()
+    run([*common, "--max_steps", "4"])
+    (out / "trainer_state.json").write_text(final_of_step_3)
+    with caplog.at_level("INFO", logger="tunesmith"):
+        run([*common, "--max_steps", "4"])
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
 
 
 def test_training_data_and_inspect_take_the_flag(tiny_model_dir, tokenizer, tmp_path, monkeypatch):

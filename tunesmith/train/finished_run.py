@@ -6,6 +6,7 @@ pipeline goes on to the next stage."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,16 +23,29 @@ def finished_at(kind: str, training: Any, resume: str | None) -> int | None:
     stages write trainer_state.json there last; PPO, which writes none, its run config); else None."""
     if resume is None:
         return None
-    final = STATE_FILE if kind != "ppo" else RUN_CONFIG_FILE
-    if not (Path(training.output_dir) / final).is_file():
+    final = Path(training.output_dir) / (STATE_FILE if kind != "ppo" else RUN_CONFIG_FILE)
+    if not final.is_file():
         return None  # stopped after its last checkpoint, before its final save: the resume finishes it
     state = read_state(resume)
     step = int(state.get("global_step", 0))
+    if not _final_save_is_of(final, kind, step, Path(resume)):
+        return None  # an earlier run's final save, and this one's failed (a full disk): the resume saves it
     if training.max_steps > 0:
         done = step >= training.max_steps
     else:
         done = float(state.get("epoch") or 0) >= training.num_train_epochs - 1e-6
     return step if done else None
+
+
+def _final_save_is_of(final: Path, kind: str, step: int, checkpoint: Path) -> bool:
+    """Whether the final save in output_dir is the one made after `checkpoint`: the Trainer's state there records
+    its step; PPO's run config records none, so it must be written after the checkpoint's state was."""
+    if kind != "ppo":
+        try:
+            return int(json.loads(final.read_text(encoding="utf-8")).get("global_step", -1)) == step
+        except (OSError, ValueError, AttributeError):
+            return False  # unreadable: not a finished save to keep
+    return final.stat().st_mtime_ns >= (checkpoint / STATE_FILE).stat().st_mtime_ns
 
 
 def stop_if_finished(kind: str, training: Any, resume: str | None) -> None:
