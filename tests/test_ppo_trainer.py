@@ -456,6 +456,29 @@ def test_the_critic_starts_as_the_reward_model(tmp_path, policy_dir, tokenizer, 
         critic_start(PPOArguments(reward_model=rm_dir, critic_model_name_or_path=misfit), model_args, finetuning_args)
 
 
+def cut_short(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_a_damaged_critic_or_reference_adapter_is_one_line_naming_the_file(tmp_path, policy_dir, sft_adapter,
+                                                                           tokenizer):
+    """The adapters PPO loads beside the policy (the critic's reward adapter; the SFT adapter as reference when the
+    policy comes from a checkpoint) are checked as the policy's own are (issue 51), not a safetensors traceback."""
+    import shutil
+
+    finetuning_args = FinetuningArguments(finetuning_type="lora", lora_r=8, lora_alpha=16)
+    rm_dir = build_reward_model(tmp_path / "rm", policy_dir, "lora", tokenizer)
+    cut_short(Path(rm_dir) / "adapter_model.safetensors")
+    with pytest.raises(UserError, match=rf"^--critic_model_name_or_path .*: {rm_dir}/adapter_model.safetensors: not "
+                                        "a whole safetensors file"):
+        build_actor_critic(ModelArguments(model_name_or_path=policy_dir), finetuning_args, None, critic=rm_dir)
+    damaged = shutil.copytree(sft_adapter, tmp_path / "sft")
+    cut_short(damaged / "adapter_model.safetensors")
+    with pytest.raises(UserError, match=rf"^--adapter_name_or_path {damaged}: {damaged}/adapter_model.safetensors"):
+        build_actor_critic(ModelArguments(model_name_or_path=policy_dir, adapter_name_or_path=str(damaged)),
+                           finetuning_args, None, resume_from=sft_adapter, value_model=False)
+
+
 # --------------------------------------------------------------------------- PPO-ptx
 
 

@@ -35,6 +35,7 @@ from ..constants import IGNORE_INDEX
 from ..errors import ConfigError
 from ..hparams import FinetuningArguments, ModelArguments, PPOArguments
 from ..models.loader import load_model, resolve_model_path
+from ..models.weights_check import check_adapter_folder
 from ..utils.config_facts import config_fact
 from ..utils.paths import adapter_config, is_adapter_dir, model_architecture, model_config
 from .core import logprobs_from_logits
@@ -284,6 +285,9 @@ def build_actor_critic(model_args: ModelArguments, finetuning_args: FinetuningAr
         sft_adapter = model_args.adapter_name_or_path
         start = dataclasses.replace(model_args, adapter_name_or_path=resume_from or sft_adapter)
         policy = load_model(start, finetuning_args, training_args)
+        check_adapter_folder(critic, "--critic_model_name_or_path (or --reward_model, where the critic starts)")
+        if sft_adapter and resume_from:  # the first load read the checkpoint's adapter, not the SFT one
+            check_adapter_folder(sft_adapter)
         if value_model and resume_from:
             policy.load_adapter(os.path.join(resume_from, VALUE_DIR), adapter_name=VALUE, is_trainable=True)
         elif value_model and critic:
