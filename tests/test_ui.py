@@ -141,8 +141,9 @@ def test_advanced_flags_and_run_configs_are_held_to_the_forms_rules(tmp_path):
     assert refusal(config=str(config)).startswith("tunesmith: config error: --trust_remote_code runs the Python code")
     # what stays allowed: tunesmith's own reward functions, a built-in template, files in the folders, other flags
     allowed = TrainForm(stage="grpo", dataset=dataset, advanced=f"--reward_funcs exact_answer --chat_template chatml "
-                        f"--ptx_data_path {dataset} --logging_steps 1")
+                        f"--ptx_data_path {dataset} --logging_steps 1 --metric_for_best_model eval_loss")
     assert bench.command_line(allowed).startswith("tunesmith ppo --advantage grpo")
+    assert refusal(f"--reward_model {outside}", stage="ppo").startswith(f"tunesmith: path error: --reward_model {outside}")
 
 
 def test_allow_code_lets_runs_import_code_and_keeps_paths_confined(tmp_path):

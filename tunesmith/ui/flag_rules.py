@@ -3,8 +3,8 @@ it. The command line is read as the CLI will read it (hparams.parser.parse_names
 flags winning, old spellings renamed), and the value that wins is checked, field by field over the stage's own
 dataclasses, so that a flag a new release adds falls under the same rules:
 
-- a path (a field named `*_path`, `*_dir`, `*_file`, `*_model`, `*_config`, `*checkpoint`, `deepspeed` or
-  `chat_template`, or any string naming an existing file) is read from the UI's folders; an output (`output_*`)
+- a path (a field named `*_path`, `*_dir`, `*_file`, `*_config`, `*checkpoint`, `deepspeed`, `chat_template`
+  or `reward_model`, or any string naming an existing file) is read from the UI's folders; an output (`output_*`)
   is written under --root only;
 - code that is not tunesmith's (`--trust_remote_code`, and any value naming a function to import,
   `package.module:function`, as --reward_funcs and --tool_funcs take) runs only under `tunesmith ui --allow_code`;
@@ -27,7 +27,8 @@ from ..hparams import RUN_ARGUMENTS
 from ..hparams.parser import parse_namespace
 from .command import Confinement
 
-PATH_FIELD = re.compile(r"(_path|_dir|_file|_model|_config|checkpoint)$|^(deepspeed|chat_template)$")
+# `reward_model` by name: other fields ending in _model are not paths (--metric_for_best_model eval_loss)
+PATH_FIELD = re.compile(r"(_path|_dir|_file|_config|checkpoint)$|^(deepspeed|chat_template|reward_model)$")
 OUTPUT_FIELD = re.compile(r"^output_")
 # `package.module:function`, the form utils/imports.import_function imports (a bare name is one tunesmith ships).
 IMPORT_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
