@@ -238,3 +238,11 @@ class SFTTrainingArguments(TrainingArguments):
     bf16_auto: ClassVar[bool] = True
     checkpointing_auto: ClassVar[bool] = True  # see resolve_checkpointing
     record_name: ClassVar[str] = "TrainingArguments"  # tunesmith_config.json keeps the key runs were saved with
+
+    tiled_mlp: bool = field(
+        default=False,
+        metadata={"help": "Run every decoder layer's MLP over chunks of hidden_size tokens, forward and backward "
+                  "(ALST's tiled MLP, exact): its intermediate activations are one chunk's instead of the whole "
+                  "row's, for conversations of tens of thousands of tokens. Costs one more MLP forward per step. "
+                  "Dense models only (Llama, Qwen2/3, Mistral, Gemma 1-3, Phi-3, ...). true or false."},
+    )

@@ -22,6 +22,7 @@ from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
 from ..models.attention import use_varlen_attention
 from ..models.prompt_learning import load_encoder, save_encoder
+from ..models.tiled_mlp import use_tiled_mlp
 from ..models.vision import mrope_index
 from ..utils.hardware import trains_on_cpu
 from .callbacks import MetricsFileCallback
@@ -82,6 +83,7 @@ class LoraTrainer(Trainer):
         sharded = self.is_fsdp_enabled or is_deepspeed_zero3_enabled()
         if self.adds_router_loss and not sharded and install_fused_head(self.model):  # SFT's own loss
             self._fused_head_vocab = self.model.get_output_embeddings().weight.shape[0]
+        use_tiled_mlp(self.model, self.args)  # --tiled_mlp: each layer's MLP over chunks of the row
         self.run_configs = run_configs
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
         self._tokens_before = 0  # all processes, up to the resumed checkpoint
