@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"generation"},
     {"ppo"},
-    {"chat", "serve", "evaluation", "ui"},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end
+    {"chat", "serve", "evaluation", "ui", "plan"},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end; plan: the memory plan
     {"recipes"},
     {"cli", "cli_reference", "__main__"},  # cli_reference: the docs' CLI reference, generated from the parser
 ]

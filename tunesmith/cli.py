@@ -30,6 +30,7 @@ COMMANDS = {
     "inspect": "tunesmith.recipes.inspect",
     "compare": "tunesmith.recipes.compare",
     "ui": "tunesmith.recipes.ui",
+    "plan": "tunesmith.recipes.plan",
 }
 # Earlier names that still work, left out of `tunesmith --help`: the policy evaluation is part of `eval` now.
 HIDDEN_COMMANDS = {

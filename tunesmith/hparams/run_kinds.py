@@ -6,6 +6,7 @@ from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, Tra
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
+from .plan_args import PlanArguments
 from .ppo_args import PPOArguments
 from .tool_args import (
     CompareArguments,
@@ -37,4 +38,5 @@ RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "eval_policy": (PromptDataArguments, EvalArguments, ToolUseArguments),
     "eval": (ModelArguments, HarnessArguments),
     "ui": (UIArguments,),
+    "plan": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments, PlanArguments),
 }

@@ -238,20 +238,29 @@ def load_model(
         set_vision_trainable(model, vision, finetuning_args.train_vision_tower, finetuning_args.train_projector)
     fill_pad_token_id(model)
     if finetuning_args.adapter:
-        model = _attach_adapter(model, model_args, finetuning_args, training_args, is_trainable, task, vision)
-        if is_trainable:
-            _upcast_trainable(model, training_args)
-            if task == "reward":
-                cast_head_inputs_to_its_dtype(model)
-            if not finetuning_args.prompt_learning:
-                skip_input_casts_under_autocast(model)
-                if trains_on_cpu(training_args):  # torch's CUDA dropout is already fast
-                    use_fast_lora_dropout(model)
+        model = attach_adapter(model, model_args, finetuning_args, training_args, is_trainable, task, vision)
     elif not is_trainable:
         model.requires_grad_(False)
     if not is_trainable:
         model.eval()
     log_parameter_counts(model)
+    return model
+
+
+def attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_args: FinetuningArguments,
+                   training_args: Any, is_trainable: bool = True, task: str = "causal_lm",
+                   vision: VisionParts | None = None) -> nn.Module:
+    """The loaded model with its PEFT adapter (`_attach_adapter`), made ready to train when is_trainable: what
+    load_model does after from_pretrained, and what `tunesmith plan` runs on a model built without weights."""
+    model = _attach_adapter(model, model_args, finetuning_args, training_args, is_trainable, task, vision)
+    if is_trainable:
+        _upcast_trainable(model, training_args)
+        if task == "reward":
+            cast_head_inputs_to_its_dtype(model)
+        if not finetuning_args.prompt_learning:
+            skip_input_casts_under_autocast(model)
+            if trains_on_cpu(training_args):  # torch's CUDA dropout is already fast
+                use_fast_lora_dropout(model)
     return model
 
 

@@ -1,0 +1,163 @@
+"""`tunesmith plan`: the GPU memory of one SFT step, computed on any machine from the model folder's config.json and
+the run's own flags (parsed as `tunesmith sft` parses them), by running the step's real code on fake tensors.
+
+    tunesmith plan --model_name_or_path DIR --quantization_bit 4 --packing true --plan_tokens 16384 32768 --memory_gb 80
+
+Read top to bottom: parse (the SFT flags resolved as on a GPU) -> build the model without weights -> one step per
+--plan_tokens row -> the longest conversation that fits --memory_gb. What it leaves out, on purpose for now:
+1. padded batches (--packing false), vision-language models, DeepSpeed and FSDP, sequence parallelism: refused;
+2. the CUDA context, cuBLAS workspaces and the allocator's fragmentation (torch.cuda.max_memory_allocated does not
+   count the first two either);
+3. the forward budget (train/forward_budget.py) that may cut a long packed row of several conversations into
+   forwards: the plan runs a row as one forward, the largest a step can be."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ..hparams import ParsedRun, parse_run
+from ..hparams.parser import parse_namespace
+from ..hparams.run_kinds import RUN_ARGUMENTS
+from ..hparams.training_args import OFFLOAD, resolve_checkpointing
+from ..models.attention import FLASH_VARLEN, use_varlen_attention
+from ..train.head_loss import install_fused_head
+from .model import GpuRun, as_on_a_gpu, build_on_meta, materialize, read_config
+from .report import longest_lines, row_lines, weight_lines, weights_of
+from .step import StepMemory, enable_checkpointing, planned_row, run_step
+
+logger = logging.getLogger(__name__)
+
+NO_DATA = "(tunesmith plan reads no data)"  # the SFT flags require --data_path; the plan never opens it
+
+
+def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
+    """The run's flags as `tunesmith sft` parses them, and the choices it leaves to the hardware as a GPU takes them:
+    bf16 on, and --gradient_checkpointing by hparams.resolve_checkpointing's rule for a GPU."""
+    argv = list(argv)
+    given = vars(parse_namespace(RUN_ARGUMENTS["plan"], argv, __doc__))
+    if not given.get("data_path"):
+        argv += ["--data_path", NO_DATA]
+    args = parse_run("plan", argv, __doc__, check_paths=False)
+    if not args.data.packing:
+        raise ConfigError("tunesmith plan plans packed rows: add --packing true (padded batches are not covered yet)")
+    if args.training.deepspeed or args.training.fsdp:
+        raise ConfigError("tunesmith plan plans one GPU: leave out --deepspeed and --fsdp (not covered yet)")
+    if args.training.fp16:
+        raise ConfigError("tunesmith plan covers bf16 and float32 runs: leave out --fp16")
+    values = {**given, "use_cpu": False, "gradient_checkpointing": given["gradient_checkpointing"]}
+    with as_on_a_gpu():
+        resolve_checkpointing(values, RUN_ARGUMENTS["plan"])
+    checkpointing = values["gradient_checkpointing"]
+    bf16 = True if given["bf16"] is None else bool(given["bf16"])
+    return args, GpuRun(bf16=bf16, checkpointing=bool(checkpointing), offload=checkpointing == OFFLOAD)
+
+
+class PlannedModel:
+    """The run's model on fake tensors, ready to train as the SFT recipe readies it: `step(tokens, conversations)`."""
+
+    def __init__(self, args: ParsedRun, gpu: GpuRun) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.args, self.gpu = args, gpu
+        self.config = read_config(args.model)
+        self.model = build_on_meta(self.config, args.model, args.finetuning, gpu, args.training)
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with self.mode:
+            materialize(self.model)
+        self.attention = use_varlen_attention(self.model)  # as sft_collator does for --packing
+        head = self.model.get_output_embeddings()
+        self.fused_head_vocab = head.weight.shape[0] if install_fused_head(self.model) else 0  # as LoraTrainer
+        if gpu.checkpointing:
+            enable_checkpointing(self.model, args.training, gpu.offload)
+        self.model.train()
+
+    def step(self, tokens: int, conversations: int = 1) -> StepMemory:
+        row = planned_row(tokens, conversations, self.args.plan.trained_share)
+        return run_step(self.model, row, self.args.training, self.gpu.bf16, self.fused_head_vocab, self.mode)
+
+    def describe(self) -> list[str]:
+        finetuning = self.args.finetuning
+        method = finetuning.finetuning_type + (f" r{finetuning.lora_r}" if finetuning.finetuning_type == "lora" else "")
+        bits = self.args.model.quantization_bit
+        base = f"{bits}-bit {self.args.model.quantization_type if bits == 4 else ''}".strip() if bits else "unquantized"
+        checkpointing = "offload" if self.gpu.offload else "on" if self.gpu.checkpointing else "off"
+        return [
+            f"model: {self.args.model.model_name_or_path} ({self.config.model_type}, "
+            f"{parameter_count(self.model) / 1e9:.3f}B parameters)",
+            f"run: {method}, {base} base, bf16 {'on' if self.gpu.bf16 else 'off'}, checkpointing {checkpointing}, "
+            f"optimizer {getattr(self.args.training.optim, 'value', self.args.training.optim)}",
+            f"attention: {FLASH_VARLEN if self.attention != 'eager_varlen' else 'the model eager attention'} "
+            "(what a CUDA GPU runs for a bf16 packed row; counted on fake tensors on this CPU)",
+            f"loss: {'tiled head (train/head_loss.py), counted on torch tiles' if self.fused_head_vocab else 'logits'}"
+            f" over {self.args.plan.trained_share:.0%} of each conversation's tokens",
+            "counted: tensors as torch.cuda.max_memory_allocated counts them (512-byte blocks); not the CUDA context, "
+            "workspaces or fragmentation",
+        ]
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Parameters as the model's config counts them: a 4-bit weight by its shape before packing."""
+    return sum(getattr(getattr(p, "quant_state", None), "shape", p).numel() for p in model.parameters())
+
+
+def local_gpu_memory() -> int | None:
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+
+
+def longest_fitting(peak_of: Callable[[int], StepMemory], budget: int, up_to: int,
+                    start: int = 1024) -> tuple[StepMemory, StepMemory | None] | None:
+    """(the step of the longest conversation whose peak fits `budget` bytes, the step one token longer, or None at
+    `up_to`), or None when not even 2 tokens fit. The peak grows with the length, about linearly: a line through
+    two lengths guesses where it meets the budget, then a bracket around the guess is bisected to one token."""
+    low = peak_of(min(start, up_to))
+    if low.peak > budget:
+        return bracket_and_bisect(peak_of, budget, 2, low.tokens, None)
+    high = peak_of(min(2 * low.tokens, up_to))
+    if high.tokens == low.tokens or high.peak <= budget and high.tokens == up_to:
+        return high, None
+    slope = max(high.peak - low.peak, 1) / (high.tokens - low.tokens)
+    guess = min(up_to, max(2, low.tokens + int((budget - low.peak) / slope)))
+    return bracket_and_bisect(peak_of, budget, guess, up_to, low if low.peak <= budget else None)
+
+
+def bracket_and_bisect(peak_of: Callable[[int], StepMemory], budget: int, guess: int, up_to: int,
+                       fits: StepMemory | None) -> tuple[StepMemory, StepMemory | None] | None:
+    step, fails = max(1, guess // 200), None
+    probe = peak_of(guess)
+    while probe.peak <= budget and probe.tokens < up_to:  # up until a length fails
+        fits, step = probe, step * 2
+        probe = peak_of(min(up_to, probe.tokens + step))
+    if probe.peak <= budget:
+        return probe, None
+    fails = probe
+    while fits is None or fits.tokens >= fails.tokens:  # down until a length fits
+        if fails.tokens <= 2:
+            return None
+        probe = peak_of(max(2, fails.tokens - step))
+        step *= 2
+        fits, fails = (probe, fails) if probe.peak <= budget else (None, probe)
+    while fails.tokens - fits.tokens > 1:
+        probe = peak_of((fits.tokens + fails.tokens) // 2)
+        fits, fails = (probe, fails) if probe.peak <= budget else (fits, probe)
+    return fits, fails
+
+
+def run(argv: Sequence[str] | None = None) -> tuple[dict[int, StepMemory], Any]:
+    """Prints the plan; returns each --plan_tokens row's step and longest_fitting's answer (None without memory)."""
+    args, gpu = parse_plan(argv or [])
+    planned = PlannedModel(args, gpu)
+    lines = planned.describe() + weight_lines(weights_of(planned.model))
+    print("\n".join(lines), flush=True)
+    rows = {}
+    for tokens in args.plan.plan_tokens:
+        rows[tokens] = planned.step(tokens, args.plan.plan_conversations)
+        print("\n".join(row_lines(rows[tokens], args.plan.plan_conversations)), flush=True)
+    memory = int(args.plan.memory_gb * 2**30) if args.plan.memory_gb else local_gpu_memory()
+    found = longest_fitting(planned.step, memory, args.plan.longest_up_to) if memory else None
+    print("\n".join(longest_lines(memory, found, args.plan.longest_up_to)), flush=True)
+    return rows, found

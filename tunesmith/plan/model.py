@@ -1,0 +1,134 @@
+"""The model an SFT run trains, built from its folder's config.json alone: the architecture on the meta device,
+quantized and given its adapter by the same code as models/loader.load_model (transformers' bitsandbytes quantizer,
+models/loader.attach_adapter: prepare_model_for_kbit_training, get_peft_model, the casts), then every weight made a
+fake tensor of its real shape and dtype (a 4-bit weight packed by bitsandbytes' own quantize op)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, PathError
+from ..models.loader import attach_adapter, quantization_config, resolve_attn_implementation, resolve_dtype
+from ..utils.config_facts import text_config
+
+
+@dataclass
+class GpuRun:
+    """The settings of the run as they resolve on a GPU (`tunesmith sft` resolves --bf16 and
+    --gradient_checkpointing left out from the hardware it runs on; the plan is for a GPU)."""
+
+    bf16: bool
+    checkpointing: bool
+    offload: bool
+
+    def training_view(self, training: Any) -> Any:
+        """What the loader reads of the training arguments, as a GPU run has them."""
+        return types.SimpleNamespace(gradient_checkpointing=self.checkpointing, bf16=self.bf16, fp16=False,
+                                     deepspeed=None, use_cpu=False, output_dir=training.output_dir)
+
+
+@contextlib.contextmanager
+def as_on_a_gpu() -> Iterator[None]:
+    """For the decisions the loader and the flag parser take from the hardware: a CUDA GPU with bf16 is there.
+    Nothing is run on it inside."""
+    with mock.patch.object(torch.cuda, "is_available", lambda: True), \
+            mock.patch.object(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True):
+        yield
+
+
+def read_config(model_args: Any) -> Any:
+    from transformers import AutoConfig
+
+    path = model_args.model_name_or_path
+    if not path or not os.path.isfile(os.path.join(path, "config.json")):
+        raise PathError(f"--model_name_or_path {path}: no config.json in it; give a model folder (the plan reads "
+                        "its config.json alone, no weights)")
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise PathError(f"--model_name_or_path {path}: its config.json cannot be read ({str(e).splitlines()[0]})") \
+            from e
+
+
+def build_on_meta(config: Any, model_args: Any, finetuning_args: Any, gpu: GpuRun, training: Any) -> nn.Module:
+    """The trained model with no storage: every step of load_model that shapes memory, on the meta device."""
+    from transformers import AutoModelForCausalLM
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    if getattr(config, "vision_config", None) is not None or text_config(config) is not config:
+        raise ConfigError(f"tunesmith plan: {config.model_type} is a vision-language model; the plan covers causal "
+                          "language models so far")
+    view = gpu.training_view(training)
+    with as_on_a_gpu():
+        dtype = resolve_dtype(model_args, view, trains_base=finetuning_args.finetuning_type == "full")
+        config._attn_implementation = resolve_attn_implementation(model_args)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=model_args.trust_remote_code)
+    quant = quantization_config(model_args, dtype)
+    if quant is not None:
+        quantizer = AutoHfQuantizer.from_config(quant, pre_quantized=False)
+        quantizer.preprocess_model(model, device_map={"": 0})
+        quantizer.postprocess_model(model)
+        model.hf_quantizer = quantizer
+    if finetuning_args.adapter:
+        with as_on_a_gpu():  # the GPU's casts and dropout, not the CPU's (loader.attach_adapter)
+            model = attach_adapter(model, model_args, finetuning_args, view)
+    return model
+
+
+def materialize(model: nn.Module) -> None:
+    """Every meta parameter and buffer as a fake tensor of its shape and dtype (run under FakeTensorMode); a 4-bit
+    weight packed by bitsandbytes' quantize op, with its quantization state (absmax, nested constants, code map)."""
+    import bitsandbytes as bnb
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if "dynamic" not in bnb.functional.name2qmap:  # the nested quantization's code map, made from real values
+        with unset_fake_temporarily():
+            bnb.functional.name2qmap["dynamic"] = bnb.functional.create_dynamic_map()
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_meta:
+                continue
+            if isinstance(param, bnb.nn.Params4bit):
+                module._parameters[name] = fake_4bit(param)
+            else:
+                module._parameters[name] = nn.Parameter(torch.empty(param.shape, dtype=param.dtype),
+                                                        requires_grad=param.requires_grad)
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.is_meta:
+                module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype)
+
+
+def fake_4bit(param: Any) -> nn.Parameter:
+    """A Params4bit's weight as bitsandbytes stores it after quantizing, as a plain parameter carrying the
+    attributes its Linear4bit and PEFT read (a FakeTensor cannot be made a Params4bit)."""
+    from bitsandbytes.functional import quantize_4bit
+
+    weight = torch.empty(param.shape, dtype=torch.bfloat16)
+    packed, state = quantize_4bit(weight, blocksize=param.blocksize, compress_statistics=param.compress_statistics,
+                                  quant_type=param.quant_type, quant_storage=param.quant_storage)
+    fake = nn.Parameter(packed, requires_grad=False)
+    fake.quant_state = state
+    for attribute in ("blocksize", "compress_statistics", "quant_type", "quant_storage", "bnb_quantized"):
+        setattr(fake, attribute, getattr(param, attribute, True))
+    return fake
+
+
+def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors of every 4-bit weight's quantization state (absmax, code, the nested ones)."""
+    found = []
+    for param in model.parameters():
+        state = getattr(param, "quant_state", None)
+        while state is not None:
+            found += [t for t in (state.absmax, state.code, getattr(state, "offset", None)) if torch.is_tensor(t)]
+            state = getattr(state, "state2", None)
+    return found

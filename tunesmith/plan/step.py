@@ -1,0 +1,157 @@
+"""One optimizer step of a packed SFT row on fake tensors, as LoraTrainer runs it on a GPU, metered phase by phase:
+the row from data/collator.PackingCollator, the loss from the tiled head where the trainer takes it
+(train/head_loss.py), checkpointing enabled as the Trainer enables it, backward, gradient clipping and the optimizer
+of the run's --optim (transformers' Trainer.get_optimizer_cls_and_kwargs)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..constants import IGNORE_INDEX
+from ..data.collator import PackingCollator
+from .fake_device import ALLOCATOR_BLOCK, DEVICE, HOST, MemoryMeter, cuda_stand_ins
+from .model import quant_state_tensors
+
+
+@dataclass
+class StepMemory:
+    """Bytes of one step on the device (host: the offloaded copies), from the meter, and the step's peak.
+
+    Phases, each's peak above what was held when it began: the backbone's forward (`backbone_peak`, above the
+    resident weights), the loss (`head_peak`, above what the backbone left), the loss's backward (`head_backward_peak`,
+    above what the forward kept), the layers' recomputation and backward (`layers_backward_peak`, above what was held
+    when they began), and the optimizer step (`optimizer_peak`, above weights and gradients, its state created)."""
+
+    tokens: int
+    resident: int  # weights, buffers and quantization states
+    backbone_kept: int  # what the backbone's forward leaves for backward
+    kept: dict[str, int]  # what the whole forward leaves for backward (backbone, logits, loss), device and host
+    backbone_peak: int
+    head_peak: int
+    head_backward_peak: int
+    layers_backward_peak: int
+    gradients: int
+    optimizer_state: int
+    optimizer_peak: int
+    host_peak: int
+
+    @property
+    def forward_peak(self) -> int:
+        return max(self.backbone_peak, self.backbone_kept + self.head_peak)
+
+    @property
+    def backward_peak(self) -> int:
+        return max(self.head_backward_peak, self.layers_backward_peak)
+
+    @property
+    def peak(self) -> int:
+        """The device's peak in a step after the first, when the optimizer's state is held throughout (the first step
+        creates it in optimizer.step() and peaks no higher)."""
+        held = self.resident + self.optimizer_state
+        return max(held + self.forward_peak, held + self.kept[DEVICE] + self.backward_peak,
+                   self.resident + self.gradients + self.optimizer_peak)
+
+
+class PhaseRecorder:
+    """Marks the meter where the backbone's forward ends (a forward hook on the decoder) and where the loss's
+    backward ends (a gradient hook on the backbone's output)."""
+
+    def __init__(self, meter: MemoryMeter, decoder: nn.Module) -> None:
+        self.meter = meter
+        self.backbone_kept = self.backbone_peak = 0
+        self.head_backward_peak, self.layers_backward_from = 0, None
+        self.resident = 0
+        self.handle = decoder.register_forward_hook(self._backbone_done)
+
+    def _backbone_done(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.backbone_peak = self.meter.peak[DEVICE] - self.resident
+        self.backbone_kept = self.meter.mark()[DEVICE] - self.resident
+        hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        if hidden.requires_grad:
+            hidden.register_hook(self._head_backward_done)
+
+    def _head_backward_done(self, grad: torch.Tensor) -> None:
+        self.head_backward_peak = self.meter.peak[DEVICE]
+        self.layers_backward_from = self.meter.mark()[DEVICE]
+
+def planned_row(tokens: int, conversations: int, trained_share: float) -> dict[str, Any]:
+    """A packed row of `tokens` tokens, as the collator makes it from `conversations` conversations of equal length
+    (the remainder in the last) whose last `trained_share` of tokens are reply tokens that train."""
+    lengths = [tokens // conversations] * conversations
+    lengths[-1] += tokens - sum(lengths)
+    features = []
+    for length in lengths:
+        trained = max(1, round(length * trained_share))
+        features.append({"input_ids": [0] * length, "labels": [IGNORE_INDEX] * (length - trained) + [0] * trained})
+    return PackingCollator(trained_logits_only=True, max_forward_tokens=0)(features)
+
+
+def enable_checkpointing(model: nn.Module, training: Any, offload: bool) -> None:
+    """As transformers' Trainer does at the start of train()."""
+    kwargs = dict(training.activation_checkpointing_kwargs or training.gradient_checkpointing_kwargs or {})
+    every_n_layers = kwargs.pop("every_n_layers", 1)
+    kwargs.pop("offload", None)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
+                                          every_n_layers=every_n_layers, offload=offload)
+
+
+def make_optimizer(model: nn.Module, training: Any) -> torch.optim.Optimizer:
+    from transformers import Trainer
+
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(training, model)
+    return optimizer_cls([p for p in model.parameters() if p.requires_grad], **kwargs)
+
+
+def run_step(model: nn.Module, row: dict[str, Any], training: Any, bf16: bool, fused_head_vocab: int,
+             mode: Any) -> StepMemory:
+    """One step of `row` (the collator's real tensors) on the fake `model`, under FakeTensorMode `mode`."""
+    from ..train.head_loss import FUSED_HEAD, wants_fused_head
+
+    num_items = int((row["labels"] != IGNORE_INDEX).sum())  # as the Trainer counts them, before faking
+    meter = MemoryMeter()
+    recorder = PhaseRecorder(meter, model.get_decoder())
+    try:
+        with mode, cuda_stand_ins(meter, row["position_ids"]), meter:
+            meter.track([*model.parameters(), *model.buffers(), *quant_state_tensors(model)])
+            resident = recorder.resident = meter.mark()[DEVICE]
+            # on the device as the Trainer moves them; the boundaries stay real: the packed attention reads them
+            inputs = {k: v.clone() if torch.is_tensor(v) and not k.startswith("cu_seq_lens") else v
+                      for k, v in row.items()}
+            if fused_head_vocab and wants_fused_head(row, fused_head_vocab):
+                inputs[FUSED_HEAD] = True
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # CUDA's autocast: see fake_device
+                loss = model(**inputs, num_items_in_batch=num_items).loss
+            head_peak = meter.peak[DEVICE] - resident - recorder.backbone_kept
+            kept = meter.mark()
+            loss.backward()
+            del loss, inputs
+            layers_backward_peak = meter.peak[DEVICE] - recorder.layers_backward_from
+            trained = [p for p in model.parameters() if p.requires_grad]
+            gradients = sum(allocated(p.grad) for p in trained if p.grad is not None)
+            host_peak = max(kept[HOST], meter.peak[HOST])
+            meter.mark()
+            optimizer = make_optimizer(model, training)
+            if training.max_grad_norm:
+                nn.utils.clip_grad_norm_(trained, training.max_grad_norm)
+            optimizer.step()
+            state = sum(allocated(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+            optimizer_peak = meter.peak[DEVICE] - resident - gradients
+            optimizer.zero_grad(set_to_none=True)
+            del optimizer
+    finally:
+        recorder.handle.remove()
+    return StepMemory(tokens=row["input_ids"].shape[1], resident=resident, backbone_kept=recorder.backbone_kept,
+                      kept={DEVICE: kept[DEVICE] - resident, HOST: kept[HOST]}, backbone_peak=recorder.backbone_peak,
+                      head_peak=head_peak, head_backward_peak=recorder.head_backward_peak - kept[DEVICE],
+                      layers_backward_peak=layers_backward_peak, gradients=gradients, optimizer_state=state,
+                      optimizer_peak=optimizer_peak, host_peak=host_peak)
+
+
+def allocated(tensor: torch.Tensor) -> int:
+    """Bytes the CUDA caching allocator hands out for a tensor's storage."""
+    return math.ceil(tensor.untyped_storage().nbytes() / ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK
