@@ -15,6 +15,7 @@ import weakref
 import pytest
 import torch
 from arch_models import architecture_config, build_architecture
+from test_cli_errors import assert_one_line_error, cli, write_jsonl
 from test_head_loss import packed_batch
 from test_memory import StorageCounter
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -206,6 +207,26 @@ def test_a_mixture_of_experts_is_refused_in_one_line(name, tokenizer):
                                           r"sequence's routing: .*Drop --tiled_mlp\.$"):
         install_tiled_mlp(model)
     assert not any(getattr(layer.mlp.forward, "tiled_mlp", False) for layer in model.model.layers)
+
+
+def test_prompt_tuning_gradients_are_the_untiled_ones(tokenizer):
+    """The virtual tokens PEFT puts before the row go through the MLP as tokens of their own: tiled, the same."""
+    from peft import PromptTuningConfig, get_peft_model
+
+    model = get_peft_model(tiny("llama", tokenizer), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=20))
+    batch = {"input_ids": packed_batch(tokenizer, LENGTHS)["input_ids"]}
+    batch["labels"] = batch["input_ids"]
+    untiled = loss_and_grads(model, batch)
+    assert mlp_chunks(sum(LENGTHS) + 20, 64) == 4
+    install_tiled_mlp(model)
+    assert_same(loss_and_grads(model, batch), untiled, "prompt tuning")
+
+
+def test_the_command_refuses_a_mixture_of_experts_in_one_line(tokenizer, tmp_path):
+    model = build_architecture(tmp_path / "mixtral", "mixtral", tokenizer)
+    proc = cli("sft/train.py", "--model_name_or_path", model, "--data_path", write_jsonl(tmp_path / "d.jsonl"),
+               "--output_dir", str(tmp_path / "out"), "--max_steps", "1", "--tiled_mlp", "true", cwd=tmp_path)
+    assert_one_line_error(proc, "--tiled_mlp: model type mixtral routes tokens to experts", "Drop --tiled_mlp.")
 
 
 def test_the_flag_parses_and_the_trainer_installs_it(tokenizer, tmp_path):

@@ -8,7 +8,8 @@ MLP whose every token is computed on its own (no mixing along the sequence) give
 run chunk by chunk. Here each chunk runs under torch's non-reentrant checkpoint: the forward keeps only the chunk's
 input (a view of the MLP's input, which the untiled MLP keeps too) and the backward recomputes one chunk at a time,
 the autograd engine finishing each chunk's backward before it starts the next (its nodes were made later). The price
-is one more MLP forward per step (two more under layer checkpointing, which recomputes the layer first).
+is one more MLP forward per step (three in all instead of two under layer checkpointing). Under ZeRO-3 and FSDP2 the
+chunks run the MLP's own layers, whose hooks gather the sharded weights.
 
 Why not DeepSpeed's `TiledMLP` (deepspeed/runtime/sequence_parallel/ulysses_sp.py), which tiles the same way: its
 backward recomputes each shard with no record of the random state, so LoRA's dropout (tunesmith's default 0.05) draws
@@ -26,6 +27,7 @@ tokens or fewer runs untiled (one chunk would only add the recomputation)."""
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +39,8 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import ConfigError
 from ..utils.config_facts import config_fact
 from .moe import EXPERT_COUNT_FIELDS, causal_lm
+
+logger = logging.getLogger(__name__)
 
 # Model types whose decoder layers' `mlp` computes each token on its own: a gated or plain MLP and nothing else.
 TILED_MLP_TYPES = frozenset({
@@ -100,4 +104,7 @@ def install_tiled_mlp(model: nn.Module) -> int:
 def use_tiled_mlp(model: nn.Module, training_args: Any) -> None:
     """install_tiled_mlp where the training arguments ask for it (`--tiled_mlp true`)."""
     if getattr(training_args, "tiled_mlp", False) is True:
-        install_tiled_mlp(model)
+        layers = install_tiled_mlp(model)
+        hidden_size = config_fact(causal_lm(model).config, "hidden_size")
+        logger.info("--tiled_mlp: the MLP of %d decoder layers runs over chunks of %d tokens (a forward of more)",
+                    layers, hidden_size)
