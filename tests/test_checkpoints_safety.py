@@ -261,21 +261,26 @@ def test_a_crafted_zero_optimizer_file_is_refused_without_running_it(tmp_path):
 
 
 def test_a_one_process_zero2_grpo_run_resumes_its_optimizer_exactly(tiny_model_dir, tmp_path):
-    from tunesmith.recipes.ppo import run as ppo_main
-
+    """Each run in a process of its own, as a user runs it: DeepSpeed in the test's process would leave its
+    process group and launcher variables behind for every later test of this worker."""
     prompt_file = tmp_path / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("red", "blue", "green", "sun")))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
 
-    def grpo(out: Path, *extra: str):
-        return ppo_main(["--model_name_or_path", tiny_model_dir, "--reward_funcs", "length_penalty", "--advantage",
-                         "grpo", "--samples_per_prompt", "2", "--data_path", str(prompt_file), "--output_dir", str(out),
-                         "--per_device_train_batch_size", "4", "--max_new_tokens", "4", "--ppo_epochs", "2",
-                         "--save_steps", "1", "--max_steps", "2", "--lora_r", "4", "--learning_rate", "1e-2",
-                         "--deepspeed", str(REPO / "configs" / "ds_zero2.json"), *extra])
+    def grpo(out: Path, *extra: str) -> list[dict]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tunesmith", "ppo", "--model_name_or_path", tiny_model_dir, "--reward_funcs",
+             "length_penalty", "--advantage", "grpo", "--samples_per_prompt", "2", "--data_path", str(prompt_file),
+             "--output_dir", str(out), "--per_device_train_batch_size", "4", "--max_new_tokens", "4", "--ppo_epochs",
+             "2", "--save_steps", "1", "--max_steps", "2", "--lora_r", "4", "--learning_rate", "1e-2", "--deepspeed",
+             str(REPO / "configs" / "ds_zero2.json"), *extra],
+            capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=600, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
 
-    straight = grpo(tmp_path / "straight").log_history
-    resumed = grpo(tmp_path / "resumed", "--resume_from_checkpoint",
-                   str(tmp_path / "straight" / "checkpoint-1")).log_history
+    straight = grpo(tmp_path / "straight")
+    resumed = grpo(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "straight" / "checkpoint-1"))
     assert [r["step"] for r in resumed] == [1, 2]
     assert {k: v for k, v in resumed[1].items() if not k.startswith("time_")} == pytest.approx(
         {k: v for k, v in straight[1].items() if not k.startswith("time_")}, rel=1e-5, abs=1e-7)
