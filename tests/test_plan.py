@@ -93,8 +93,10 @@ def test_the_planned_step_peaks_where_the_same_step_on_real_cpu_tensors_does(tmp
     monkeypatch.setattr("tunesmith.plan.step.ALLOCATOR_BLOCK", 1)
     plan = planned(model_dir, "--finetuning_type", "full", "--dtype", "float32", "--bf16", "false",
                    "--gradient_checkpointing", "false")
-    planned_peak = plan.step(384, conversations).peak
-    assert planned_peak == pytest.approx(real_step_peak(model_dir, plan, 384, conversations), rel=0.02)
+    planned_peak = plan.step(3000, conversations).peak
+    # within the row's own tensors (ids, labels, positions: 24 bytes a token), which the plan puts on the device and
+    # the real run made before MemTracker started
+    assert planned_peak == pytest.approx(real_step_peak(model_dir, plan, 3000, conversations), abs=24 * 3000 + 1024)
 
 
 def test_offloaded_checkpointing_keeps_each_layers_input_in_host_memory(tmp_path):

@@ -25,6 +25,7 @@ from ..hparams.parser import parse_namespace
 from ..hparams.run_kinds import RUN_ARGUMENTS
 from ..hparams.training_args import OFFLOAD, resolve_checkpointing
 from ..models.attention import FLASH_VARLEN, use_varlen_attention
+from ..models.tiled_mlp import use_tiled_mlp
 from ..train.head_loss import install_fused_head
 from .model import GpuRun, as_on_a_gpu, build_on_meta, materialize, read_config
 from .report import longest_lines, row_lines, weight_lines, weights_of
@@ -72,6 +73,7 @@ class PlannedModel:
         self.attention = use_varlen_attention(self.model)  # as sft_collator does for --packing
         head = self.model.get_output_embeddings()
         self.fused_head_vocab = head.weight.shape[0] if install_fused_head(self.model) else 0  # as LoraTrainer
+        use_tiled_mlp(self.model, args.training)  # as LoraTrainer
         if gpu.checkpointing:
             enable_checkpointing(self.model, args.training, gpu.offload)
         self.model.train()

@@ -13,7 +13,8 @@ CUDA run does differently is put in its place where it changes memory (`cuda_sta
   in host memory and copies it back to the device for the backward: counted as host and device bytes apart;
 - dropout (LoRA's) keeps a one-byte mask, as CUDA's fused kernel (native_dropout) does; torch's CPU dropout
   multiplies by a mask of the input's dtype instead;
-- transformers' packed-row detection reads the real position ids (a fake tensor has no values to compare);
+- transformers' packed-row detection reads the real position ids: on a fake tensor it cannot compare values and
+  takes the row as packed, and a row of one conversation would get an N x N mask that a CUDA run never allocates;
 - the one-time check of the model's mask on the first step (attention._check_model_mask, an N x N comparison per
   longer example) is left out: it reads values.
 
@@ -31,6 +32,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -147,8 +149,10 @@ def cuda_stand_ins(meter: MemoryMeter, position_ids: torch.Tensor) -> Iterator[N
 
     real_find_packed = masking.find_packed_sequence_indices
 
-    def find_packed_sequence_indices(fake_position_ids: torch.Tensor) -> torch.Tensor | None:
+    with unset_fake_temporarily():  # on the real ids, with real values
         found = real_find_packed(position_ids)
+
+    def find_packed_sequence_indices(fake_position_ids: torch.Tensor) -> torch.Tensor | None:
         return None if found is None else torch.zeros(fake_position_ids.shape, dtype=found.dtype)
 
     OffloadToHost.meter = meter
