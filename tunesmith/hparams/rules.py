@@ -192,6 +192,15 @@ def _vision(model: Any) -> dict | None:
     return {"model_type": model_type} if model_type else None
 
 
+def _sequence_parallel(a: SimpleNamespace) -> int:
+    return getattr(a.training, "sequence_parallel_size", 1)
+
+
+def _world_size() -> int:
+    """The launch's process count (torchrun and accelerate export WORLD_SIZE); 1 without a launcher."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def _has_llama_cpp() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
@@ -327,6 +336,28 @@ RULES: list[Rule] = [
          lambda a: (a.finetuning.train_vision_tower or a.finetuning.train_projector) and not _vision(a.model),
          "--train_vision_tower / --train_projector: {model.model_name_or_path} is not a vision-language model (no "
          "vision_config in its config.json, or no processor in its folder); leave them out."),
+    # -- sequence parallelism (train/sequence_parallel.py)
+    Rule("sequence_parallel_size_value", ("training",), lambda a: _sequence_parallel(a) < 1,
+         "--sequence_parallel_size must be at least 1 (got {training.sequence_parallel_size}); 1 is off."),
+    Rule("sequence_parallel_deepspeed", ("training",), lambda a: _sequence_parallel(a) > 1 and not a.training.deepspeed,
+         "--sequence_parallel_size {training.sequence_parallel_size} runs on DeepSpeed's Ulysses: add --deepspeed "
+         "configs/ds_zero2.json (or ds_zero3.json); FSDP does not cut sequences."),
+    Rule("sequence_parallel_packing", ("data", "training"),
+         lambda a: _sequence_parallel(a) > 1 and not getattr(a.data, "packing", False),
+         "--sequence_parallel_size {training.sequence_parallel_size} needs --packing true: the ranks cut one "
+         "padding-free row, whose conversations keep their boundaries across the cut."),
+    Rule("sequence_parallel_world", ("training",),
+         lambda a: _sequence_parallel(a) > 1 and _world_size() % _sequence_parallel(a) and {"world": _world_size()},
+         "--sequence_parallel_size {training.sequence_parallel_size}: this launch has {world} process(es), not a "
+         "multiple of it; launch N x {training.sequence_parallel_size} (torchrun --nproc_per_node, --nnodes)."),
+    Rule("sequence_parallel_vision", ("model", "training"),
+         lambda a: _sequence_parallel(a) > 1 and _vision(a.model),
+         "--sequence_parallel_size with a vision-language model ({model_type}): its pictures cannot be cut across "
+         "ranks; train on one rank per row (leave the flag out)."),
+    Rule("sequence_parallel_label_smoothing", ("training",),
+         lambda a: _sequence_parallel(a) > 1 and a.training.label_smoothing_factor,
+         "--label_smoothing_factor {training.label_smoothing_factor} with --sequence_parallel_size: each rank "
+         "computes its tokens' plain cross-entropy; drop one of them."),
     # -- data
     Rule("max_forward_tokens_needs_packing", ("data",),
          lambda a: getattr(a.data, "max_forward_tokens", None) is not None and not a.data.packing,

@@ -238,6 +238,16 @@ class SFTTrainingArguments(TrainingArguments):
     bf16_auto: ClassVar[bool] = True
     checkpointing_auto: ClassVar[bool] = True  # see resolve_checkpointing
     record_name: ClassVar[str] = "TrainingArguments"  # tunesmith_config.json keeps the key runs were saved with
+    # the same maths cut across ranks differently, as --deepspeed is (hparams/run_config.py)
+    result_neutral: ClassVar[frozenset[str]] = frozenset({"sequence_parallel_size"})
+
+    sequence_parallel_size: int = field(
+        default=1,
+        metadata={"help": "Cut each packed row across N ranks (DeepSpeed's Ulysses sequence parallelism: attention "
+                  "exact over the whole row, 1/N of the heads on each rank); N ranks train one row at a time, so "
+                  "a conversation N times longer fits. Needs --deepspeed, --packing true and a world size N divides "
+                  "(docs/distributed.md). 1: off."},
+    )
 
     tiled_mlp: bool = field(
         default=False,

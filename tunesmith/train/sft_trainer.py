@@ -32,6 +32,13 @@ from .head_loss import FUSED_HEAD, install_fused_head, wants_fused_head
 from .losses import use_chunked_loss
 from .param_groups import split_lora_groups
 from .router_loss import OUTPUT_ROUTER_LOGITS, routed_tokens, router_loss_for
+from .sequence_parallel import (
+    parallelism_config,
+    resume_epoch_arguments,
+    shard_loss,
+    step_token_count,
+    use_packed_row_shards,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +92,10 @@ class LoraTrainer(Trainer):
             self._fused_head_vocab = self.model.get_output_embeddings().weight.shape[0]
         use_tiled_mlp(self.model, self.args)  # --tiled_mlp: each layer's MLP over chunks of the row
         self.run_configs = run_configs
+        self.sequence_parallel_size = getattr(self.args, "sequence_parallel_size", 1)
+        if self.sequence_parallel_size > 1:  # train/sequence_parallel.py
+            use_packed_row_shards(self.accelerator, getattr(self.data_collator, "trained_logits_only", True))
+            self.loss_is_scaled_for_ga = True  # shard_loss divides by the step's trained tokens
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
         self._tokens_before = 0  # all processes, up to the resumed checkpoint
         self._eval_totals = torch.zeros(2, dtype=torch.float64)  # this process, this evaluation: summed loss, tokens
@@ -93,7 +104,14 @@ class LoraTrainer(Trainer):
         self._forward_budget: ForwardBudget | None = None  # a GPU run's forward size (train/forward_budget.py)
 
     def create_accelerator_and_postprocess(self) -> None:
-        super().create_accelerator_and_postprocess()
+        size = getattr(self.args, "sequence_parallel_size", 1)
+        if size > 1:  # for accelerate only: the arguments (and the run config saved from them) stay as parsed
+            self.args.parallelism_config = parallelism_config(size, self.model)
+        try:
+            super().create_accelerator_and_postprocess()
+        finally:
+            if size > 1:
+                self.args.parallelism_config = None
         if fsdp_requested(self.args) and not self.is_fsdp_enabled:
             shard_cpu_ranks_with_fsdp(self.accelerator, self.args.fsdp_plugin_args)
             self.is_fsdp_enabled = self.accelerator.is_fsdp2
@@ -118,6 +136,8 @@ class LoraTrainer(Trainer):
                         self.state.global_step, self.state.max_steps)
             self.control.should_training_stop = True
             return
+        if self.sequence_parallel_size > 1:
+            kwargs = resume_epoch_arguments(kwargs)
         super()._run_epoch(*args, **kwargs)
 
     def create_optimizer(self, model=None):
@@ -129,6 +149,8 @@ class LoraTrainer(Trainer):
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.sequence_parallel_size > 1 and batches:
+            num_items_in_batch = step_token_count(batches, self.accelerator)
         if self.router_loss is not None and self.router_loss.active and batches:
             # each forward's aux loss is weighed by its share of the step's tokens (train/router_loss.py)
             self._step_tokens = sum(routed_tokens(batch) for batch in batches)
@@ -137,7 +159,11 @@ class LoraTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """The loss it returns (which the Trainer logs) is the language-model loss; the router's aux loss, in the
-        objective, is logged apart (train/router_loss.py)."""
+        objective, is logged apart (train/router_loss.py). Under sequence parallelism each rank's loss is its
+        shard's part of the gradient (train/sequence_parallel.shard_loss); the Trainer logs the ranks' mean, so
+        the part is scaled to the row's loss there."""
+        if self.sequence_parallel_size > 1:
+            return self._training_step_parts(model, inputs, num_items_in_batch) * self.sequence_parallel_size
         if self.router_loss is None or not self.router_loss.active:
             return self._training_step_parts(model, inputs, num_items_in_batch)
         self._aux_in_step = torch.zeros(())
@@ -204,6 +230,11 @@ class LoraTrainer(Trainer):
             inputs[OUTPUT_ROUTER_LOGITS] = model.training and self.router_loss.active
         if not model.training:
             return self.evaluation_loss(model, inputs, return_outputs)
+        if self.sequence_parallel_size > 1:  # a shard of a row: its targets are shift_labels
+            self._trained_tokens = self._trained_tokens.to(inputs["shift_labels"].device) + \
+                (inputs["shift_labels"] != IGNORE_INDEX).sum()
+            return shard_loss(model, inputs, num_items_in_batch, self.args.world_size // self.sequence_parallel_size,
+                              return_outputs)
         if "labels" in inputs:  # counted where the labels are: no host-device sync per step
             count = (inputs["labels"] != IGNORE_INDEX).sum()
             self._trained_tokens = self._trained_tokens.to(count.device) + count
