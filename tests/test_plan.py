@@ -141,3 +141,12 @@ def test_the_command_prints_its_lines_and_refuses_a_folder_without_config_json(t
     with pytest.raises(SystemExit):
         main(["--model_name_or_path", config_dir(tmp_path / "model2")])
     assert "tunesmith plan plans packed rows: add --packing true" in capsys.readouterr().err
+
+
+def test_8bit_weights_are_int8_rows_and_a_float32_scale_a_row(tmp_path):
+    plan = planned(config_dir(tmp_path), "--quantization_bit", "8")
+    linears = [(64, 64), (32, 64), (32, 64), (64, 64), (128, 64), (128, 64), (64, 128)] * 2
+    weights = weights_of(plan.model)
+    assert weights.eight_bit == sum(blocks(o * i) + blocks(o * 4) for o, i in linears)
+    assert weights.four_bit == 0
+    assert plan.step(256).peak > weights.eight_bit

@@ -100,6 +100,8 @@ def materialize(model: nn.Module) -> None:
                 continue
             if isinstance(param, bnb.nn.Params4bit):
                 module._parameters[name] = fake_4bit(param)
+            elif isinstance(param, bnb.nn.Int8Params):
+                module._parameters[name] = fake_8bit(param)
             else:
                 module._parameters[name] = nn.Parameter(torch.empty(param.shape, dtype=param.dtype),
                                                         requires_grad=param.requires_grad)
@@ -123,8 +125,18 @@ def fake_4bit(param: Any) -> nn.Parameter:
     return fake
 
 
-def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """The tensors of every 4-bit weight's quantization state (absmax, code, the nested ones)."""
+def fake_8bit(param: Any) -> nn.Parameter:
+    """An Int8Params' weight as bitsandbytes stores it after quantizing: int8 rows (CB) and a float32 scale a row (SCB)."""
+    from bitsandbytes.functional import int8_vectorwise_quant
+
+    rows, scales, _ = int8_vectorwise_quant(torch.empty(param.shape, dtype=torch.float16))
+    fake = nn.Parameter(rows, requires_grad=False)
+    fake.CB, fake.SCB, fake.has_fp16_weights = rows, scales, False
+    return fake
+
+
+def four_bit_constants(model: nn.Module) -> list[torch.Tensor]:
+    """Every 4-bit weight's quantization constants (absmax, code map, the nested ones, the offset)."""
     found = []
     for param in model.parameters():
         state = getattr(param, "quant_state", None)
@@ -132,3 +144,19 @@ def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
             found += [t for t in (state.absmax, state.code, getattr(state, "offset", None)) if torch.is_tensor(t)]
             state = getattr(state, "state2", None)
     return found
+
+
+def row_scales(model: nn.Module) -> list[torch.Tensor]:
+    """Every 8-bit weight's row scales (bitsandbytes' SCB), on the weight or, after the first forward, its layer's
+    state."""
+    found = []
+    for module in model.modules():
+        held = [getattr(getattr(module, "state", None), "SCB", None)]
+        held += [getattr(p, "SCB", None) for p in module.parameters(recurse=False)]
+        found += [t for t in held if torch.is_tensor(t)]
+    return found
+
+
+def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors of every quantization state, resident beside the weights."""
+    return four_bit_constants(model) + row_scales(model)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .fake_device import DEVICE, HOST
-from .model import quant_state_tensors
+from .model import four_bit_constants, row_scales
 from .step import StepMemory, allocated
 
 MB = 2**20
@@ -41,7 +41,8 @@ def weights_of(model: nn.Module) -> Weights:
             half += size
         else:
             full += size
-    four += sum(allocated(t) for t in quant_state_tensors(model))
+    four += sum(allocated(t) for t in four_bit_constants(model))
+    eight += sum(allocated(t) for t in row_scales(model))
     return Weights(four, eight, half, full, trained, sum(allocated(b) for b in model.buffers()))
 
 
