@@ -75,11 +75,14 @@ def llama_dir(tmp_path_factory, tokenizer) -> str:
                                 max_position_embeddings=4096, head_dim=16)
 
 
-@pytest.mark.parametrize("lengths, batch", [([1500], 1), ([300, 520, 250, 410], 4)],
-                         ids=["one-conversation", "packed-row"])
-def test_two_sequence_parallel_ranks_train_a_row_as_one_rank_does(llama_dir, tmp_path, lengths, batch):
+# packed rows: two rows of two conversations a step (the step's loss is over both rows' tokens), two epochs
+@pytest.mark.parametrize("lengths, batch, accumulation", [([1500], 1, 1), ([300, 520, 250, 410], 2, 2)],
+                         ids=["one-conversation", "packed-rows"])
+def test_two_sequence_parallel_ranks_train_a_row_as_one_rank_does(llama_dir, tmp_path, lengths, batch,
+                                                                   accumulation):
     data = write_conversations(tmp_path / "data.jsonl", lengths)
-    flags = ("--max_steps", "2", "--per_device_train_batch_size", str(batch))
+    flags = ("--max_steps", "2", "--per_device_train_batch_size", str(batch),
+             "--gradient_accumulation_steps", str(accumulation))
     one_rank(llama_dir, data, tmp_path / "one", *flags)
     two_ranks(llama_dir, data, tmp_path / "two", "--save_strategy", "no", *flags)
     assert_same_training(tmp_path / "two", tmp_path / "one", steps=2)
@@ -120,3 +123,21 @@ def test_sequence_parallel_refuses_what_cannot_combine(llama_dir, tmp_path, flag
     with pytest.raises(ConfigError, match=message):
         parse_run("sft", ["--model_name_or_path", llama_dir, "--data_path", str(ROOT / "data/demo/sft.jsonl"),
                           "--output_dir", str(tmp_path / "out"), *flags], None)
+
+
+def test_a_row_is_cut_into_shards_that_keep_its_targets_and_boundaries():
+    """An odd row on two ranks: padded by a conversation of one token that trains nothing; each shard's targets are
+    the whole row's (the last token of the first shard predicts the first of the second)."""
+    from tunesmith.data.collator import PackingCollator
+    from tunesmith.train.sequence_parallel import PADDING_TOKEN, packed_row_shard
+
+    examples = [{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}, {"input_ids": [9, 10, 11], "labels": [-100, -100, 11]}]
+    row = PackingCollator(trained_logits_only=False)(examples)
+    shards = [packed_row_shard(row, rank, 2, trained_logits_only=False) for rank in (0, 1)]
+    assert [s["input_ids"].tolist() for s in shards] == [[[5, 6, 7, 8]], [[9, 10, 11, PADDING_TOKEN]]]
+    assert [s["position_ids"].tolist() for s in shards] == [[[0, 1, 2, 3]], [[0, 1, 2, 0]]]
+    assert [s["shift_labels"].tolist() for s in shards] == [[[6, 7, 8, -100]], [[-100, 11, -100, -100]]]
+    assert all(s["cu_seq_lens_q"].tolist() == [0, 4, 7, 8] and s["max_length_q"] == 4 for s in shards)
+    trained = [packed_row_shard(row, rank, 2, trained_logits_only=True) for rank in (0, 1)]
+    assert [(s["logits_to_keep"].tolist(), s["shift_labels"].tolist()) for s in trained] == [([0, 1, 2], [6, 7, 8]),
+                                                                                             ([1], [11])]

@@ -95,9 +95,32 @@ def _shard_adapter_class() -> type:
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
 
     class PackedRowShards(UlyssesSPDataLoaderAdapter):
-        """DeepSpeed's adapter (iteration, length, SP over DP) with the rows cut by packed_row_shard."""
+        """DeepSpeed's adapter (length, SP over DP) with the rows cut by packed_row_shard, and epochs that restart."""
 
         trained_logits_only = True
+        skip_shards = 0  # shards to drop at the start of the next iteration (a resumed epoch's)
+
+        def __iter__(self) -> PackedRowShards:
+            # DeepSpeed's returns itself as it is: its iterator over the wrapped loader restarts only after a
+            # StopIteration, which an epoch that ends on a whole optimizer step never raises, so the next epoch
+            # would be empty (the Trainer stops there).
+            self.iter = iter(self.dl)
+            self.micro_batches.clear()
+            if self.skip_shards:
+                self.refill()
+                for _ in range(self.skip_shards):
+                    self.micro_batches.popleft()
+                self.skip_shards = 0
+            return self
+
+        def set_epoch(self, epoch: int) -> None:
+            """Each epoch's order, as the Trainer sets it on a plain loader."""
+            if hasattr(self.dl, "set_epoch"):
+                self.dl.set_epoch(epoch)
+
+        @property
+        def batch_sampler(self) -> Any:  # the Trainer sets the epoch on the sampler a sharded loader wraps too
+            return getattr(self.dl, "batch_sampler", None)
 
         def refill(self) -> None:
             try:
@@ -120,11 +143,7 @@ def _shard_adapter_class() -> type:
             rows, rest = divmod(shards, self.sp_world_size)
             skipped = type(self)(skip_first_batches(self.dl, rows), sp_rank=self.sp_rank, sp_group=self.sp_group,
                                  sp_world_size=self.sp_world_size, device=self.device)
-            skipped.trained_logits_only = self.trained_logits_only
-            if rest:
-                skipped.refill()
-                for _ in range(rest):
-                    skipped.micro_batches.popleft()
+            skipped.trained_logits_only, skipped.skip_shards = self.trained_logits_only, rest
             return skipped
 
     return PackedRowShards
