@@ -3,8 +3,8 @@ trains it whole. The runs take plain SGD at learning rate 1 with no clipping, so
 start minus the gradient: B starts at zero, so after the first step B is minus B's gradient, and after the second A
 has moved by minus A's gradient. Equal adapters and logged losses (1e-5) are equal gradients and losses.
 
-transformers' own SP loss fails this (every gradient twice the one-rank one), as does DeepSpeed's attention wrapped
-around plain sdpa (causal across the packed conversations, no window): train/sequence_parallel.py."""
+transformers' own SP loss fails this under ZeRO-2 (every gradient twice the one-rank one), as does DeepSpeed's
+attention wrapped around plain sdpa (causal across the packed conversations, no window): train/sequence_parallel.py."""
 
 from __future__ import annotations
 
@@ -49,9 +49,9 @@ def one_rank(model_dir: str, data: str, out: Path, *extra: str) -> None:
     sft.run(sgd_flags(model_dir, data, out, "--save_strategy", "no", *extra))
 
 
-def two_ranks(model_dir: str, data: str, out: Path, *extra: str) -> None:
+def two_ranks(model_dir: str, data: str, out: Path, *extra: str, config: str = "ds_zero2.json") -> None:
     launch("sft/train.py", 2, *sgd_flags(model_dir, data, out, "--sequence_parallel_size", "2",
-                                         "--deepspeed", str(ROOT / "configs/ds_zero2.json"), *extra))
+                                         "--deepspeed", str(ROOT / "configs" / config), *extra))
 
 
 def logged_losses(out: Path) -> list[float]:
@@ -88,13 +88,14 @@ def test_two_sequence_parallel_ranks_train_a_row_as_one_rank_does(llama_dir, tmp
     assert_same_training(tmp_path / "two", tmp_path / "one", steps=2)
 
 
-def test_sequence_parallel_keeps_a_sliding_window(tmp_path, tokenizer):
-    """Mistral attends within 16 tokens: across the ranks' all-to-all too."""
+def test_sequence_parallel_keeps_a_sliding_window_under_zero3(tmp_path, tokenizer):
+    """Mistral attends within 16 tokens: across the ranks' all-to-all too. Under ZeRO-3, whose reduce-scatter
+    divides the summed gradients by the whole world (ZeRO-2 by the data-parallel size)."""
     model_dir = build_architecture(tmp_path / "mistral", "mistral", tokenizer, max_position_embeddings=4096)
     data = write_conversations(tmp_path / "data.jsonl", [700, 300])
     flags = ("--max_steps", "2", "--per_device_train_batch_size", "2")
     one_rank(model_dir, data, tmp_path / "one", *flags)
-    two_ranks(model_dir, data, tmp_path / "two", "--save_strategy", "no", *flags)
+    two_ranks(model_dir, data, tmp_path / "two", "--save_strategy", "no", *flags, config="ds_zero3.json")
     assert_same_training(tmp_path / "two", tmp_path / "one", steps=2)
 
 

@@ -14,11 +14,12 @@ tokens back with every head (UlyssesSPAttentionHF). What tunesmith adds, and why
   1-D, for the whole row) and the trained positions (`logits_to_keep`) are not; and it needs a row whose length N
   divides, where a packed row has any length (here it is padded with a conversation of its own that trains nothing).
 - The loss (`shard_loss`): each rank sums its tokens' losses and divides by the trained tokens of the whole step
-  (every rank, every accumulated row: `step_token_count`), as a one-rank run does. transformers' own SP loss
-  (integrations/deepspeed.deepspeed_sp_compute_loss) gives every rank the row's mean through a differentiable
-  all_gather, whose backward sums the N ranks' copies: DeepSpeed then sums the N ranks' gradients, so they come out
-  N times too large (measured: grad_norm 1.353 on two ranks against 0.676 on one, same loss), and it ignores
-  gradient accumulation.
+  (every rank, every accumulated row: `step_token_count`), as a one-rank run does, times what DeepSpeed divides
+  the ranks' summed gradients by (`gradient_divisor`), which differs between its ZeRO paths. transformers' own SP
+  loss (integrations/deepspeed.deepspeed_sp_compute_loss) gives every rank the row's mean through a differentiable
+  all_gather, whose backward sums the N ranks' copies: N times the gradient, right only where DeepSpeed divides by
+  the whole world (ZeRO-3's reduce-scatter); under ZeRO-2 the gradients come out N times too large (measured: grad
+  norm 1.353 on two ranks against 0.676 on one, same loss). It also ignores gradient accumulation.
 
 The SP ranks take turns: each draws its own batch, and the N of them train one after the other, every rank holding
 1/N of each (DeepSpeed's "SP over DP"; the Trainer counts N times the batches per epoch).
@@ -191,11 +192,23 @@ def step_token_count(batches: list[dict[str, Any]], accelerator: Any) -> torch.T
     return accelerator.reduce(torch.as_tensor(count, device=accelerator.device), reduction="sum")
 
 
-def shard_loss(model: nn.Module, inputs: dict[str, Any], step_tokens: torch.Tensor, data_parallel_size: int,
+def gradient_divisor(deepspeed_config: dict, world_size: int, size: int) -> int:
+    """What DeepSpeed (0.19) divides the ranks' summed gradients by under Ulysses: the data-parallel size (world /
+    N) in the engine's all-reduce, ZeRO-1/2 (stage_1_and_2.py) and ZeRO-3 without reduce_scatter; the whole world in
+    ZeRO-3's reduce-scatter, its default (coalesced_collectives.reduce_scatter_coalesced pre-divides by the group's
+    size, leaving out the SP size the other paths take out). Measured on two CPU ranks: ZeRO-3's gradients came
+    out half ZeRO-2's for the same losses."""
+    zero = deepspeed_config.get("zero_optimization", {})
+    if int(zero.get("stage", 0)) == 3 and zero.get("reduce_scatter", True):
+        return world_size
+    return world_size // size
+
+
+def shard_loss(model: nn.Module, inputs: dict[str, Any], step_tokens: torch.Tensor, divisor: int,
                return_outputs: bool = False) -> Any:
-    """This rank's shard's summed token losses over the step's trained tokens (all ranks), times the data-parallel
-    size: DeepSpeed adds the SP ranks' gradients and averages over the data-parallel groups (engine's
-    allreduce divides by world size / SP size), so the gradients are those of the step's mean token loss."""
+    """This rank's shard's summed token losses over the step's trained tokens (all ranks), times what DeepSpeed
+    divides the ranks' summed gradients by (`gradient_divisor`): the gradients are those of the step's mean token
+    loss. The ranks' mean of these losses is the step's loss times divisor / world size."""
     outputs = model(**inputs, labels=inputs["shift_labels"], num_items_in_batch=step_tokens)
-    loss = outputs.loss * data_parallel_size
+    loss = outputs.loss * divisor
     return (loss, outputs) if return_outputs else loss

@@ -33,6 +33,7 @@ from .losses import use_chunked_loss
 from .param_groups import split_lora_groups
 from .router_loss import OUTPUT_ROUTER_LOGITS, routed_tokens, router_loss_for
 from .sequence_parallel import (
+    gradient_divisor,
     parallelism_config,
     resume_epoch_arguments,
     shard_loss,
@@ -93,9 +94,12 @@ class LoraTrainer(Trainer):
         use_tiled_mlp(self.model, self.args)  # --tiled_mlp: each layer's MLP over chunks of the row
         self.run_configs = run_configs
         self.sequence_parallel_size = getattr(self.args, "sequence_parallel_size", 1)
+        self._gradient_divisor = 1  # under sequence parallelism: train/sequence_parallel.gradient_divisor
         if self.sequence_parallel_size > 1:  # train/sequence_parallel.py
             use_packed_row_shards(self.accelerator, getattr(self.data_collator, "trained_logits_only", True))
             self.loss_is_scaled_for_ga = True  # shard_loss divides by the step's trained tokens
+            self._gradient_divisor = gradient_divisor(self.accelerator.state.deepspeed_plugin.deepspeed_config,
+                                                      self.args.world_size, self.sequence_parallel_size)
         self._trained_tokens = torch.zeros((), dtype=torch.long)  # this process, this train() call
         self._tokens_before = 0  # all processes, up to the resumed checkpoint
         self._eval_totals = torch.zeros(2, dtype=torch.float64)  # this process, this evaluation: summed loss, tokens
@@ -163,7 +167,8 @@ class LoraTrainer(Trainer):
         shard's part of the gradient (train/sequence_parallel.shard_loss); the Trainer logs the ranks' mean, so
         the part is scaled to the row's loss there."""
         if self.sequence_parallel_size > 1:
-            return self._training_step_parts(model, inputs, num_items_in_batch) * self.sequence_parallel_size
+            loss = self._training_step_parts(model, inputs, num_items_in_batch)
+            return loss * (self.args.world_size / self._gradient_divisor)
         if self.router_loss is None or not self.router_loss.active:
             return self._training_step_parts(model, inputs, num_items_in_batch)
         self._aux_in_step = torch.zeros(())
@@ -233,8 +238,7 @@ class LoraTrainer(Trainer):
         if self.sequence_parallel_size > 1:  # a shard of a row: its targets are shift_labels
             self._trained_tokens = self._trained_tokens.to(inputs["shift_labels"].device) + \
                 (inputs["shift_labels"] != IGNORE_INDEX).sum()
-            return shard_loss(model, inputs, num_items_in_batch, self.args.world_size // self.sequence_parallel_size,
-                              return_outputs)
+            return shard_loss(model, inputs, num_items_in_batch, self._gradient_divisor, return_outputs)
         if "labels" in inputs:  # counted where the labels are: no host-device sync per step
             count = (inputs["labels"] != IGNORE_INDEX).sum()
             self._trained_tokens = self._trained_tokens.to(count.device) + count
