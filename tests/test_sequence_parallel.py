@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.arch_models import build_architecture
+from tests.arch_models import architecture_config, build_architecture
 from tests.conftest import build_tiny_model_dir
 from tests.test_distributed import ROOT, launch
 from tunesmith.errors import ConfigError
@@ -142,3 +142,17 @@ def test_a_row_is_cut_into_shards_that_keep_its_targets_and_boundaries():
     trained = [packed_row_shard(row, rank, 2, trained_logits_only=True) for rank in (0, 1)]
     assert [(s["logits_to_keep"].tolist(), s["shift_labels"].tolist()) for s in trained] == [([0, 1, 2], [6, 7, 8]),
                                                                                              ([1], [11])]
+
+
+@pytest.mark.parametrize("name, size, message", [
+    ("llama", 3, "llama has 4 attention heads and 2 key/value heads, and each rank attends with 1/3 of them"),
+    ("qwen3_moe", 2, r"mixture-of-experts model \(qwen3_moe\): its router's load-balancing loss"),
+])
+def test_sequence_parallel_refuses_a_model_it_cannot_cut(tokenizer, name, size, message):
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.train.sequence_parallel import parallelism_config
+
+    model = AutoModelForCausalLM.from_config(architecture_config(name, tokenizer))
+    with pytest.raises(ConfigError, match=message):
+        parallelism_config(size, model)

@@ -35,6 +35,7 @@ from torch import nn
 
 from ..constants import IGNORE_INDEX
 from ..errors import ConfigError
+from ..models.moe import router_loss_attribute
 from ..utils.config_facts import text_config
 
 SEQUENCE_PARALLEL_BACKEND = "deepspeed"  # accelerate's sp_backend: DeepSpeed's Ulysses
@@ -44,7 +45,8 @@ PADDING_TOKEN = 0
 
 def parallelism_config(size: int, model: nn.Module) -> Any:
     """accelerate's ParallelismConfig for Ulysses over `size` ranks, wrapping the attention `model` uses (after
-    models/attention.use_varlen_attention: the packed kernel)."""
+    models/attention.use_varlen_attention: the packed kernel). One line for a model it cannot cut: heads `size`
+    does not divide, a mixture of experts (whose router loss would be each piece's)."""
     from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils import DeepSpeedSequenceParallelConfig
 
@@ -56,6 +58,10 @@ def parallelism_config(size: int, model: nn.Module) -> Any:
         raise ConfigError(f"--sequence_parallel_size {size}: {config.model_type} has {heads} attention heads and "
                           f"{kv_heads} key/value heads, and each rank attends with 1/{size} of them; choose a size "
                           f"that divides {heads} and divides or is a multiple of {kv_heads}")
+    if router_loss_attribute(model) is not None:
+        raise ConfigError(f"--sequence_parallel_size with a mixture-of-experts model ({config.model_type}): its "
+                          "router's load-balancing loss is not computed over the ranks' pieces of a row; train it "
+                          "without --sequence_parallel_size")
     handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True)
     # after __post_init__, which knows only flash_attention_2/3 and sdpa: DeepSpeed wraps any registered name
     handler.sp_attn_implementation = base.config._attn_implementation
