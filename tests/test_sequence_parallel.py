@@ -67,6 +67,9 @@ def assert_same_training(sp: Path, reference: Path, steps: int) -> None:
     for name, weight in theirs.items():
         torch.testing.assert_close(ours[name], weight, rtol=0, atol=1e-5, msg=name)
     assert all(w.abs().sum() > 0 for name, w in ours.items() if "lora_B" in name)  # trained
+    if (reference / "eval_results.json").exists():  # evaluated whole on each rank, its pieces not cut
+        evaluated = [json.loads((out / "eval_results.json").read_text())["eval_loss"] for out in (sp, reference)]
+        assert evaluated[0] == pytest.approx(evaluated[1], rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +85,7 @@ def test_two_sequence_parallel_ranks_train_a_row_as_one_rank_does(llama_dir, tmp
                                                                    accumulation):
     data = write_conversations(tmp_path / "data.jsonl", lengths)
     flags = ("--max_steps", "2", "--per_device_train_batch_size", str(batch),
-             "--gradient_accumulation_steps", str(accumulation))
+             "--gradient_accumulation_steps", str(accumulation), "--eval_data_path", data)
     one_rank(llama_dir, data, tmp_path / "one", *flags)
     two_ranks(llama_dir, data, tmp_path / "two", "--save_strategy", "no", *flags)
     assert_same_training(tmp_path / "two", tmp_path / "one", steps=2)
