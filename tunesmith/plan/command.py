@@ -50,7 +50,7 @@ def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
         raise ConfigError("tunesmith plan plans one GPU: leave out --deepspeed and --fsdp (not covered yet)")
     if args.training.fp16:
         raise ConfigError("tunesmith plan covers bf16 and float32 runs: leave out --fp16")
-    values = {**given, "use_cpu": False, "gradient_checkpointing": given["gradient_checkpointing"]}
+    values = {**given, "use_cpu": False}
     with as_on_a_gpu():
         resolve_checkpointing(values, RUN_ARGUMENTS["plan"])
     checkpointing = values["gradient_checkpointing"]
@@ -66,7 +66,7 @@ class PlannedModel:
 
         self.args, self.gpu = args, gpu
         self.config = read_config(args.model)
-        self.model = build_on_meta(self.config, args.model, args.finetuning, gpu, args.training)
+        self.model = build_on_meta(self.config, args.model, args.finetuning, gpu)
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         with self.mode:
             materialize(self.model)

@@ -30,10 +30,10 @@ class GpuRun:
     checkpointing: bool
     offload: bool
 
-    def training_view(self, training: Any) -> Any:
+    def training_view(self) -> Any:
         """What the loader reads of the training arguments, as a GPU run has them."""
         return types.SimpleNamespace(gradient_checkpointing=self.checkpointing, bf16=self.bf16, fp16=False,
-                                     deepspeed=None, use_cpu=False, output_dir=training.output_dir)
+                                     deepspeed=None, use_cpu=False)
 
 
 @contextlib.contextmanager
@@ -59,7 +59,7 @@ def read_config(model_args: Any) -> Any:
             from e
 
 
-def build_on_meta(config: Any, model_args: Any, finetuning_args: Any, gpu: GpuRun, training: Any) -> nn.Module:
+def build_on_meta(config: Any, model_args: Any, finetuning_args: Any, gpu: GpuRun) -> nn.Module:
     """The trained model with no storage: every step of load_model that shapes memory, on the meta device."""
     from transformers import AutoModelForCausalLM
     from transformers.quantizers.auto import AutoHfQuantizer
@@ -67,7 +67,7 @@ def build_on_meta(config: Any, model_args: Any, finetuning_args: Any, gpu: GpuRu
     if getattr(config, "vision_config", None) is not None or text_config(config) is not config:
         raise ConfigError(f"tunesmith plan: {config.model_type} is a vision-language model; the plan covers causal "
                           "language models so far")
-    view = gpu.training_view(training)
+    view = gpu.training_view()
     with as_on_a_gpu():
         dtype = resolve_dtype(model_args, view, trains_base=finetuning_args.finetuning_type == "full")
         config._attn_implementation = resolve_attn_implementation(model_args)
