@@ -100,22 +100,20 @@ class MemoryMeter(TorchDispatchMode):
             self._host_depth -= 1
 
 
-class OffloadToHost(torch.autograd.graph.saved_tensors_hooks):
+def offload_to_host(meter: MemoryMeter) -> type:
     """transformers' offloaded checkpointing (torch's save_on_cpu with pinned memory), as its memory goes on a GPU:
-    each tensor saved for backward is copied to host memory in the forward, and back to the device when backward
-    unpacks it. `meter` must be the active MemoryMeter."""
+    each tensor saved for backward is copied to host memory in the forward (counted by `meter` as host bytes), and
+    back to the device when backward unpacks it."""
 
-    meter: MemoryMeter | None = None
+    class OffloadToHost(torch.autograd.graph.saved_tensors_hooks):
+        def __init__(self, pin_memory: bool = True, device_type: str = "cuda") -> None:
+            def pack(tensor: torch.Tensor) -> torch.Tensor:
+                with meter.on_host():
+                    return tensor.clone()
 
-    def __init__(self, pin_memory: bool = True, device_type: str = "cuda") -> None:
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            with self.meter.on_host():
-                return tensor.clone()
+            super().__init__(pack, torch.Tensor.clone)
 
-        def unpack(host: torch.Tensor) -> torch.Tensor:
-            return host.clone()
-
-        super().__init__(pack, unpack)
+    return OffloadToHost
 
 
 def cuda_packed_kernel(query: torch.Tensor, key: torch.Tensor, window: int | None = None,
@@ -155,11 +153,10 @@ def cuda_stand_ins(meter: MemoryMeter, position_ids: torch.Tensor) -> Iterator[N
     def find_packed_sequence_indices(fake_position_ids: torch.Tensor) -> torch.Tensor | None:
         return None if found is None else torch.zeros(fake_position_ids.shape, dtype=found.dtype)
 
-    OffloadToHost.meter = meter
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(attention, "packed_kernel", cuda_packed_kernel))
         stack.enter_context(mock.patch.object(attention, "_needs_mask_check", lambda *args: False))
         stack.enter_context(mock.patch.object(masking, "find_packed_sequence_indices", find_packed_sequence_indices))
-        stack.enter_context(mock.patch.object(modeling, "save_on_cpu", OffloadToHost))
+        stack.enter_context(mock.patch.object(modeling, "save_on_cpu", offload_to_host(meter)))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", cuda_dropout))
         yield
