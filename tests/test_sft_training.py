@@ -177,11 +177,14 @@ def test_resume_continues_the_same_trajectory(tiny_model_dir, sft_data, tmp_path
     assert trained_tokens(resumed)[3] > trained_tokens(resumed)[1] > 0
     assert trained_tokens(resumed) == trained_tokens(straight)
 
-    # The same command once more: the run is complete, so nothing is trained (transformers alone
-    # would take a fifth step) and the result is the same.
+    # The same command once more: the run is complete, so nothing is trained (transformers alone would take a
+    # fifth step) and nothing is rewritten (its report of that nothing would record train_loss 0.0): one line, and
+    # exit status 0 (tests/test_bad_values.py checks the outputs are left byte for byte).
     computed.clear()
-    again = run_sft(tiny_model_dir, sft_data, tmp_path / "resumed", *common)
-    assert computed == [] and again.state.global_step == 4
+    with pytest.raises(SystemExit) as exited:
+        run_sft(tiny_model_dir, sft_data, tmp_path / "resumed", *common)
+    assert exited.value.code == 0 and computed == []
+    assert any("already holds this run, finished at step 4" in m for m in caplog.messages)
     assert sorted(p.name for p in (tmp_path / "resumed").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
