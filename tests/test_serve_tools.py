@@ -569,3 +569,33 @@ def test_a_langchain_agent_calls_a_tool_and_answers_from_its_result(tool_adapter
     assert not answer.tool_calls and answer.response_metadata["finish_reason"] == "stop", answer
     assert "21" in answer.content and "Paris" in answer.content, answer.content
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_tool_choice_none_on_the_tool_demo_adapter_answers_in_words(tool_adapter, tmp_path):
+    """Issue #56 as it was found: the tool demo's adapter (tuned to answer these questions with a call), served,
+    asked through the openai client with the tools given: "auto" calls (the control: the adapter would call), and
+    "none", streamed and not, gives content with no call tag, no call JSON and no tool_calls."""
+    demo_tools = json.loads((ROOT / "data/demo/tools.jsonl").open().readline())["tools"]
+    questions = ["What's the weather in Montreal?", "Tell me the local time in Dublin.", "Convert 100 EUR to INR."]
+    log = tmp_path / "server.log"
+    with running_server(log, "--model_name_or_path", tool_adapter, "--chat_template", "chatml_tools", "--dtype",
+                        "float32", "--api_key", KEY, "--served_model_name", "tools", "--do_sample", "false",
+                        "--max_new_tokens", "60") as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+        for question in questions:
+            messages = [{"role": "user", "content": question}]
+            auto = client.chat.completions.create(model="tools", messages=messages, tools=demo_tools)
+            assert auto.choices[0].message.tool_calls, (question, auto.choices[0].message)
+            whole = client.chat.completions.create(model="tools", messages=messages, tools=demo_tools,
+                                                   tool_choice="none")
+            chunks = list(client.chat.completions.create(model="tools", messages=messages, tools=demo_tools,
+                                                         tool_choice="none", stream=True))
+            assert whole.choices[0].message.tool_calls is None
+            assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+            streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            for content in (whole.choices[0].message.content or "", streamed):
+                assert content.strip(), (question, content)  # words, not an empty reply
+                assert "<tool_call" not in content and '"name"' not in content and first_call(content) is None, (
+                    question, content)
