@@ -6,13 +6,13 @@ pipeline goes on to the next stage."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from ..constants import RUN_CONFIG_FILE
-from .checkpoints import STATE_FILE, read_state
+from ..errors import PathError
+from .checkpoints import STATE_FILE, checkpoint_step, read_state
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def _final_save_is_of(final: Path, kind: str, step: int, checkpoint: Path) -> bo
     its step; PPO's run config records none, so it must be written after the checkpoint's state was."""
     if kind != "ppo":
         try:
-            return int(json.loads(final.read_text(encoding="utf-8")).get("global_step", -1)) == step
-        except (OSError, ValueError, AttributeError):
+            return checkpoint_step(final.parent) == step
+        except PathError:
             return False  # unreadable: not a finished save to keep
     return final.stat().st_mtime_ns >= (checkpoint / STATE_FILE).stat().st_mtime_ns
 
