@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..constants import RUN_CONFIG_FILE
+from ..errors import PathError
 
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
@@ -29,8 +30,6 @@ def is_adapter_dir(path: str | None) -> bool:
 
 
 def adapter_config(adapter_dir: str) -> dict:
-    from ..errors import PathError
-
     path = os.path.join(adapter_dir, ADAPTER_CONFIG)
     try:
         with open(path, encoding="utf-8") as f:
@@ -55,8 +54,6 @@ def prompt_adapter_kind(path: str | None) -> str | None:
 
 def adapter_base_model(adapter_dir: str) -> str:
     """The base model an adapter was trained on, as recorded in its adapter_config.json."""
-    from ..errors import PathError
-
     base = adapter_config(adapter_dir).get("base_model_name_or_path")
     if not base:
         raise PathError(f"{adapter_dir}/{ADAPTER_CONFIG}: no base_model_name_or_path; pass the base model with "
