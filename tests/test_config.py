@@ -238,3 +238,13 @@ def test_qlora_checkpoints_by_default_on_a_gpu_only(monkeypatch):
     assert resolved(True, gradient_checkpointing=False) == (False, None)
     assert resolved(True, gradient_checkpointing="offload") == ("offload", None)
     assert resolved(True, kinds=RUN_ARGUMENTS["dpo"])[0] is None  # DPO: transformers' default (off)
+    # packed rows on a GPU: the forward budget chooses each layer's mode (train/layer_modes.py), QLoRA or not
+    assert resolved(True, packing=True) == ("auto", None)
+    assert resolved(True, packing=True, quantization_bit=None) == ("auto", None)
+    assert resolved(True, packing=True, gradient_checkpointing="auto") == ("auto", None)
+    assert resolved(True, packing=True, gradient_checkpointing=False) == (False, None)  # given: as given
+    for fixed_forwards in ({"max_forward_tokens": 4096}, {"deepspeed": "configs/ds_zero2.json"},
+                           {"sequence_parallel_size": 2}, {"fsdp_config": "configs/fsdp2.yaml"}):
+        assert resolved(True, packing=True, quantization_bit=None, **fixed_forwards)[0] is False, fixed_forwards
+    assert resolved(True, packing=True, max_forward_tokens=4096)[0] is True  # QLoRA's rule without the budget
+    assert resolved(False, packing=True, gradient_checkpointing="auto") == (False, None)  # CPU: its own rule

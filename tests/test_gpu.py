@@ -251,3 +251,61 @@ def test_tiled_head_gives_the_models_own_loss_and_gradients_on_cuda(name, defaul
     assert loss == pytest.approx(reference_loss, abs=1e-4)
     for key, grad in grads.items():
         assert torch.allclose(grad, reference[key], atol=1e-4, rtol=1e-3), f"{name}: {key}"
+
+
+def test_layer_modes_chosen_by_the_budget_fit_the_memory_it_was_given_on_cuda(monkeypatch):
+    """--gradient_checkpointing left out (issue 52, item 4): the forward budget's probe on CUDA's own allocator, then
+    one forward of 16,384 tokens under three sizes of free memory (mem_get_info reports them): its peak stays within
+    what the budget gave it, the more memory the more layers kept, and with the least, layer inputs go to host."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tunesmith.models.attention import use_varlen_attention
+    from tunesmith.train import forward_budget
+    from tunesmith.train.forward_budget import HEADROOM, ForwardBudget
+    from tunesmith.train.layer_modes import checkpointed_layers, choose_modes
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=4096, hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=32768)
+    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).train()
+    model.set_attn_implementation("sdpa")
+    use_varlen_attention(model)
+    model.activation_checkpointing_enable()
+
+    def row(lengths):
+        ids = torch.randint(0, 4096, (1, sum(lengths)), device="cuda")
+        bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        return {"input_ids": ids, "labels": ids, "use_cache": False, "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds,
+                "max_length_q": max(lengths), "max_length_k": max(lengths),
+                "position_ids": torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]}
+
+    def run(part):
+        model(**part).loss.backward()
+
+    budget = ForwardBudget(torch.device("cuda", 0), checkpointed_layers(model))
+    budget.probe(row([1500, 1000, 1500]), run, model.parameters())
+    rates, tokens = budget.rates, 16384
+    print(f"rates {rates}, fixed {budget.fixed / 2**20:.0f} MB, gradients {budget.gradient_bytes / 2**20:.0f} MB")
+    assert rates.offload_saving == pytest.approx(1024 * 2, rel=0.01)
+    kept = []
+    for per_token in (rates.recomputed - 3 * rates.offload_saving, rates.recomputed + 3 * rates.kept_extra,
+                      rates.recomputed + 9 * rates.kept_extra):
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        allocated = torch.cuda.memory_allocated()
+        free = int((budget.fixed + budget.gradient_bytes + per_token * tokens) / (1 - HEADROOM))
+        reported = free - torch.cuda.memory_reserved() + allocated  # _free_memory adds reserved less allocated
+        monkeypatch.setattr(forward_budget.torch.cuda, "mem_get_info", lambda device=None, free=reported: (free, 0))
+        budget.splits(row([tokens]))
+        budget.prepare(tokens)
+        modes = choose_modes(tokens, budget.available, rates, len(budget.layers))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        run(row([tokens]))
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - allocated
+        kept.append(modes.kept)
+        print(f"free {free / 2**20:.0f} MB: peak {peak / 2**20:.0f} MB, {modes.describe()}")
+        assert peak <= free * (1 - HEADROOM) * 1.05, (peak, free, modes)
+        assert modes.offloaded > 0 or per_token > rates.recomputed
+    assert kept == sorted(kept) and kept[-1] > kept[0]

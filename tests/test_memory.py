@@ -325,9 +325,10 @@ def test_gradient_checkpointing_offload_asks_transformers_to_offload_on_a_gpu(tm
     assert args.activation_checkpointing_kwargs == {"offload": True}
 
 
-def test_the_gradient_checkpointing_flag_takes_true_false_or_offload(capsys):
+def test_the_gradient_checkpointing_flag_takes_true_false_offload_or_auto(capsys):
     parser = Parser(RUN_ARGUMENTS["sft"])
     for argv, value in ((["--gradient_checkpointing", "offload"], "offload"), (["--gradient_checkpointing"], True),
+                        (["--gradient_checkpointing", "auto"], "auto"),
                         (["--gradient_checkpointing", "false"], False), ([], None)):
         assert parser.parse_known_args(argv)[0].gradient_checkpointing == value, argv
         assert type(parser.parse_known_args(argv)[0].gradient_checkpointing) is type(value), argv
@@ -335,7 +336,7 @@ def test_the_gradient_checkpointing_flag_takes_true_false_or_offload(capsys):
         parser.parse_known_args(["--gradient_checkpointing", "maybe"])
     assert stopped.value.code == 2
     error = capsys.readouterr().err
-    assert "argument --gradient_checkpointing" in error and "'maybe': give true, false or offload" in error
+    assert "argument --gradient_checkpointing" in error and "'maybe': give true, false, offload or auto" in error
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="offloading applies where a GPU trains")

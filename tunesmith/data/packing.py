@@ -64,8 +64,11 @@ def forward_splits(lengths: list[int], max_tokens: int) -> list[int]:
 def slice_packed_row(batch: dict[str, Any], start: int, end: int) -> dict[str, Any]:
     """The part of a PackingCollator row from token `start` to `end` (both example boundaries) as a row of its
     own. Nothing crosses a boundary: the first label of every example is IGNORE_INDEX, so the position
-    before a cut predicts nothing, and the part's loss terms are exactly the row's terms in it."""
+    before a cut predicts nothing, and the part's loss terms are exactly the row's terms in it. An `end` inside an
+    example keeps that example's beginning, for a measurement (train/forward_budget.ForwardBudget.probe)."""
     bounds = [b - start for b in batch["cu_seq_lens_q"].tolist() if start <= b <= end]
+    if bounds[-1] != end - start:
+        bounds.append(end - start)
     cu_seq_lens = torch.as_tensor(bounds, dtype=torch.int32)
     longest = max(b - a for a, b in zip(bounds, bounds[1:]))
     part = {**batch, "cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": longest,

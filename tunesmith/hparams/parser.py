@@ -146,7 +146,7 @@ def boolean_or(words: tuple[str, ...]) -> Any:
         try:
             return string_to_bool(value)
         except ArgumentTypeError:
-            raise ArgumentTypeError(f"{value!r}: give true, false or {' or '.join(words)}") from None
+            raise ArgumentTypeError(f"{value!r}: give true, false, {' or '.join(words)}") from None
 
     return boolean
 

@@ -34,6 +34,9 @@ LOWER_IS_BETTER = ("loss", "perplexity")
 # --gradient_checkpointing's third value, besides true and false: checkpointing whose saved layer inputs wait in
 # pinned host memory until the backward pass (transformers' own `offload`, torch's save_on_cpu per layer).
 OFFLOAD = "offload"
+# and its fourth, SFT's default on a GPU for packed rows: each forward's layers keep, recompute or offload their
+# activations as the free memory needs (train/layer_modes.py, chosen by train/forward_budget.py)
+AUTO = "auto"
 
 
 def resolve_eval_schedule(values: dict[str, Any]) -> str | None:
@@ -81,6 +84,8 @@ def resolve_checkpointing(values: dict[str, Any], dataclass_types: Sequence[type
     launches. So LoRA and full fine-tuning keep their speed, their forwards sized to the free memory
     (train/forward_budget.py). Never for prefix tuning, which cannot be checkpointed, nor under FSDP, whose own
     config checkpoints. Returns a line for the log, or None."""
+    if values.get("gradient_checkpointing") == AUTO:
+        values["gradient_checkpointing"] = None
     if values.get("gradient_checkpointing") is not None or values.get("activation_checkpointing") is not None:
         return None
     if not any(getattr(d, "checkpointing_auto", False) for d in dataclass_types):
@@ -88,6 +93,9 @@ def resolve_checkpointing(values: dict[str, Any], dataclass_types: Sequence[type
     on_gpu = torch.cuda.is_available() and not values.get("use_cpu")
     # FSDP checkpoints through its own config (fsdp_config's activation_checkpointing), without a second all-gather
     fsdp = fsdp_requested(argparse.Namespace(fsdp=values.get("fsdp") or values.get("fsdp_config")))
+    if on_gpu and by_free_memory(values, fsdp):
+        values["gradient_checkpointing"] = AUTO
+        return None  # the forward budget logs its choice (train/forward_budget.py)
     long_on_cpu = not on_gpu and (values.get("max_seq_length") or 0) > CPU_FORWARD_TOKENS
     values["gradient_checkpointing"] = bool((on_gpu and values.get("quantization_bit") or long_on_cpu) and not fsdp
                                             and values.get("finetuning_type") != "prefix_tuning")
@@ -96,6 +104,14 @@ def resolve_checkpointing(values: dict[str, Any], dataclass_types: Sequence[type
     why = (f"--max_seq_length {values['max_seq_length']} on CPU, above its {CPU_FORWARD_TOKENS}-token forwards"
            if long_on_cpu else "QLoRA's default on a GPU")
     return f"activation checkpointing on ({why}; --gradient_checkpointing false turns it off)"
+
+
+def by_free_memory(values: dict[str, Any], fsdp: bool) -> bool:
+    """Whether a GPU run's forwards are sized by its forward budget (packed rows, --max_forward_tokens left out,
+    one rank's sequence, no DeepSpeed or FSDP), which can then choose its layers' modes too."""
+    return bool(values.get("packing") and values.get("max_forward_tokens") is None and not values.get("deepspeed")
+                and not fsdp and (values.get("sequence_parallel_size") or 1) <= 1
+                and values.get("finetuning_type") != "prefix_tuning")
 
 
 @dataclass
@@ -178,7 +194,10 @@ class TrainingArguments(_HFTrainingArguments):
         metadata={"help": "Activation checkpointing: keep each layer's input only, recompute the layer in the backward "
                   "pass (about a third more compute; activation memory no longer grows with the layers). `offload` also "
                   "moves those inputs to pinned CPU memory while the forward runs on, and back for the backward (for "
-                  "the longest contexts on a GPU; on CPU it is plain checkpointing). true, false or offload.",
+                  "the longest contexts on a GPU; on CPU it is plain checkpointing). true, false or offload; for SFT "
+                  "also `auto`, its default for packed rows on a GPU: each forward keeps every layer's activations where "
+                  "they fit the free memory, and recomputes (then offloads) only as many layers as it must, logged. "
+                  "Left out elsewhere: on for QLoRA on a GPU, and on CPU above --max_seq_length 2048.",
                   "nargs": "?", "const": True},
     )
     # Our collators consume the tokenized columns; the Trainer must not drop the ones it doesn't know.
@@ -200,7 +219,9 @@ class TrainingArguments(_HFTrainingArguments):
             # transformers reads any name but *loss as higher-is-better: perplexity is lower-is-better too.
             self.greater_is_better = not self.metric_for_best_model.endswith(LOWER_IS_BETTER)
         offload = self.gradient_checkpointing == OFFLOAD
-        if offload:
+        # AUTO: every layer starts checkpointed (safe if the budget never runs), the budget then frees layers
+        self.checkpointing_by_budget = self.gradient_checkpointing == AUTO
+        if offload or self.checkpointing_by_budget:
             self.gradient_checkpointing = True
         if getattr(self, "activation_checkpointing", None) is None and self.gradient_checkpointing is not None:
             # transformers 5.2x renamed the flag; --gradient_checkpointing stays ours, without its deprecation warning
@@ -237,6 +258,7 @@ class SFTTrainingArguments(TrainingArguments):
 
     bf16_auto: ClassVar[bool] = True
     checkpointing_auto: ClassVar[bool] = True  # see resolve_checkpointing
+    also_accepts: ClassVar[dict[str, tuple[str, ...]]] = {"gradient_checkpointing": (OFFLOAD, AUTO)}
     record_name: ClassVar[str] = "TrainingArguments"  # tunesmith_config.json keeps the key runs were saved with
     # the same maths cut across ranks differently, as --deepspeed is (hparams/run_config.py)
     result_neutral: ClassVar[frozenset[str]] = frozenset({"sequence_parallel_size"})

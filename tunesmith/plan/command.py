@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..hparams import ParsedRun, parse_run
 from ..hparams.parser import parse_namespace
 from ..hparams.run_kinds import RUN_ARGUMENTS
-from ..hparams.training_args import OFFLOAD, resolve_checkpointing
+from ..hparams.training_args import AUTO, OFFLOAD, resolve_checkpointing
 from ..models.attention import FLASH_VARLEN, use_varlen_attention
 from ..models.tiled_mlp import use_tiled_mlp
 from ..train.head_loss import install_fused_head
@@ -55,7 +55,8 @@ def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
         resolve_checkpointing(values, RUN_ARGUMENTS["plan"])
     checkpointing = values["gradient_checkpointing"]
     bf16 = True if given["bf16"] is None else bool(given["bf16"])
-    return args, GpuRun(bf16=bf16, checkpointing=bool(checkpointing), offload=checkpointing == OFFLOAD)
+    return args, GpuRun(bf16=bf16, checkpointing=bool(checkpointing), offload=checkpointing == OFFLOAD,
+                        by_budget=checkpointing == AUTO)
 
 
 class PlannedModel:
@@ -88,6 +89,9 @@ class PlannedModel:
         bits = self.args.model.quantization_bit
         base = f"{bits}-bit {self.args.model.quantization_type if bits == 4 else ''}".strip() if bits else "unquantized"
         checkpointing = "offload" if self.gpu.offload else "on" if self.gpu.checkpointing else "off"
+        if self.gpu.by_budget:  # train/layer_modes.py: the run keeps what fits, planned here at its most recomputed
+            checkpointing = ("auto, planned with every layer recomputed (the run keeps layers' activations where "
+                             "memory allows: --gradient_checkpointing false plans that end)")
         return [
             f"model: {self.args.model.model_name_or_path} ({self.config.model_type}, "
             f"{parameter_count(self.model) / 1e9:.3f}B parameters)",

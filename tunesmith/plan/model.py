@@ -29,6 +29,7 @@ class GpuRun:
     bf16: bool
     checkpointing: bool
     offload: bool
+    by_budget: bool = False  # --gradient_checkpointing auto: the forward budget chooses each layer's mode
 
     def training_view(self) -> Any:
         """What the loader reads of the training arguments, as a GPU run has them."""

@@ -15,16 +15,32 @@ gradients (LoraTrainer._training_step_parts); a step that fits stays one forward
 the limit still runs as one forward, and is what --gradient_checkpointing (offload) and --max_seq_length are for.
 
 The measurement restarts torch's peak-memory statistics at the first forward (the only way to read one forward's
-peak), so a peak read after a run leaves out model loading."""
+peak), so a peak read after a run leaves out model loading.
+
+With `--gradient_checkpointing` left out (SFT's packed rows on a GPU: hparams/training_args.resolve_checkpointing),
+the budget also chooses what each decoder layer does in each forward (train/layer_modes.py). Before the first step,
+`probe` runs a prefix of the first row twice (PROBE_TOKENS and half that, whole conversations where they fit) with the
+last layer keeping its activations and the others recomputed, its gradients and random state put back after, and
+reads the fixed bytes (gradients, dequantized weights, loss tiles), the bytes a token of a fully recomputed forward,
+what a kept layer adds and what an offloaded one frees. From then on a forward keeps every layer where its tokens fit
+the free memory, and a packed row is cut into such forwards of whole conversations; a longer conversation recomputes
+as few layers as fit, and offloads layer inputs to host memory where recomputing all of them does not. Logged once:
+
+    forwards of at most 41234 tokens keep every layer (free memory 61.2 GB, 1.21 MB a token); longer conversations
+    recompute layers, and offload layer inputs past 150123 tokens
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
-from ..data.packing import forward_splits
+from ..data.packing import forward_splits, slice_packed_row
+from .layer_modes import LayerModes, LayerRates, choose_modes, layer_input_bytes, set_layer_modes
 
 logger = logging.getLogger(__name__)
 
@@ -34,19 +50,30 @@ HEADROOM = 0.15  # of the free memory, left for fragmentation and the memory a l
 
 class ForwardBudget:
     """The forward size of a run on one CUDA device: `splits(batch)` cuts a packed row, `measure(tokens, run)` wraps
-    each forward of the first step."""
+    each forward of the first step. Given the model's checkpointed decoder `layers`, it also chooses each forward's
+    layer modes: `probe(batch, run, parameters)` before the first step, then `prepare(tokens)` before each forward."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, layers: list[nn.Module] | None = None) -> None:
         self.device = device
         self.bytes_per_token: float | None = None  # the largest of the first step's forwards' rates
         self.limit: int | None = None  # tokens a forward may hold, from the second step on
         self.probing = True
         self.warned = False  # about a conversation longer than the limit, once
+        self.layers = layers or None  # decoder layers whose modes this budget chooses (layer_modes.py)
+        self.rates: LayerRates | None = None
+        self.fixed = 0.0  # bytes of a forward and backward that do not grow with its tokens, gradients apart
+        self.gradient_bytes = 0
+        self.parameters: list[nn.Parameter] = []
+        self.available = 0.0  # this step's bytes for a forward (layer modes)
+        self.most_recomputed: LayerModes | None = None  # the most recomputation logged so far
 
-    def splits(self, batch: dict[str, Any]) -> list[int] | None:
-        """Offsets cutting this packed row into forwards of whole conversations, or None for one forward."""
+    def splits(self, batch: dict[str, Any], optimizer_ready: bool = True) -> list[int] | None:
+        """Offsets cutting this packed row into forwards of whole conversations, or None for one forward.
+        `optimizer_ready` False: the optimizer's state is not created yet, and is set aside (layer modes)."""
         bounds = batch["cu_seq_lens_q"].tolist()
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+        if self.rates is not None:
+            return self._splits_keeping_layers(lengths, optimizer_ready)
         if self.bytes_per_token is not None and self.probing:
             self.probing = False
             self.limit = self._limit_from_free_memory()
@@ -62,7 +89,7 @@ class ForwardBudget:
 
     def measure(self, tokens: int, run: Any) -> Any:
         """run() (one forward and backward of `tokens` tokens), measured while the first step is probed."""
-        if not self.probing:
+        if not self.probing or self.layers is not None:
             return run()
         before = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -71,10 +98,101 @@ class ForwardBudget:
         self.bytes_per_token = max(self.bytes_per_token or 0.0, rate)
         return result
 
-    def _limit_from_free_memory(self) -> int:
+    def _free_memory(self) -> int:
+        """The device's free bytes and what torch's allocator holds unused."""
         free, _ = torch.cuda.mem_get_info(self.device)
-        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+
+    def _limit_from_free_memory(self) -> int:
+        free = self._free_memory()
         limit = max(256, int(free * (1 - HEADROOM) / self.bytes_per_token))
         logger.info("forwards of at most %d tokens (free memory %.1f GB, about %.2f MB a token)", limit, free / 1e9,
                     self.bytes_per_token / 1e6)
         return limit
+
+    # -- layer modes (--gradient_checkpointing left out) --
+
+    def probe(self, batch: dict[str, Any], run: Callable[[dict[str, Any]], Any],
+              parameters: Iterable[nn.Parameter]) -> None:
+        """Measure LayerRates on a prefix of this packed row: run(part) is one forward and backward (the caller puts
+        gradients, counters and random state back). Two sizes separate the fixed bytes from those a token takes; the
+        smaller runs twice, the first time taking what a first call allocates once (cuBLAS workspaces)."""
+        self.parameters = [p for p in parameters if p.requires_grad]
+        layers, tokens = self.layers, int(batch["input_ids"].shape[-1])
+        bounds = [b for b in batch["cu_seq_lens_q"].tolist() if 0 < b <= PROBE_TOKENS]
+        large = bounds[-1] if bounds and bounds[-1] >= PROBE_TOKENS // 2 else min(tokens, PROBE_TOKENS)
+        small = max(1, large // 2)
+        set_layer_modes(layers, LayerModes(1, len(layers) - 1, 0), self.device.type)
+        peaks = {}
+        for size in (small, small, large):
+            peaks[size], deltas, gradients = self._probe_once(slice_packed_row(batch, 0, size), size, run)
+        per_token = (peaks[large] - peaks[small]) / (large - small) if large > small else peaks[large] / large
+        kept_extra = max(0.0, deltas["kept"] - deltas.get("recomputed", deltas["input"])) / large
+        self.gradient_bytes = gradients
+        self.fixed = max(0.0, peaks[large] - per_token * large - gradients)
+        self.rates = LayerRates(recomputed=per_token - kept_extra, kept_extra=kept_extra,
+                                offload_saving=deltas["input"] / large)
+        self.probing = False
+
+    def _probe_once(self, part: dict[str, Any], tokens: int, run: Callable) -> tuple[int, dict, int]:
+        """One forward and backward of `part`: its peak above what was held, the memory the last layer (kept) and the
+        first (recomputed, where there are two) left after their forward, a layer's input, and the gradients left."""
+        deltas: dict[str, int] = {}
+        hooks = []
+        measured = {"kept": self.layers[-1], **({"recomputed": self.layers[0]} if len(self.layers) > 1 else {})}
+        for name, layer in measured.items():
+            def before(module, args, kwargs, name=name):
+                deltas[name] = -torch.cuda.memory_allocated(self.device)
+                deltas["input"] = layer_input_bytes(args, kwargs)
+
+            def after(module, args, kwargs, output, name=name):
+                deltas[name] += torch.cuda.memory_allocated(self.device)
+            hooks += [layer.register_forward_pre_hook(before, with_kwargs=True),
+                      layer.register_forward_hook(after, with_kwargs=True)]
+        try:
+            held = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            run(part)
+            peak = torch.cuda.max_memory_allocated(self.device) - held
+            gradients = torch.cuda.memory_allocated(self.device) - held
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for parameter in self.parameters:
+            parameter.grad = None
+        return peak, deltas, gradients
+
+    def _splits_keeping_layers(self, lengths: list[int], optimizer_ready: bool) -> list[int] | None:
+        pending = sum(p.nbytes for p in self.parameters if p.grad is None) if self.parameters else self.gradient_bytes
+        if not optimizer_ready:  # AdamW's two moments, in the trained weights' dtype
+            pending += 2 * sum(p.nbytes for p in self.parameters)
+        free = self._free_memory()
+        self.available = free * (1 - HEADROOM) - self.fixed - pending
+        limit = max(1, self.rates.tokens_kept(self.available, len(self.layers)))
+        if self.limit is None:
+            self.limit = limit
+            recomputing_all = int(self.available / self.rates.recomputed)
+            logger.info("forwards of at most %d tokens keep every layer (free memory %.1f GB, %.2f MB a token); longer "
+                        "conversations recompute layers, and offload layer inputs past %d tokens", limit, free / 1e9,
+                        (self.rates.recomputed + len(self.layers) * self.rates.kept_extra) / 1e6, recomputing_all)
+        if sum(lengths) <= limit:
+            return None
+        return forward_splits(lengths, limit)
+
+    def prepare(self, tokens: int) -> None:
+        """Before a forward of `tokens` tokens: its layers' modes, from this step's free memory."""
+        if self.rates is None:
+            return
+        modes = choose_modes(tokens, self.available, self.rates, len(self.layers))
+        set_layer_modes(self.layers, modes, self.device.type)
+        most = self.most_recomputed
+        if modes.kept < len(self.layers) and (most is None or (modes.offloaded, modes.recomputed) >
+                                              (most.offloaded, most.recomputed)):
+            self.most_recomputed = modes
+            logger.info("a forward of %d tokens: %s (--gradient_checkpointing true, offload or false fixes it)",
+                        tokens, modes.describe())
+        if not modes.fits and not self.warned:
+            self.warned = True
+            logger.warning("a forward of %d tokens may not fit this GPU even with every layer's input in host memory "
+                           "(%.1f GB for it): it runs and may run out of memory; --tiled_mlp true or a shorter "
+                           "--max_seq_length lowers what a token takes", tokens, self.available / 1e9)

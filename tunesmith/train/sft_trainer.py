@@ -29,6 +29,7 @@ from .callbacks import MetricsFileCallback
 from .checkpoints import empty_tensors, read_state
 from .forward_budget import ForwardBudget
 from .head_loss import FUSED_HEAD, install_fused_head, wants_fused_head
+from .layer_modes import LayerModes, checkpointed_layers, set_layer_modes
 from .losses import use_chunked_loss
 from .param_groups import split_lora_groups
 from .router_loss import OUTPUT_ROUTER_LOGITS, routed_tokens, router_loss_for
@@ -183,9 +184,15 @@ class LoraTrainer(Trainer):
         the free GPU memory sizes is cut by the run's ForwardBudget, which measures the first step's forwards."""
         with self._train_mode_kept(model):
             splits, budget = inputs.pop(FORWARD_SPLITS, None), None
+            if splits != SIZED_BY_FREE_MEMORY and getattr(self.args, "checkpointing_by_budget", False):
+                self._layers_without_budget()
             if splits == SIZED_BY_FREE_MEMORY:
                 budget = self._forward_budget_on_cuda()
-                splits = (budget.splits(inputs) or [0, inputs["input_ids"].shape[-1]]) if budget else None
+                if budget is not None and budget.layers and budget.rates is None:
+                    self._probe_layer_rates(model, inputs, num_items_in_batch, budget)
+                optimizer_ready = bool(self.optimizer is None or self.optimizer.state)
+                splits = (budget.splits(inputs, optimizer_ready) or [0, inputs["input_ids"].shape[-1]]) \
+                    if budget else None
             if not splits or (len(splits) <= 2 and budget is None):
                 return super().training_step(model, inputs, num_items_in_batch)
             parts = list(zip(splits[:-1], splits[1:]))
@@ -194,16 +201,43 @@ class LoraTrainer(Trainer):
                 part = inputs if len(parts) == 1 else slice_packed_row(inputs, start, end)
                 sync = contextlib.nullcontext() if i == len(parts) - 1 else self.accelerator.no_sync(model)
                 with sync:
+                    if budget is not None:
+                        budget.prepare(end - start)
                     step = functools.partial(super().training_step, model, part, num_items_in_batch)
                     loss = step() if budget is None else budget.measure(end - start, step)
                 total = loss if total is None else total + loss
             return total
 
     def _forward_budget_on_cuda(self) -> ForwardBudget | None:
-        """The run's forward budget; None off CUDA (rows sized by the free memory then run whole)."""
+        """The run's forward budget; None off CUDA (rows sized by the free memory then run whole). With
+        --gradient_checkpointing left out it chooses each forward's layer modes too (train/layer_modes.py)."""
         if self._forward_budget is None and self.args.device.type == "cuda":
-            self._forward_budget = ForwardBudget(self.args.device)
+            by_budget = getattr(self.args, "checkpointing_by_budget", False)
+            self._forward_budget = ForwardBudget(self.args.device, checkpointed_layers(self.model) if by_budget else None)
         return self._forward_budget
+
+    def _layers_without_budget(self) -> None:
+        """--gradient_checkpointing left out, on rows the budget does not size (a vision-language model's, which run
+        whole): the rule before the budget, once: a quantized base recomputes every layer, others keep theirs."""
+        self.args.checkpointing_by_budget = False
+        if not (getattr(self.model, "is_loaded_in_4bit", False) or getattr(self.model, "is_loaded_in_8bit", False)):
+            layers = checkpointed_layers(self.model)
+            set_layer_modes(layers, LayerModes(len(layers), 0, 0), self.args.device.type)
+
+    def _probe_layer_rates(self, model, inputs, num_items_in_batch, budget: ForwardBudget) -> None:
+        """budget.probe on this row before its step, leaving the run as it was: the gradients of an accumulation
+        in progress, the trained-token and aux-loss counters, and the random state (dropout) of a resumed run."""
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad for p in trained]
+        counters = (self._trained_tokens.clone(), self._aux_in_step.clone(), self._aux_summed.clone())
+        for parameter in trained:
+            parameter.grad = None
+        step = functools.partial(super().training_step, model)
+        with torch.random.fork_rng(devices=[self.args.device]), self.accelerator.no_sync(model):
+            budget.probe(inputs, lambda part: step(part, num_items_in_batch), trained)
+        for parameter, grad in zip(trained, grads):
+            parameter.grad = grad
+        self._trained_tokens, self._aux_in_step, self._aux_summed = counters
 
     def _train_mode_kept(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """The Trainer calls model.train() at every training step, and nn.Module.train sets the flag of every

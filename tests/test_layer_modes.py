@@ -1,0 +1,150 @@
+"""Layer modes chosen from memory (issue 52, item 4; train/layer_modes.py, train/forward_budget.py): each decoder layer
+of a forward keeps its activations, recomputes them in backward, or also holds its input in host memory. On this CPU
+the modes run on a small Llama through transformers' own checkpointing (the same gradients in every mode, each
+recomputed layer run twice), and the budget's probe and choices are checked against a memory meter standing in for
+torch.cuda's allocator readings (tunesmith/plan/fake_device.MemoryMeter, the plan's meter: every storage a tensor
+operation creates, until it is freed): what the probe measures predicts what the chosen forward then takes, and the
+choice fits the memory it was given."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from test_memory import llama, loss_and_gradients
+from test_packing import chat_examples
+
+from tunesmith.data.collator import PackingCollator
+from tunesmith.plan.fake_device import DEVICE, MemoryMeter, offload_to_host
+from tunesmith.train import forward_budget, layer_modes
+from tunesmith.train.forward_budget import HEADROOM, ForwardBudget
+from tunesmith.train.layer_modes import (
+    LayerModes,
+    LayerRates,
+    checkpointed_layers,
+    choose_modes,
+    set_layer_modes,
+)
+
+LAYERS = 4
+
+
+def estimate(tokens: int, rates: LayerRates, modes: LayerModes) -> float:
+    return tokens * (rates.recomputed + modes.kept * rates.kept_extra - modes.offloaded * rates.offload_saving)
+
+
+@pytest.mark.parametrize("budget", [10**6 * k for k in (1, 3, 5, 8, 12, 20, 40, 80, 400)])
+def test_choose_modes_keeps_the_most_layers_that_fit_then_offloads_the_fewest(budget):
+    rates = LayerRates(recomputed=1000.0, kept_extra=800.0, offload_saving=100.0)
+    tokens, layers = 4000, 16
+    modes = choose_modes(tokens, budget, rates, layers)
+    assert modes.kept + modes.recomputed + modes.offloaded == layers
+    assert modes.kept == 0 or modes.offloaded == 0  # offloading only where nothing can be kept
+    if not modes.fits:
+        assert modes.offloaded == layers and estimate(tokens, rates, modes) > budget
+        return
+    assert estimate(tokens, rates, modes) <= budget
+    if modes.kept < layers and modes.offloaded == 0:  # keeping one more layer would not fit
+        assert estimate(tokens, rates, LayerModes(modes.kept + 1, modes.recomputed - 1, 0)) > budget
+    if modes.offloaded:  # offloading one fewer would not fit
+        assert estimate(tokens, rates, LayerModes(0, modes.recomputed + 1, modes.offloaded - 1)) > budget
+    assert "layers" in modes.describe()
+
+
+@pytest.fixture(scope="module")
+def row(tokenizer) -> dict:
+    """One packed row of the four chat examples repeated: 2,968 tokens."""
+    return PackingCollator()(chat_examples(tokenizer) * 7)
+
+
+def test_every_mode_trains_the_same_and_recomputes_only_its_checkpointed_layers(tokenizer, row):
+    """LoRA on a 4-layer Llama, checkpointing enabled as the Trainer enables it, then the modes set per layer: the same
+    loss and gradients whatever each layer does, and a layer's attention runs twice (forward and recomputation)
+    exactly where the layer is checkpointed (recomputed or offloaded)."""
+    model = llama(tokenizer, LAYERS, "lora", "plain")
+    layers = checkpointed_layers(model)
+    assert len(layers) == LAYERS
+    calls = [0] * LAYERS
+    for index, layer in enumerate(layers):
+        layer.self_attn.register_forward_hook(lambda *_, index=index: calls.__setitem__(index, calls[index] + 1))
+    results = {}
+    for modes in (LayerModes(4, 0, 0), LayerModes(1, 3, 0), LayerModes(0, 4, 0), LayerModes(0, 2, 2),
+                  LayerModes(0, 0, 4)):
+        set_layer_modes(layers, modes, "cpu")
+        calls[:] = [0] * LAYERS
+        results[modes] = loss_and_gradients(model, row)
+        checkpointed = modes.offloaded + modes.recomputed
+        assert calls == [2] * checkpointed + [1] * modes.kept, modes
+        for parameter in model.parameters():
+            parameter.grad = None
+    reference_loss, reference = results[LayerModes(4, 0, 0)]
+    for modes, (loss, grads) in results.items():
+        assert torch.equal(loss, reference_loss), modes
+        for name, grad in grads.items():
+            assert torch.allclose(grad, reference[name], rtol=1e-5, atol=1e-7), f"{modes}: {name}"
+
+
+class MeteredDevice:
+    """torch.cuda's readings on a device of `capacity` bytes, from a MemoryMeter over real CPU tensors; offloaded
+    layer inputs counted as host memory (the plan's stand-in for save_on_cpu)."""
+
+    def __init__(self, monkeypatch, capacity: int) -> None:
+        self.meter, self.capacity = MemoryMeter(), capacity
+        cuda = forward_budget.torch.cuda
+        monkeypatch.setattr(cuda, "memory_allocated", lambda device=None: self.meter.current[DEVICE])
+        monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: self.meter.peak[DEVICE])
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: self.meter.mark())
+        monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: self.meter.current[DEVICE])
+        monkeypatch.setattr(cuda, "mem_get_info",
+                            lambda device=None: (self.capacity - self.meter.current[DEVICE], self.capacity))
+        monkeypatch.setattr(layer_modes, "save_on_cpu", offload_to_host(self.meter))
+
+    def peak_of(self, run) -> int:
+        """The peak above what was held of run(), and run()'s result."""
+        held = self.meter.mark()[DEVICE]
+        run()
+        return self.meter.peak[DEVICE] - held
+
+
+def forward_and_backward(model, part: dict) -> None:
+    model(**part).loss.backward()
+
+
+def test_the_budget_probes_then_each_forward_takes_what_it_planned(tokenizer, row, monkeypatch, caplog):
+    """The probe on the row's prefix, then forwards of several lengths under three memory sizes: a forward's measured
+    peak stays within what the budget gave it, and within 25% of the rates' estimate; the more memory, the more
+    layers kept; with little, layer inputs go to host memory."""
+    model = llama(tokenizer, LAYERS, "lora", "plain")
+    trained = [p for p in model.parameters() if p.requires_grad]
+    device = MeteredDevice(monkeypatch, capacity=0)
+    budget = ForwardBudget(torch.device("cpu"), checkpointed_layers(model))
+    with device.meter:
+        budget.probe(row, functools.partial(forward_and_backward, model), model.parameters())
+        rates = budget.rates
+        assert rates.kept_extra > 4 * rates.offload_saving > 0 and rates.recomputed > rates.offload_saving * LAYERS
+        assert rates.offload_saving == pytest.approx(64 * 4)  # a layer's input: hidden 64, float32
+        assert all(p.grad is None for p in trained)  # the probe leaves no gradients
+        chosen = {}
+        tokens = row["input_ids"].shape[1]
+        for per_token in (rates.recomputed - 2.5 * rates.offload_saving, rates.recomputed + 2 * rates.kept_extra,
+                          rates.recomputed + 8 * rates.kept_extra):
+            available = budget.fixed + per_token * tokens  # memory for the probe's fixed bytes and this rate
+            device.capacity = device.meter.current[DEVICE] + int((available + budget.gradient_bytes) / (1 - HEADROOM))
+            budget.limit = None
+            with caplog.at_level("INFO", logger="tunesmith.train.forward_budget"):
+                splits = budget.splits({"cu_seq_lens_q": torch.tensor([0, tokens])}, optimizer_ready=True)
+                budget.prepare(tokens)
+            assert splits in (None, [0, tokens])  # one conversation: one forward, however long
+            modes = choose_modes(tokens, budget.available, rates, LAYERS)
+            peak = device.peak_of(functools.partial(forward_and_backward, model, row))
+            for parameter in trained:
+                parameter.grad = None
+            planned = budget.fixed + budget.gradient_bytes + estimate(tokens, rates, modes)
+            assert peak <= budget.available + budget.gradient_bytes + budget.fixed * 0.05, (modes, peak, planned)
+            assert peak == pytest.approx(planned, rel=0.25), (modes, peak, planned)
+            chosen[per_token] = modes
+    kept = [m.kept for m in chosen.values()]
+    assert kept == sorted(kept) and kept[-1] == LAYERS and kept[0] == 0
+    assert list(chosen.values())[0].offloaded > 0
+    assert "forwards of at most" in caplog.text and "recomputed" in caplog.text
