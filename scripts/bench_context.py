@@ -19,6 +19,9 @@ alpha 2r, dropout --lora_dropout; AdamW at --learning_rate; one conversation per
   ours_offload  ours with gradient_checkpointing="offload": the kept layer inputs go to pinned CPU memory
                 (CUDA; tunesmith runs it as plain checkpointing on CPU). Where tunesmith does not accept the
                 value, the variant's line says so with its error.
+  ours_auto     ours with gradient_checkpointing="auto", tunesmith's default for packed SFT on a GPU: each forward
+                keeps every layer where it fits the free memory, else recomputes, then offloads, as few layers as
+                it must (train/layer_modes.py); on CPU (no forward budget) every layer recomputed
   trl           TRL's SFTTrainer at its documented best for memory: padding_free=True with max_length=None
                 (TRL 1.16 refuses padding_free with a max_length unless it packs; the conversation is L tokens
                 already; packing with packing_strategy="bfd" turns padding-free on too and would build the same
@@ -122,7 +125,7 @@ from benchlib import (  # noqa: E402
     run_worker,
 )
 
-VARIANTS = ("ours", "ours_gc", "ours_offload", "trl", "trl_offload", "unsloth")
+VARIANTS = ("ours", "ours_gc", "ours_offload", "ours_auto", "trl", "trl_offload", "unsloth")
 METHODS = ("lora", "qlora")
 CUDA_ONLY = ("trl_offload",)
 # What a failed allocation says where it is not a torch.OutOfMemoryError: the CPU allocator, cuBLAS workspaces.
@@ -533,6 +536,7 @@ SESSIONS: dict[str, Callable[[argparse.Namespace], Session]] = {
     "ours": lambda a: ours_session(a, False),
     "ours_gc": lambda a: ours_session(a, True),
     "ours_offload": lambda a: ours_session(a, "offload"),
+    "ours_auto": lambda a: ours_session(a, "auto"),
     "trl": lambda a: trl_session(a, offload=False),
     "trl_offload": lambda a: trl_session(a, offload=True),
     "unsloth": unsloth_session,
@@ -861,7 +865,7 @@ def print_ratios(rows: list[VariantResult]) -> None:
     """ours*/trl* of the longest contexts; a bracket left open (the cap fit, or the search stopped) makes its
     side a bound, and the line says so."""
     brackets = {r.variant: r.bracket for r in rows if r.bracket and r.bracket.longest}
-    for ours in ("ours", "ours_gc", "ours_offload"):
+    for ours in ("ours", "ours_gc", "ours_offload", "ours_auto"):
         for trl in ("trl", "trl_offload"):
             if ours not in brackets or trl not in brackets:
                 continue

@@ -14,7 +14,9 @@ checkpointing (their fastest), tunesmith at its own default (checkpointing for Q
                       bf16 where the hardware has it (a LoRA base then loads in bf16, autocast runs the
                       products), the fast CPU LoRA dropout
   ours_gc             ours with --gradient_checkpointing true (what checkpointing costs and saves)
-  ours_qlora_no_gc    ours_qlora with --gradient_checkpointing false (QLoRA checkpoints by default on a GPU)
+  ours_qlora_no_gc    ours_qlora with --gradient_checkpointing false (on a GPU the default is auto: layers kept where
+                      the free memory holds them, train/layer_modes.py)
+  ours_qlora_gc       ours_qlora with --gradient_checkpointing true (every layer recomputed: the default until auto)
   trl_packed_gc       trl_packed with gradient checkpointing, as TRL's SFTConfig defaults to
   trl_packed_qlora_gc trl_packed_qlora with gradient checkpointing
   ours_fp32           ours with --bf16 false: float32 weights and products (what bf16 adds, alone)
@@ -92,11 +94,12 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
 
 VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
             "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "trl_packed", "plain", "ours_qlora",
-            "trl_packed_qlora", "ours_gc", "ours_qlora_no_gc", "trl_packed_gc", "trl_packed_qlora_gc")
+            "trl_packed_qlora", "ours_gc", "ours_qlora_no_gc", "ours_qlora_gc", "trl_packed_gc",
+            "trl_packed_qlora_gc")
 DEFAULT_VARIANTS = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "trl_padded", "trl_packed", "plain")
 SAME_BATCHES = ("ours", "ours_fp32", "ours_torch_dropout", "ours_torch_loss", "ours_one_forward", "ours_row_capped",
                 "ours_sdpa_loop", "ours_compiled", "ours_liger", "trl_padded", "plain", "ours_qlora", "ours_gc",
-                "ours_qlora_no_gc")
+                "ours_qlora_no_gc", "ours_qlora_gc")
 DEMO_SFT = ROOT / "data" / "demo" / "sft.jsonl"
 STDLIB_MODULES = ("argparse", "bisect", "collections", "csv", "datetime", "functools", "heapq", "inspect",
                   "itertools", "json", "logging", "math", "os", "pathlib", "random", "re", "shutil", "statistics",
@@ -118,6 +121,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add_quiet_arguments(p)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                    help=f"Comma-separated subset of {', '.join(VARIANTS)}.")
+    p.add_argument("--gpu_memory_gb", type=float, default=None,
+                   help="Cap the GPU memory each variant's process may use (torch's per-process memory fraction).")
     p.add_argument("--profile", metavar="DIR", help="Write each variant's profile of steps 3-4 to DIR/<variant>.txt.")
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -273,14 +278,16 @@ def step_profiler(args: argparse.Namespace) -> list:
 # ---------------------------------------------------------------- variants
 
 
-def default_checkpointing(quantize: bool) -> bool:
-    """tunesmith's --gradient_checkpointing when left out, for a LoRA or QLoRA SFT run here (QLoRA on a GPU: on)."""
+def default_checkpointing(quantize: bool) -> bool | str:
+    """tunesmith's --gradient_checkpointing when left out, for a LoRA or QLoRA SFT run of packed rows here (on a GPU:
+    auto, each forward's layers as the free memory needs)."""
     from tunesmith.hparams import SFTTrainingArguments
     from tunesmith.hparams.training_args import resolve_checkpointing
 
-    values = {"gradient_checkpointing": None, "finetuning_type": "lora", "quantization_bit": 4 if quantize else None}
+    values = {"gradient_checkpointing": None, "finetuning_type": "lora", "quantization_bit": 4 if quantize else None,
+              "packing": True}
     resolve_checkpointing(values, [SFTTrainingArguments])
-    return bool(values["gradient_checkpointing"])
+    return values["gradient_checkpointing"] or False  # "auto" on a GPU: the forward budget's layer modes
 
 
 def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16: bool | None = None,
@@ -456,6 +463,7 @@ RUNS = {
     "trl_packed_qlora": lambda a, w: run_trl(a, w, packing=True, quantize=True),
     "ours_gc": lambda a, w: run_ours(a, w, checkpointing=True),
     "ours_qlora_no_gc": lambda a, w: run_ours(a, w, quantize=True, checkpointing=False),
+    "ours_qlora_gc": lambda a, w: run_ours(a, w, quantize=True, checkpointing=True),
     "trl_packed_gc": lambda a, w: run_trl(a, w, packing=True, checkpointing=True),
     "trl_packed_qlora_gc": lambda a, w: run_trl(a, w, packing=True, quantize=True, checkpointing=True),
 }
@@ -466,6 +474,12 @@ RUNS = {
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    if args.worker and args.gpu_memory_gb:
+        import torch
+
+        if torch.cuda.is_available():  # a smaller card stood for (the forward budget reads the fraction too)
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_memory_gb * 2**30 / total))
     if run_worker(args, RUNS):
         return
     args.model = benchmark_model(args.model)
@@ -485,6 +499,8 @@ def main(argv: list[str] | None = None) -> None:
                        "--lora_dropout", str(args.lora_dropout), "--learning_rate", str(args.learning_rate)]
         if args.profile:
             worker_args += ["--profile", str(Path(args.profile).resolve())]
+        if args.gpu_memory_gb:
+            worker_args += ["--gpu_memory_gb", str(args.gpu_memory_gb)]
         results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
                                   lambda r: f"{r['tokens_per_s']:.1f} trained tokens/s, peak RSS "
                                             f"{r['peak_rss_mb']:.0f} MB", args.settle)

@@ -11,6 +11,11 @@
 #                                      TRL packed: 1.07B QLoRA and LoRA at 2048, a Qwen2.5-1.5B shape at 4096 (about 9)
 #   bash scripts/gpu_check.sh context  issue 40: bench_context's longest context for the Qwen2.5-1.5B shape (LoRA)
 #                                      against TRL at its best, within BUDGET
+#   bash scripts/gpu_check.sh auto     issue 52, items 4-5: the gpu tests of layer modes and offload, bench_sft's
+#                                      1.07B QLoRA at the new default (auto) against TRL packed and against every
+#                                      layer recomputed, again with the card capped at CAP_GB (default 5.3, TRL
+#                                      packed QLoRA's peak there), then one long conversation under a 20 GiB cap
+#                                      (auto against checkpointing and offload) (about 9 minutes)
 #
 # Run the second right after the first, while the machine is warm (it goes back after 30 s idle, and a start
 # costs device time). BUDGET (seconds, default 540) bounds a call: what no longer fits is skipped and says so.
@@ -20,7 +25,7 @@ set -u
 S=$(date +%s); OUT=${OUT:-/tmp/gpu-out}; export OUT; mkdir -p "$OUT"
 elapsed() { echo $(( $(date +%s) - S )); }
 left() { echo $(( ${BUDGET:-540} - $(elapsed) )); }
-case "${1:-}" in stages|bench|memory|context) ;; *) echo "usage: bash scripts/gpu_check.sh stages|bench|memory|context"; exit 2 ;; esac
+case "${1:-}" in stages|bench|memory|context|auto) ;; *) echo "usage: bash scripts/gpu_check.sh stages|bench|memory|context|auto"; exit 2 ;; esac
 [ -f .gpu/run.sh ] || { echo "gpu_check: no .gpu/run.sh: run bash ../shared/gpu/prepare.sh here first"; exit 2; }
 bash .gpu/run.sh shell true > "$OUT/setup.log" 2>&1 || { tail -n 5 "$OUT/setup.log"; exit 1; }
 grep -E "^gpu:|random weights" "$OUT/setup.log"; echo "setup done at $(elapsed)s"
@@ -96,5 +101,18 @@ context)
   timeout $(( $(left) - 10 )) python3 scripts/bench_context.py --model /tmp/q15 --method lora \
     ${CONTEXT_ARGS:---variants ours,ours_offload,trl --start 8192 --time_budget 60} > "$OUT/context.log" 2>&1
   echo "-- bench_context (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | tail -n 40 ;;
+auto)
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -s -k "layer_modes or offloaded or \
+(test_sft and (packed or qlora))" > "$OUT/pytest.log" 2>&1
+  echo "-- pytest -m gpu (done at $(elapsed)s)"; grep -E "^(rates|free|peak above)|passed|failed|Error" "$OUT/pytest.log" | cut -c1-240 | tail -n 12
+  bench qlora 150 --batch_size 8 --steps 12 --variants ours_qlora,trl_packed_qlora,ours_qlora_gc
+  bench qlora_capped 110 --batch_size 8 --steps 12 --gpu_memory_gb "${CAP_GB:-5.3}" --variants ours_qlora,ours_qlora_gc
+  grep -h "forwards of at most\|a forward of" "$OUT"/bench_*.log | cut -c1-240 | sort | uniq -c | head -n 8
+  if [ "$(left)" -gt 60 ]; then
+    timeout $(( $(left) - 5 )) python3 scripts/bench_context.py --model /tmp/m1b --method qlora --no_search \
+      --variants ours_auto,ours_gc,ours_offload --lengths 131072 --steps 1 --gpu_memory_gb 20 > "$OUT/context.log" 2>&1
+    echo "-- bench_context (done at $(elapsed)s)"
+    grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | grep -E "ours|forwards|forward of|Error" | cut -c1-240 | tail -n 16
+  else echo "skip bench_context: $(left)s left"; fi ;;
 esac
 echo "all done at $(elapsed)s"

@@ -99,9 +99,13 @@ class ForwardBudget:
         return result
 
     def _free_memory(self) -> int:
-        """The device's free bytes and what torch's allocator holds unused."""
-        free, _ = torch.cuda.mem_get_info(self.device)
-        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        """The device's free bytes and what torch's allocator holds unused, within the process's memory fraction
+        (torch.cuda.set_per_process_memory_fraction: a card shared, or a smaller one stood for)."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        allocated = torch.cuda.memory_allocated(self.device)
+        free += torch.cuda.memory_reserved(self.device) - allocated
+        fraction = torch.cuda.get_per_process_memory_fraction(self.device) if torch.cuda.is_available() else 1.0
+        return min(free, int(fraction * total) - allocated) if fraction < 1 else free
 
     def _limit_from_free_memory(self) -> int:
         free = self._free_memory()
