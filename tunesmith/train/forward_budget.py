@@ -21,8 +21,9 @@ With `--gradient_checkpointing` left out (SFT's packed rows on a GPU: hparams/tr
 the budget also chooses what each decoder layer does in each forward (train/layer_modes.py). Before the first step,
 `probe` runs a prefix of the first row twice (PROBE_TOKENS and half that, whole conversations where they fit) with the
 last layer keeping its activations and the others recomputed, its gradients and random state put back after, and
-reads the fixed bytes (gradients, dequantized weights, loss tiles), the bytes a token of a fully recomputed forward,
-what a kept layer adds and what an offloaded one frees. From then on a forward keeps every layer where its tokens fit
+reads the bytes a token of a fully recomputed forward (its fixed bytes, such as gradients and dequantized weights,
+spread over the probe's tokens: an upper bound for longer forwards), what a kept layer adds and what an offloaded
+one frees. From then on a forward keeps every layer where its tokens fit
 the free memory, and a packed row is cut into such forwards of whole conversations; a longer conversation recomputes
 as few layers as fit, and offloads layer inputs to host memory where recomputing all of them does not. Logged once:
 
@@ -119,8 +120,8 @@ class ForwardBudget:
     def probe(self, batch: dict[str, Any], run: Callable[[dict[str, Any]], Any],
               parameters: Iterable[nn.Parameter]) -> None:
         """Measure LayerRates on a prefix of this packed row: run(part) is one forward and backward (the caller puts
-        gradients, counters and random state back). Two sizes separate the fixed bytes from those a token takes; the
-        smaller runs twice, the first time taking what a first call allocates once (cuBLAS workspaces)."""
+        gradients, counters and random state back). The smaller of two sizes runs twice, the first time taking what a
+        first call allocates once (cuBLAS workspaces); the larger gives the rates."""
         self.parameters = [p for p in parameters if p.requires_grad]
         layers, tokens = self.layers, int(batch["input_ids"].shape[-1])
         bounds = [b for b in batch["cu_seq_lens_q"].tolist() if 0 < b <= PROBE_TOKENS]
@@ -130,10 +131,17 @@ class ForwardBudget:
         peaks = {}
         for size in (small, small, large):
             peaks[size], deltas, gradients = self._probe_once(slice_packed_row(batch, 0, size), size, run)
-        per_token = (peaks[large] - peaks[small]) / (large - small) if large > small else peaks[large] / large
+        # A step's peak is the highest of its phases' (the loss's, the layers' backward...), each some fixed bytes
+        # plus some per token, so it grows with the tokens by the slope of whichever phase peaks there: the slope
+        # between the two probes under-reads a longer forward's (H100: 25 KB a token read, 73 KB taken at 16,384
+        # tokens, where the loss's phase peaks instead of the gradients'). With no phase's fixed bytes below zero, the
+        # large probe's bytes a token bound every longer forward's, fixed bytes included: that is the rate, and the
+        # small probe only checks that the peak does not grow faster than in proportion (then its slope is the rate).
+        slope = (peaks[large] - peaks[small]) / (large - small) if large > small else 0.0
+        per_token = max(peaks[large] / large, slope)
         kept_extra = max(0.0, deltas["kept"] - deltas.get("recomputed", deltas["input"])) / large
         self.gradient_bytes = gradients
-        self.fixed = max(0.0, peaks[large] - per_token * large - gradients)
+        self.fixed = 0.0  # counted in the rate (see above)
         self.rates = LayerRates(recomputed=per_token - kept_extra, kept_extra=kept_extra,
                                 offload_saving=deltas["input"] / large)
         self.probing = False
@@ -167,9 +175,8 @@ class ForwardBudget:
         return peak, deltas, gradients
 
     def _splits_keeping_layers(self, lengths: list[int], optimizer_ready: bool) -> list[int] | None:
-        pending = sum(p.nbytes for p in self.parameters if p.grad is None) if self.parameters else self.gradient_bytes
-        if not optimizer_ready:  # AdamW's two moments, in the trained weights' dtype
-            pending += 2 * sum(p.nbytes for p in self.parameters)
+        # the gradients are in the rate (probe); AdamW's two moments, in the trained weights' dtype, are not yet there
+        pending = 0 if optimizer_ready else 2 * sum(p.nbytes for p in self.parameters)
         free = self._free_memory()
         self.available = free * (1 - HEADROOM) - self.fixed - pending
         limit = max(1, self.rates.tokens_kept(self.available, len(self.layers)))
