@@ -19,13 +19,13 @@ peak), so a peak read after a run leaves out model loading.
 
 With `--gradient_checkpointing` left out (SFT's packed rows on a GPU: hparams/training_args.resolve_checkpointing),
 the budget also chooses what each decoder layer does in each forward (train/layer_modes.py). Before the first step,
-`probe` runs a prefix of the first row twice (PROBE_TOKENS and half that, whole conversations where they fit) with the
-last layer keeping its activations and the others recomputed, its gradients and random state put back after, and
-reads the bytes a token of a fully recomputed forward (its fixed bytes, such as gradients and dequantized weights,
-spread over the probe's tokens: an upper bound for longer forwards), what a kept layer adds and what an offloaded
-one frees. From then on a forward keeps every layer where its tokens fit
-the free memory, and a packed row is cut into such forwards of whole conversations; a longer conversation recomputes
-as few layers as fit, and offloads layer inputs to host memory where recomputing all of them does not. Logged once:
+`probe` runs prefixes of the first row (PROBE_TOKENS and half that, whole conversations where they fit; once with the
+last layer keeping its activations, twice with every layer recomputed), its gradients and random state put back
+after, and reads the fixed bytes (dequantized weights, workspaces; the gradients, held through the probe, apart), the
+bytes a token of a fully recomputed forward, what a kept layer adds and what an offloaded one frees. From then on a
+forward keeps every layer where its tokens fit the free memory, and a packed row is cut into such forwards of whole
+conversations; a longer conversation recomputes as few layers as fit, and offloads layer inputs to host memory where
+recomputing all of them does not. Logged once:
 
     forwards of at most 41234 tokens keep every layer (free memory 61.2 GB, 1.21 MB a token); longer conversations
     recompute layers, and offload layer inputs past 150123 tokens
@@ -63,7 +63,6 @@ class ForwardBudget:
         self.layers = layers or None  # decoder layers whose modes this budget chooses (layer_modes.py)
         self.rates: LayerRates | None = None
         self.fixed = 0.0  # bytes of a forward and backward that do not grow with its tokens, gradients apart
-        self.gradient_bytes = 0
         self.parameters: list[nn.Parameter] = []
         self.available = 0.0  # this step's bytes for a forward (layer modes)
         self.most_recomputed: LayerModes | None = None  # the most recomputation logged so far
@@ -120,35 +119,39 @@ class ForwardBudget:
     def probe(self, batch: dict[str, Any], run: Callable[[dict[str, Any]], Any],
               parameters: Iterable[nn.Parameter]) -> None:
         """Measure LayerRates on a prefix of this packed row: run(part) is one forward and backward (the caller puts
-        gradients, counters and random state back). The smaller of two sizes runs twice, the first time taking what a
-        first call allocates once (cuBLAS workspaces); the larger gives the rates."""
+        gradients, counters and random state back). The smaller of two sizes runs twice, the first time taking what
+        a first call allocates once (cuBLAS workspaces) and reading a kept layer; the two sizes' peaks, every layer
+        recomputed, give the fixed bytes and those of a token.
+
+        The gradients are allocated before the probes and held through them. Without, a step's peak is the highest of
+        phases that differ in when the gradients appear: on an H100 (full fine-tuning, 8 layers of hidden 1,024) the
+        probes' peaks came from the end of backward, where every gradient is held, and their slope (25 KB a token)
+        under-read a 16,384-token forward's (73 KB, from the loss's backward): the budget would have run out."""
         self.parameters = [p for p in parameters if p.requires_grad]
+        for parameter in self.parameters:
+            parameter.grad = torch.zeros_like(parameter)
         layers, tokens = self.layers, int(batch["input_ids"].shape[-1])
         bounds = [b for b in batch["cu_seq_lens_q"].tolist() if 0 < b <= PROBE_TOKENS]
         large = bounds[-1] if bounds and bounds[-1] >= PROBE_TOKENS // 2 else min(tokens, PROBE_TOKENS)
         small = max(1, large // 2)
+        # the first run, with the last layer kept, reads what a kept layer holds (and takes the first call's
+        # one-time allocations); the two measured runs recompute every layer
         set_layer_modes(layers, LayerModes(1, len(layers) - 1, 0), self.device.type)
-        peaks = {}
-        for size in (small, small, large):
-            peaks[size], deltas, gradients = self._probe_once(slice_packed_row(batch, 0, size), size, run)
-        # A step's peak is the highest of its phases' (the loss's, the layers' backward...), each some fixed bytes
-        # plus some per token, so it grows with the tokens by the slope of whichever phase peaks there: the slope
-        # between the two probes under-reads a longer forward's (H100: 25 KB a token read, 73 KB taken at 16,384
-        # tokens, where the loss's phase peaks instead of the gradients'). With no phase's fixed bytes below zero, the
-        # large probe's bytes a token bound every longer forward's, fixed bytes included: that is the rate, and the
-        # small probe only checks that the peak does not grow faster than in proportion (then its slope is the rate).
-        slope = (peaks[large] - peaks[small]) / (large - small) if large > small else 0.0
-        per_token = max(peaks[large] / large, slope)
-        kept_extra = max(0.0, deltas["kept"] - deltas.get("recomputed", deltas["input"])) / large
-        self.gradient_bytes = gradients
-        self.fixed = 0.0  # counted in the rate (see above)
-        self.rates = LayerRates(recomputed=per_token - kept_extra, kept_extra=kept_extra,
-                                offload_saving=deltas["input"] / large)
+        _, deltas = self._probe_once(slice_packed_row(batch, 0, small), run)
+        set_layer_modes(layers, LayerModes(0, len(layers), 0), self.device.type)
+        peaks = {size: self._probe_once(slice_packed_row(batch, 0, size), run)[0] for size in (small, large)}
+        for parameter in self.parameters:
+            parameter.grad = None
+        per_token = (peaks[large] - peaks[small]) / (large - small) if large > small else peaks[large] / large
+        per_token = max(per_token, 0.0)
+        self.fixed = max(0.0, peaks[large] - per_token * large)
+        kept_extra = max(0.0, deltas["kept"] - deltas.get("recomputed", deltas["input"])) / small
+        self.rates = LayerRates(recomputed=per_token, kept_extra=kept_extra, offload_saving=deltas["input"] / small)
         self.probing = False
 
-    def _probe_once(self, part: dict[str, Any], tokens: int, run: Callable) -> tuple[int, dict, int]:
-        """One forward and backward of `part`: its peak above what was held, the memory the last layer (kept) and the
-        first (recomputed, where there are two) left after their forward, a layer's input, and the gradients left."""
+    def _probe_once(self, part: dict[str, Any], run: Callable) -> tuple[int, dict]:
+        """One forward and backward of `part`: its peak above what was held, and the memory the last layer (kept)
+        and the first (recomputed, where there are two) left after their forward, and a layer's input."""
         deltas: dict[str, int] = {}
         hooks = []
         measured = {"kept": self.layers[-1], **({"recomputed": self.layers[0]} if len(self.layers) > 1 else {})}
@@ -166,17 +169,17 @@ class ForwardBudget:
             torch.cuda.reset_peak_memory_stats(self.device)
             run(part)
             peak = torch.cuda.max_memory_allocated(self.device) - held
-            gradients = torch.cuda.memory_allocated(self.device) - held
         finally:
             for hook in hooks:
                 hook.remove()
-        for parameter in self.parameters:
-            parameter.grad = None
-        return peak, deltas, gradients
+        return peak, deltas
 
     def _splits_keeping_layers(self, lengths: list[int], optimizer_ready: bool) -> list[int] | None:
-        # the gradients are in the rate (probe); AdamW's two moments, in the trained weights' dtype, are not yet there
-        pending = 0 if optimizer_ready else 2 * sum(p.nbytes for p in self.parameters)
+        # what the step will add besides its tokens': the gradients (held through the probe, so in no rate), and
+        # before the first optimizer step AdamW's two moments, in the trained weights' dtype
+        pending = sum(p.nbytes for p in self.parameters if p.grad is None)
+        if not optimizer_ready:
+            pending += 2 * sum(p.nbytes for p in self.parameters)
         free = self._free_memory()
         self.available = free * (1 - HEADROOM) - self.fixed - pending
         limit = max(1, self.rates.tokens_kept(self.available, len(self.layers)))
