@@ -273,8 +273,9 @@ class SFTTrainingArguments(TrainingArguments):
 
     tiled_mlp: bool = field(
         default=False,
-        metadata={"help": "Run every decoder layer's MLP over chunks of hidden_size tokens, forward and backward "
-                  "(ALST's tiled MLP, exact): its intermediate activations are one chunk's instead of the whole "
-                  "row's, for conversations of tens of thousands of tokens. Costs one more MLP forward per step. "
+        metadata={"help": "Run every decoder layer's MLP and norms over chunks of hidden_size tokens, forward and "
+                  "backward (ALST's tiled MLP, exact): their intermediate activations (the MLP's, the norms' float32 "
+                  "copies) are one chunk's instead of the whole row's, for conversations of tens of thousands of "
+                  "tokens. Costs one more MLP and norm forward per step. "
                   "Dense models only (Llama, Qwen2/3, Mistral, Gemma 1-3, Phi-3, ...). true or false."},
     )

@@ -19,6 +19,14 @@ shard, which DDP's reducer refuses (its own comment: "DDP, FSDP will need someth
 restores the random state per chunk, and the parameters' gradients flow through the one autograd graph (summed by the
 engine, reported once). A packed row [1, tokens, hidden] fits either.
 
+The layers' norms (RMSNorm, LayerNorm: every module of a decoder layer whose class name ends in "Norm", Qwen3's and
+OLMo 2's per-head q/k norms included) run the same way, for the same reason at a smaller scale: each normalizes a token
+over its last dimension, in float32. Untiled, the backward of one norm of a checkpointed layer holds about eight
+float32 copies of the row at once (the upcast input, its square, their products and gradients): 128 KB a token for
+a hidden size of 4,096, the largest part of a 400,000-token step's peak (counted by `tunesmith plan`: 51 of 64 GB at
+the peak of one layer's backward). Tiled, one chunk's; a frozen norm's gradients (LoRA, QLoRA) are bitwise the
+untiled ones, a trained norm's weight gradient is summed chunk by chunk (float rounding).
+
 Chunks: ceil(tokens / hidden_size), DeepSpeed's and ALST's rule: a chunk of hidden_size tokens holds intermediates of
 hidden_size x intermediate_size values, the size of one of the MLP's weight matrices, so the MLP's working set no
 longer grows with the row, and chunks stay large enough for full-speed matrix products. A forward of hidden_size
@@ -94,11 +102,17 @@ def install_tiled_mlp(model: nn.Module) -> int:
     if problem:
         raise ConfigError(f"--tiled_mlp: {problem}; tiled are {', '.join(sorted(TILED_MLP_TYPES))}. Drop --tiled_mlp.")
     hidden_size = config_fact(base.config, "hidden_size")
-    mlps = [layer.mlp for layer in base.get_decoder().layers]
-    for mlp in mlps:
-        if not getattr(mlp.forward, "tiled_mlp", False):
-            mlp.forward = tiled(mlp.forward, hidden_size)
-    return len(mlps)
+    layers = base.get_decoder().layers
+    for module in [layer.mlp for layer in layers] + [norm for layer in layers for norm in layer_norms(layer)]:
+        if not getattr(module.forward, "tiled_mlp", False):
+            module.forward = tiled(module.forward, hidden_size)
+    return len(layers)
+
+
+def layer_norms(layer: nn.Module) -> list[nn.Module]:
+    """The norms of a decoder layer (attention's per-head norms included): the modules whose class name ends in
+    "Norm" (LlamaRMSNorm, Gemma3RMSNorm, nn.LayerNorm, CohereLayerNorm...), each position-wise."""
+    return [m for m in layer.modules() if type(m).__name__.endswith("Norm")]
 
 
 def use_tiled_mlp(model: nn.Module, training_args: Any) -> None:
@@ -106,5 +120,6 @@ def use_tiled_mlp(model: nn.Module, training_args: Any) -> None:
     if getattr(training_args, "tiled_mlp", False) is True:
         layers = install_tiled_mlp(model)
         hidden_size = config_fact(causal_lm(model).config, "hidden_size")
-        logger.info("--tiled_mlp: the MLP of %d decoder layers runs over chunks of %d tokens (a forward of more)",
+        logger.info("--tiled_mlp: the MLP and norms of %d decoder layers run over chunks of %d tokens (a forward of "
+                    "more)",
                     layers, hidden_size)
