@@ -3,6 +3,7 @@ model and of DPO."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -35,6 +36,39 @@ class FinetuningArguments:
         default=None,
         metadata={"help": "Learning rate of the LoRA matrices when other weights train beside them (a reward model's "
                   "score head, PPO's value head); those keep --learning_rate. Default: --learning_rate for all."},
+    )
+    use_dora: bool = field(
+        default=False,
+        metadata={"help": "DoRA (Liu et al. 2024, arXiv 2402.09353): each adapted weight split into a trained "
+                  "magnitude per output row and a direction that LoRA changes; closer to full fine-tuning at low "
+                  "rank. Costs a weight norm per adapted layer in every forward (slower steps, more memory) and a "
+                  "vector per layer; the adapter merges like LoRA's, but llama.cpp's adapter GGUF cannot carry the "
+                  "magnitudes (export it merged)."},
+    )
+    use_rslora: bool = field(
+        default=False,
+        metadata={"help": "rsLoRA (Kalajdzievski 2023, arXiv 2312.03732): scale the adapter by lora_alpha / sqrt(r) "
+                  "instead of lora_alpha / r, so higher ranks keep learning; free. With the defaults (r 16, alpha "
+                  "32) the update is 4x larger: lower the learning rate or alpha to match."},
+    )
+    init_lora_weights: str = field(
+        default="true",
+        metadata={"help": "How a new adapter starts (PEFT's init_lora_weights). true: B at zero, A random (LoRA's "
+                  "own). gaussian: A drawn from a Gaussian scaled by the rank. pissa: A and B from the weight's top "
+                  "r singular vectors, the rest left as the (residual) base weight, an SVD per layer at load; "
+                  "pissa_niter_N: the same by a fast randomized SVD with N subspace iterations (pissa_niter_4 is "
+                  "quick on large models). olora: A and B from a QR decomposition of the weight, the base left as "
+                  "the residual. orthogonal: A and B orthogonal, the base untouched (even --lora_r only). pissa and "
+                  "olora change the base in memory: the final adapter is saved converted to a plain LoRA of the "
+                  "unchanged base (rank 2r; its checkpoints keep rank r and resume). Not with --quantization_bit "
+                  "(the residual must be made from unquantized weights), and not loftq: see docs/sft.md."},
+    )
+    loraplus_lr_ratio: float | None = field(
+        default=None,
+        metadata={"help": "LoRA+ (Hayou et al. 2024, arXiv 2402.12354): train LoRA's B matrices (and DoRA's "
+                  "magnitudes) at this many times the LoRA learning rate (--lora_learning_rate, else "
+                  "--learning_rate), the A matrices at that rate; the paper suggests 16, with the base rate "
+                  "about halved. Default: one rate for A and B."},
     )
     lora_target: list[str] = field(
         default_factory=lambda: ["all"],
@@ -86,6 +120,19 @@ class FinetuningArguments:
 
 
 PROMPT_LEARNING = ("prompt_tuning", "p_tuning", "prefix_tuning")
+
+# --init_lora_weights values passed to PEFT, besides pissa_niter_N. PEFT's others need what one flag cannot give:
+# loftq a LoftQConfig and a base it rewrites, eva/corda/lora_ga a pass over the data; false is for debugging.
+LORA_INITIALISATIONS = ("true", "gaussian", "pissa", "olora", "orthogonal")
+
+
+def is_known_init(value: str) -> bool:
+    return value in LORA_INITIALISATIONS or re.fullmatch(r"pissa_niter_\d+", value) is not None
+
+
+def splits_base(value: str) -> bool:
+    """PiSSA and OLoRA: the initialisation moves part of each adapted weight into the adapter, leaving a residual."""
+    return value.startswith("pissa") or value == "olora"
 
 
 @dataclass

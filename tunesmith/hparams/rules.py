@@ -35,6 +35,7 @@ from ..utils.paths import (
 )
 from ..utils.vision_families import PACKABLE_VISION_TYPES, reward_model_types
 from .data_args import SPLIT_STAGES, numbers
+from .finetuning_args import is_known_init, splits_base
 from .tool_args import LOOPBACK_HOSTS
 from .value_bounds import BOUNDS, Bound
 
@@ -155,6 +156,29 @@ def _adapter_kind_differs(a: SimpleNamespace) -> dict | None:
 _NOTHING_TO_MERGE = ("{path} is a {kind} adapter: its virtual tokens go in front of the input and change no weight, "
                      "so there is nothing to merge into the weights; use it as it is with tunesmith chat, serve or "
                      "compare, or train a LoRA adapter (--finetuning_type lora) to merge.")
+
+
+_VARIANT_FLAGS = (("use_dora", False), ("use_rslora", False), ("init_lora_weights", "true"),
+                  ("loraplus_lr_ratio", None))
+
+
+def _lora_variant_flag(a: SimpleNamespace) -> dict | None:
+    """{"flag": ...}: the first LoRA-variant flag set away from its default on a run that trains no LoRA."""
+    if a.finetuning.finetuning_type == "lora":
+        return None
+    flag = next((name for name, default in _VARIANT_FLAGS if getattr(a.finetuning, name) != default), None)
+    return {"flag": f"--{flag}"} if flag else None
+
+
+def _adapter_variant_differs(a: SimpleNamespace) -> dict | None:
+    """{"flag": ...}: --use_dora or --use_rslora asked of a run that continues an adapter made without it."""
+    path = a.model.adapter_name_or_path
+    if not is_adapter_dir(path):
+        return None
+    config = adapter_config(path)
+    flag = next((name for name in ("use_dora", "use_rslora")
+                 if getattr(a.finetuning, name) and not config.get(name)), None)
+    return {"flag": flag} if flag else None
 
 
 def _non_sft_stage(a: SimpleNamespace) -> dict | None:
@@ -472,6 +496,53 @@ RULES: list[Rule] = [
     Rule("lora_learning_rate", ("finetuning",),
          lambda a: a.finetuning.lora_learning_rate is not None and not a.finetuning.lora_learning_rate > 0,
          "--lora_learning_rate must be > 0 (got {finetuning.lora_learning_rate})."),
+    # -- LoRA variants (models/lora_variants.py)
+    Rule("lora_variant_without_lora", ("finetuning",), _lora_variant_flag,
+         "{flag} is a LoRA setting, and --finetuning_type {finetuning.finetuning_type} trains no LoRA adapter: drop "
+         "it, or use --finetuning_type lora."),
+    Rule("loraplus_lr_ratio", ("finetuning",),
+         lambda a: a.finetuning.loraplus_lr_ratio is not None and not a.finetuning.loraplus_lr_ratio > 0,
+         "--loraplus_lr_ratio must be > 0 (got {finetuning.loraplus_lr_ratio}); LoRA+ uses about 16, and leaving it "
+         "out trains A and B at one rate."),
+    Rule("init_lora_weights_loftq", ("finetuning",), lambda a: a.finetuning.init_lora_weights == "loftq",
+         "--init_lora_weights loftq is not offered: LoftQ quantizes the base itself and rewrites its weights, and "
+         "the adapter fits only that rewritten base; make both with PEFT (LoraConfig(init_lora_weights=\"loftq\", "
+         "loftq_config=LoftQConfig(loftq_bits=4)) on the unquantized model, then save the base and the adapter) and "
+         "train on them with --model_name_or_path BASE --adapter_name_or_path ADAPTER (see docs/sft.md)."),
+    Rule("init_lora_weights", ("finetuning",),
+         lambda a: a.finetuning.init_lora_weights != "loftq" and not is_known_init(a.finetuning.init_lora_weights),
+         "--init_lora_weights must be one of true, gaussian, pissa, pissa_niter_N (N subspace iterations, e.g. "
+         "pissa_niter_4), olora, orthogonal (got {finetuning.init_lora_weights})."),
+    Rule("init_lora_weights_orthogonal_rank", ("finetuning",),
+         lambda a: a.finetuning.init_lora_weights == "orthogonal" and a.finetuning.lora_r % 2,
+         "--init_lora_weights orthogonal needs an even --lora_r (got {finetuning.lora_r})."),
+    Rule("init_lora_weights_adapter", ("model", "finetuning", "training"),
+         lambda a: a.model.adapter_name_or_path and a.finetuning.init_lora_weights != "true",
+         "--init_lora_weights {finetuning.init_lora_weights} starts a new adapter, and this run continues "
+         "{model.adapter_name_or_path}, whose weights it keeps: drop --init_lora_weights, or drop "
+         "--adapter_name_or_path to start a new one."),
+    Rule("lora_variant_adapter_differs", ("model", "finetuning", "training"), _adapter_variant_differs,
+         "--{flag} true, but the adapter {model.adapter_name_or_path} this run continues was trained without it "
+         "(its adapter_config.json decides): drop --{flag}, or drop --adapter_name_or_path to start a new adapter."),
+    Rule("init_residual_quantized", ("model", "finetuning"),
+         lambda a: a.model.quantization_bit is not None and splits_base(a.finetuning.init_lora_weights),
+         "--init_lora_weights {finetuning.init_lora_weights} with --quantization_bit: the residual base it leaves "
+         "must be made from the unquantized weights, and the adapter would not fit the quantized original; make "
+         "the residual model with PEFT first (init on the unquantized model, save the residual base and the "
+         "adapter, as PEFT's pissa_finetuning example does) and train QLoRA on it with --model_name_or_path "
+         "RESIDUAL --adapter_name_or_path ADAPTER, or drop --quantization_bit."),
+    Rule("init_residual_sharded", ("finetuning", "training"),
+         lambda a: splits_base(a.finetuning.init_lora_weights)
+         and (zero_stage(a.training) == 3 or fsdp_requested(a.training)),
+         "--init_lora_weights {finetuning.init_lora_weights} cannot be used with ZeRO-3 or FSDP: it splits each "
+         "whole weight at load and converts the saved adapter from whole weights; use configs/ds_zero2.json, or "
+         "--init_lora_weights true."),
+    Rule("lora_variant_ppo", ("ppo", "finetuning"),
+         lambda a: _problem("--loraplus_lr_ratio" if a.finetuning.loraplus_lr_ratio is not None else
+                            f"--init_lora_weights {a.finetuning.init_lora_weights}"
+                            if splits_base(a.finetuning.init_lora_weights) else None),
+         "{problem} is for SFT, reward and DPO runs, not PPO/GRPO: drop it (a PiSSA/OLoRA SFT adapter is saved as a "
+         "plain LoRA, which PPO continues)."),
     Rule("router_aux_loss_coef", ("finetuning",),
          lambda a: a.finetuning.router_aux_loss_coef is not None and not a.finetuning.router_aux_loss_coef >= 0,
          "--router_aux_loss_coef must be >= 0 (got {finetuning.router_aux_loss_coef}); 0 leaves the router loss out."),

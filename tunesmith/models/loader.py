@@ -24,6 +24,7 @@ from .attention import choose_attn_implementation
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
 from .lora_targets import check_lora_targets
+from .lora_variants import keep_initial_adapter, variant_fields
 from .moe import expert_count, expert_lora_parameters, is_router
 from .output_head import contiguous_head_inputs
 from .prompt_learning import load_encoder, prompt_learning_config
@@ -329,8 +330,12 @@ def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_arg
                                                finetuning_args.train_projector) or None if vision else None,
         target_parameters=parameters or None,
         task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
+        **variant_fields(finetuning_args),  # DoRA, rsLoRA, the initialisation (models/lora_variants.py)
     )
-    return get_peft_model(model, config)
+    model = get_peft_model(model, config)
+    if is_trainable:
+        keep_initial_adapter(model)  # PiSSA/OLoRA: for the final save's conversion to a plain LoRA
+    return model
 
 
 def _undo_kbit_upcast(loaded_bf16: list[nn.Parameter]) -> None:

@@ -73,6 +73,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
         lora_learning_rate=args.finetuning.lora_learning_rate,
+        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
         dpo_args=args.dpo,
         reference_model=reference_model,
     )

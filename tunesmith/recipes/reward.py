@@ -50,6 +50,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
         lora_learning_rate=args.finetuning.lora_learning_rate,
+        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
         center_rewards_coefficient=args.reward.center_rewards_coefficient,
     )
     return trainer, resume

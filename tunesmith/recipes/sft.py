@@ -44,6 +44,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
         callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
         run_configs=args.configs,
         lora_learning_rate=args.finetuning.lora_learning_rate,
+        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
         router_aux_loss_coef=args.finetuning.router_aux_loss_coef,
     )
     train_save_evaluate(trainer, resume)

@@ -13,6 +13,7 @@ from typing import Any
 from ..distributed import start_single_process_world
 from ..hparams import ParsedRun, parse_run
 from ..models.loader import resolve_model_path
+from ..models.lora_variants import save_as_plain_lora
 from ..utils.io import publish_files, stop_when_disk_fills
 from .checkpoints import (
     checkpoints,
@@ -64,6 +65,8 @@ def save_final_model(trainer: Any) -> None:
     newest = checkpoints(output_dir)[-1] if checkpoints(output_dir) else None
     with stop_when_disk_fills(staging, needed=model_bytes(newest), discard=trainer.args.should_save):
         trainer.save_model(str(staging))
+        if trainer.args.should_save:  # a PiSSA/OLoRA adapter as a plain LoRA of the unchanged base
+            save_as_plain_lora(trainer.accelerator.unwrap_model(trainer.model), str(staging))
     trainer.accelerator.wait_for_everyone()  # every process's files written before they move
     if trainer.args.should_save:
         publish_files(staging, output_dir)

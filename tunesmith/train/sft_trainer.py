@@ -75,9 +75,11 @@ class LoraTrainer(Trainer):
     adds_router_loss = True
 
     def __init__(self, *args: Any, run_configs: tuple = (), lora_learning_rate: float | None = None,
-                 router_aux_loss_coef: float | None = None, **kwargs: Any) -> None:
+                 router_aux_loss_coef: float | None = None, loraplus_lr_ratio: float | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lora_learning_rate = lora_learning_rate
+        self.loraplus_lr_ratio = loraplus_lr_ratio
         # None for a model without one
         self.router_loss = router_loss_for(self.model, router_aux_loss_coef) if self.adds_router_loss else None
         self._step_tokens: torch.Tensor | int = 0  # routed tokens of this optimizer step's batches, this process
@@ -147,9 +149,11 @@ class LoraTrainer(Trainer):
 
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
-        if self.lora_learning_rate is not None:  # transformers' decay/no-decay groups, each split LoRA/other
+        if self.lora_learning_rate is not None or self.loraplus_lr_ratio is not None:
+            # transformers' decay/no-decay groups, each split LoRA (A, and LoRA+'s B)/other
             optimizer.param_groups[:] = split_lora_groups(optimizer.param_groups, self.model if model is None else model,
-                                                          self.args.learning_rate, self.lora_learning_rate)
+                                                          self.args.learning_rate, self.lora_learning_rate,
+                                                          self.loraplus_lr_ratio)
         return optimizer
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
