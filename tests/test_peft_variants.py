@@ -259,3 +259,16 @@ def test_doras_merged_export_writes_and_reads_back(dora_adapter, tmp_path):
 
     result = export(["--model_name_or_path", dora_adapter, "--output_file", str(tmp_path / "m.gguf"), "--dtype", "f16"])
     assert (tmp_path / "m.gguf").stat().st_size > 0 and result.round_trip.token_mismatch is None
+
+
+@pytest.mark.parametrize("init", ["pissa", "olora"])
+def test_plan_sizes_a_pissa_or_olora_run_like_a_lora_run(init, tmp_path):
+    """`tunesmith plan` builds the model without weights, which PiSSA/OLoRA cannot decompose: the adapter it sizes
+    has LoRA's shapes."""
+    from test_plan import config_dir, planned
+
+    split = planned(config_dir(tmp_path / init), "--init_lora_weights", init)
+    plain = planned(config_dir(tmp_path / "lora"))
+    assert split.model.peft_config["default"].init_lora_weights is True
+    assert sum(p.numel() for p in split.model.parameters() if p.requires_grad) == \
+        sum(p.numel() for p in plain.model.parameters() if p.requires_grad) > 0

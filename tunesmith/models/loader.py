@@ -330,7 +330,9 @@ def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_arg
                                                finetuning_args.train_projector) or None if vision else None,
         target_parameters=parameters or None,
         task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
-        **variant_fields(finetuning_args),  # DoRA, rsLoRA, the initialisation (models/lora_variants.py)
+        # DoRA, rsLoRA, the initialisation (models/lora_variants.py); `tunesmith plan` builds the model without
+        # weights, which PiSSA/OLoRA cannot decompose: its adapter has the same shapes with LoRA's own init
+        **variant_fields(finetuning_args, has_weights=not next(model.parameters()).is_meta),
     )
     model = get_peft_model(model, config)
     if is_trainable:

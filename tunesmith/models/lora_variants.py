@@ -24,9 +24,11 @@ logger = logging.getLogger(__name__)
 _INITIAL_ADAPTER = "tunesmith_initial_adapter"  # attribute of the PeftModel: the folder of the adapter as initialised
 
 
-def variant_fields(finetuning_args: Any) -> dict[str, Any]:
-    """LoraConfig's fields for the variant flags."""
+def variant_fields(finetuning_args: Any, has_weights: bool = True) -> dict[str, Any]:
+    """LoraConfig's fields for the variant flags; without weights (on the meta device) no PiSSA/OLoRA split."""
     init = finetuning_args.init_lora_weights
+    if not has_weights and splits_base(init):
+        init = "true"
     return {"use_dora": finetuning_args.use_dora, "use_rslora": finetuning_args.use_rslora,
             "init_lora_weights": True if init == "true" else init}
 
