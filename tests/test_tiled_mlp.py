@@ -200,6 +200,44 @@ def test_the_mlps_working_set_shrinks_by_the_number_of_chunks(checkpointing, tok
     assert 0 < tiled and tiled * 4 <= untiled
 
 
+class LiveFloat32Rows(LiveIntermediates):
+    """LiveIntermediates of float32 tensors only: in a bf16 model, the [..., hidden] ones are the norms' upcasts."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        kept = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.dtype == torch.float32]
+        if kept:
+            super().__torch_dispatch__(lambda *a, **k: kept, types)
+        return out
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen3"])
+def test_the_norms_float32_working_set_is_one_chunks(name, tokenizer):
+    """A bf16 model's norms compute in float32: untiled, one norm's backward in a checkpointed layer holds several
+    float32 copies of the whole row at once (the largest part of a long step's peak, issue 52); tiled, a chunk's.
+    The norms are among the tiled modules (Qwen3's per-head q/k norms too), and their loss and gradients are the
+    untiled ones (the parametrized test above, in float32)."""
+    batch = packed_batch(tokenizer, EVEN)
+    model = tiny(name, tokenizer, checkpointing=True).to(torch.bfloat16)
+    hidden = model.config.hidden_size
+
+    def peak() -> int:
+        live = LiveFloat32Rows(hidden, {tuple(p.shape) for p in model.parameters()})
+        with live:
+            model(**batch).loss.backward()
+        model.zero_grad()
+        return live.peak
+
+    untiled = peak()
+    install_tiled_mlp(model)
+    decoder = tiled_mlp.causal_lm(model).get_decoder()
+    norms = [m for layer in decoder.layers for m in tiled_mlp.layer_norms(layer)] + [decoder.norm]
+    assert norms and all(getattr(norm.forward, "tiled_mlp", False) for norm in norms)
+    tiled = peak()
+    assert untiled >= 2 * sum(EVEN) * hidden * 4  # at least two float32 copies of the row at once
+    assert 0 < tiled and tiled * 3 <= untiled, (tiled, untiled)
+
+
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss"])
 def test_a_mixture_of_experts_is_refused_in_one_line(name, tokenizer):
     model = tiny(name, tokenizer)

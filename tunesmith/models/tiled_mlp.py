@@ -20,7 +20,7 @@ restores the random state per chunk, and the parameters' gradients flow through 
 engine, reported once). A packed row [1, tokens, hidden] fits either.
 
 The layers' norms (RMSNorm, LayerNorm: every module of a decoder layer whose class name ends in "Norm", Qwen3's and
-OLMo 2's per-head q/k norms included) run the same way, for the same reason at a smaller scale: each normalizes a token
+OLMo 2's per-head q/k norms included) and the final norm before the head run the same way, for the same reason at a smaller scale: each normalizes a token
 over its last dimension, in float32. Untiled, the backward of one norm of a checkpointed layer holds about eight
 float32 copies of the row at once (the upcast input, its square, their products and gradients): 128 KB a token for
 a hidden size of 4,096, the largest part of a 400,000-token step's peak (counted by `tunesmith plan`: 51 of 64 GB at
@@ -102,8 +102,10 @@ def install_tiled_mlp(model: nn.Module) -> int:
     if problem:
         raise ConfigError(f"--tiled_mlp: {problem}; tiled are {', '.join(sorted(TILED_MLP_TYPES))}. Drop --tiled_mlp.")
     hidden_size = config_fact(base.config, "hidden_size")
-    layers = base.get_decoder().layers
-    for module in [layer.mlp for layer in layers] + [norm for layer in layers for norm in layer_norms(layer)]:
+    decoder = base.get_decoder()
+    layers = decoder.layers
+    final_norms = [m for m in decoder.children() if type(m).__name__.endswith("Norm")]  # before the head: a row too
+    for module in [layer.mlp for layer in layers] + [n for layer in layers for n in layer_norms(layer)] + final_norms:
         if not getattr(module.forward, "tiled_mlp", False):
             module.forward = tiled(module.forward, hidden_size)
     return len(layers)
