@@ -22,6 +22,10 @@ alpha 2r, dropout --lora_dropout; AdamW at --learning_rate; one conversation per
   ours_auto     ours with gradient_checkpointing="auto", tunesmith's default for packed SFT on a GPU: each forward
                 keeps every layer where it fits the free memory, else recomputes, then offloads, as few layers as
                 it must (train/layer_modes.py); on CPU (no forward budget) every layer recomputed
+  ours_offload_tiled, ours_auto_tiled
+                ours_offload / ours_auto with --tiled_mlp true (each layer's MLP and norms over chunks of
+                hidden_size tokens): ALST's single-GPU recipe, by which the plan puts 400,000 tokens of an 8B
+                QLoRA within 80 GB (docs/benchmark.md, "Memory plan against measured GPU peaks")
   trl           TRL's SFTTrainer at its documented best for memory: padding_free=True with max_length=None
                 (TRL 1.16 refuses padding_free with a max_length unless it packs; the conversation is L tokens
                 already; packing with packing_strategy="bfd" turns padding-free on too and would build the same
@@ -125,7 +129,8 @@ from benchlib import (  # noqa: E402
     run_worker,
 )
 
-VARIANTS = ("ours", "ours_gc", "ours_offload", "ours_auto", "trl", "trl_offload", "unsloth")
+VARIANTS = ("ours", "ours_gc", "ours_offload", "ours_auto", "ours_offload_tiled", "ours_auto_tiled", "trl", "trl_offload",
+            "unsloth")
 METHODS = ("lora", "qlora")
 CUDA_ONLY = ("trl_offload",)
 # What a failed allocation says where it is not a torch.OutOfMemoryError: the CPU allocator, cuBLAS workspaces.
@@ -401,17 +406,17 @@ def output_dir(args: argparse.Namespace) -> str:
     return str(Path(args.workdir) / f"out-{args.method}-{args.worker}")
 
 
-def ours_training_args(args: argparse.Namespace, steps: int, checkpointing: bool | str) -> Any:
+def ours_training_args(args: argparse.Namespace, steps: int, checkpointing: bool | str, tiled: bool = False) -> Any:
     from tunesmith.hparams import SFTTrainingArguments
 
     return SFTTrainingArguments(
         output_dir=output_dir(args), max_steps=steps, per_device_train_batch_size=1, learning_rate=args.learning_rate,
         save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
-        gradient_checkpointing=checkpointing,
+        gradient_checkpointing=checkpointing, tiled_mlp=tiled,
     )
 
 
-def ours_session(args: argparse.Namespace, checkpointing: bool | str) -> Session:
+def ours_session(args: argparse.Namespace, checkpointing: bool | str, tiled: bool = False) -> Session:
     """tunesmith as `tunesmith sft --packing` drives it (scripts/bench_sft.py's run_ours)."""
     from tunesmith.hparams import FinetuningArguments, ModelArguments, SFTDataArguments
     from tunesmith.models.loader import load_model, load_tokenizer
@@ -426,7 +431,7 @@ def ours_session(args: argparse.Namespace, checkpointing: bool | str) -> Session
     counts: list[dict] = []
 
     def train(dataset: Any, length: int, steps: int) -> StepClock:
-        training_args = ours_training_args(args, steps, checkpointing)
+        training_args = ours_training_args(args, steps, checkpointing, tiled)
         data_args = SFTDataArguments(max_seq_length=length, packing=True)
         collator = counting(sft_collator(model, tokenizer, data_args, training_args), counts)
         clock, callback = clock_callback()
@@ -537,6 +542,8 @@ SESSIONS: dict[str, Callable[[argparse.Namespace], Session]] = {
     "ours_gc": lambda a: ours_session(a, True),
     "ours_offload": lambda a: ours_session(a, "offload"),
     "ours_auto": lambda a: ours_session(a, "auto"),
+    "ours_offload_tiled": lambda a: ours_session(a, "offload", tiled=True),
+    "ours_auto_tiled": lambda a: ours_session(a, "auto", tiled=True),
     "trl": lambda a: trl_session(a, offload=False),
     "trl_offload": lambda a: trl_session(a, offload=True),
     "unsloth": unsloth_session,
@@ -865,7 +872,7 @@ def print_ratios(rows: list[VariantResult]) -> None:
     """ours*/trl* of the longest contexts; a bracket left open (the cap fit, or the search stopped) makes its
     side a bound, and the line says so."""
     brackets = {r.variant: r.bracket for r in rows if r.bracket and r.bracket.longest}
-    for ours in ("ours", "ours_gc", "ours_offload", "ours_auto"):
+    for ours in ("ours", "ours_gc", "ours_offload", "ours_auto", "ours_offload_tiled", "ours_auto_tiled"):
         for trl in ("trl", "trl_offload"):
             if ours not in brackets or trl not in brackets:
                 continue

@@ -9,8 +9,12 @@
 #   bash scripts/gpu_check.sh memory   issue 40: the gpu tests of checkpointing, offload, the tiled head and the
 #                                      forward budget, then bench_sft's memory rows at tunesmith's defaults against
 #                                      TRL packed: 1.07B QLoRA and LoRA at 2048, a Qwen2.5-1.5B shape at 4096 (about 9)
-#   bash scripts/gpu_check.sh context  issue 40: bench_context's longest context for the Qwen2.5-1.5B shape (LoRA)
-#                                      against TRL at its best, within BUDGET
+#   bash scripts/gpu_check.sh context  issue 52: the Llama-3.1-8B shape, QLoRA, one conversation of 400,000 tokens
+#                                      (--tiled_mlp, offloaded layer inputs: about 100 GB of pinned host memory),
+#                                      then ours and TRL at its best (activation offloading) at 131,072 tokens for
+#                                      the speed ratio, within BUDGET; CONTEXT_ARGS replaces the first call's flags
+#                                      (issue 40's Qwen2.5-1.5B LoRA search: CONTEXT_ARGS="--model /tmp/q15
+#                                      --method lora --variants ours,ours_offload,trl --start 8192 --time_budget 60")
 #   bash scripts/gpu_check.sh auto     issue 52, items 4-5: the gpu tests of layer modes and offload, bench_sft's
 #                                      1.07B QLoRA at the new default (auto) against TRL packed and against every
 #                                      layer recomputed, again with the card capped at CAP_GB (default 5.3, TRL
@@ -97,10 +101,16 @@ memory)
 tiled or packed_logits_equal or (test_sft and (packed or offload or qlora))" > "$OUT/pytest.log" 2>&1
   echo "-- pytest -m gpu (done at $(elapsed)s)"; grep -E "peak above|passed|failed|Error" "$OUT/pytest.log" | tail -n 8 ;;
 context)
-  shape q15; echo "shapes done at $(elapsed)s"
-  timeout $(( $(left) - 10 )) python3 scripts/bench_context.py --model /tmp/q15 --method lora \
-    ${CONTEXT_ARGS:---variants ours,ours_offload,trl --start 8192 --time_budget 60} > "$OUT/context.log" 2>&1
-  echo "-- bench_context (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | tail -n 40 ;;
+  case "${CONTEXT_ARGS:-/tmp/l8b}" in *q15*) shape q15 ;; *) shape l8b ;; esac; echo "shapes done at $(elapsed)s"
+  timeout $(( $(left) - 10 )) python3 scripts/bench_context.py \
+    ${CONTEXT_ARGS:---model /tmp/l8b --method qlora --no_search --variants ours_offload_tiled --lengths 400000 \
+    --steps 1 --memory_gb 120} > "$OUT/context.log" 2>&1
+  echo "-- bench_context (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | tail -n 20
+  if [ -z "${CONTEXT_ARGS:-}" ] && [ "$(left)" -gt 200 ]; then
+    timeout $(( $(left) - 10 )) python3 scripts/bench_context.py --model /tmp/l8b --method qlora --no_search \
+      --variants ours_auto_tiled,trl_offload --lengths 131072 --steps 2 --memory_gb 120 > "$OUT/context_ratio.log" 2>&1
+    echo "-- ratio at 131072 (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context_ratio.log" | tail -n 20
+  fi ;;
 auto)
   timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -s -k "layer_modes or offloaded or \
 (test_sft and (packed or qlora))" > "$OUT/pytest.log" 2>&1
