@@ -27,6 +27,7 @@ from transformers.hf_argparser import string_to_bool
 from ..errors import ConfigError
 from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
 from ..utils.threads import warn_about_cpu_threads
+from .optimizers import check_optimizer
 from .rules import check
 from .training_args import resolve_checkpointing, resolve_eval_schedule
 
@@ -185,6 +186,8 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
     if hasattr(run, "model"):
         resolve_adapter_base(run.model, warn=False)
     check(check_paths, **{config.role: config for config in configs})
+    if hasattr(run, "training"):  # --optim: its package, CUDA, and the flags it cannot go with
+        check_optimizer(run.training)
     if hasattr(run, "model"):
         warn_if_not_the_recorded_base(run.model)  # after the rules: a refused run gets one message only
     if check_paths:  # a run about to start (not a config read for inspection)
