@@ -125,6 +125,12 @@ def test_sft_variant_saves_an_adapter_plain_peft_loads_and_merge_reproduces(vari
 
     result = merge(["--adapter_name_or_path", str(out), "--output_dir", str(tmp_path / "merged")])
     assert result.max_abs_diff < 1e-4
+    if variant == "pissa":  # converted, a plain LoRA: llama.cpp's adapter GGUF takes it
+        from tunesmith.recipes.export import run as export
+
+        export(["--model_name_or_path", str(out), "--output_file", str(tmp_path / "a.gguf"), "--dtype", "f32",
+                "--adapter_only"])
+        assert (tmp_path / "a.gguf").stat().st_size > 0
     torch.testing.assert_close(_logits(AutoModelForCausalLM.from_pretrained(tmp_path / "merged"), ids), trained,
                                atol=2e-4, rtol=0)
 
@@ -165,14 +171,17 @@ def test_reward_and_dpo_train_with_the_variant_and_plain_peft_loads_it(stage, va
     torch.testing.assert_close(plain(ids).logits.detach().float(), want.float(), atol=2e-4, rtol=0)
 
 
-def test_qlora_takes_dora_rslora_loraplus_and_merges_into_the_unquantized_base(tiny_model_dir, tokenizer, sft_data,
-                                                                             tmp_path):
+@pytest.mark.parametrize("variant", [("--use_dora", "true", "--use_rslora", "true", "--loraplus_lr_ratio", "4"),
+                                     ("--init_lora_weights", "orthogonal")],
+                         ids=["dora_rslora_loraplus", "orthogonal"])
+def test_qlora_takes_the_variants_peft_supports_and_merges_into_the_unquantized_base(variant, tiny_model_dir,
+                                                                                    sft_data, tmp_path):
     out = tmp_path / "qlora"
-    trainer = sft(sft_flags(tiny_model_dir, sft_data, out, "--quantization_bit", "4", "--use_dora", "true",
-                            "--use_rslora", "true", "--loraplus_lr_ratio", "4"))
+    trainer = sft(sft_flags(tiny_model_dir, sft_data, out, "--quantization_bit", "4", *variant))
     assert all(math.isfinite(r["loss"]) for r in trainer.state.log_history if "loss" in r)
     saved = json.loads((out / "adapter_config.json").read_text())
-    assert saved["use_dora"] and saved["use_rslora"]
+    assert saved["use_dora"] == ("--use_dora" in variant)
+    assert saved["init_lora_weights"] == ("orthogonal" if "orthogonal" in variant else True)
     result = merge(["--adapter_name_or_path", str(out), "--output_dir", str(tmp_path / "merged")])
     assert result.max_abs_diff < 1e-4  # merged = the adapter on the unquantized base
 
@@ -188,6 +197,8 @@ def test_qlora_takes_dora_rslora_loraplus_and_merges_into_the_unquantized_base(t
                                      r"\(got eva\)"),
     (("--init_lora_weights", "pissa_niter_x"), r"\(got pissa_niter_x\)"),
     (("--init_lora_weights", "orthogonal", "--lora_r", "5"), r"orthogonal needs an even --lora_r \(got 5\)"),
+    (("--init_lora_weights", "orthogonal", "--quantization_bit", "8"),
+     r"--init_lora_weights orthogonal with --quantization_bit 8: .* int8 on an 8-bit base"),
     (("--use_dora", "true", "--finetuning_type", "full"),
      r"--use_dora is a LoRA setting, and --finetuning_type full trains no LoRA adapter"),
     (("--loraplus_lr_ratio", "4", "--finetuning_type", "prompt_tuning"), r"--loraplus_lr_ratio is a LoRA setting"),

@@ -516,6 +516,11 @@ RULES: list[Rule] = [
     Rule("init_lora_weights_orthogonal_rank", ("finetuning",),
          lambda a: a.finetuning.init_lora_weights == "orthogonal" and a.finetuning.lora_r % 2,
          "--init_lora_weights orthogonal needs an even --lora_r (got {finetuning.lora_r})."),
+    Rule("init_lora_weights_orthogonal_8bit", ("model", "finetuning"),
+         lambda a: a.finetuning.init_lora_weights == "orthogonal" and a.model.quantization_bit == 8,
+         "--init_lora_weights orthogonal with --quantization_bit 8: PEFT makes the orthogonal matrices in the base "
+         "weight's dtype, int8 on an 8-bit base, which cannot train; use --quantization_bit 4, or another "
+         "--init_lora_weights."),
     Rule("init_lora_weights_adapter", ("model", "finetuning", "training"),
          lambda a: a.model.adapter_name_or_path and a.finetuning.init_lora_weights != "true",
          "--init_lora_weights {finetuning.init_lora_weights} starts a new adapter, and this run continues "
