@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 import weakref
 from typing import Any
 
@@ -66,8 +67,11 @@ def save_as_plain_lora(peft_model: Any, directory: str) -> bool:
     # DoRA's magnitudes (the direction W + s(BA - B0A0) is the residual's W_res + sBA) and modules_to_save (a
     # reward model's score head). Kept as saved, and written back beside the converted matrices.
     kept = {key: tensor for key, tensor in load_file(weights).items() if not _CONVERTED.search(key)}
-    peft_model.save_pretrained(directory, selected_adapters=[peft_model.active_adapter],
-                               path_initial_model_for_weight_conversion=initial)
+    with warnings.catch_warnings():
+        # PEFT's advice, when the conversion loads the initial adapter beside the trained one, is this conversion
+        warnings.filterwarnings("ignore", message=r"(PiSSA|OLoRA) changes the base weights")
+        peft_model.save_pretrained(directory, selected_adapters=[peft_model.active_adapter],
+                                   path_initial_model_for_weight_conversion=initial)
     if kept:
         save_file({**load_file(weights), **kept}, weights, metadata={"format": "pt"})
     return True
