@@ -151,6 +151,8 @@ def test_reward_and_dpo_train_with_the_variant_and_plain_peft_loads_it(stage, va
                                                                       pairs, tmp_path):
     out = tmp_path / stage
     run = reward.run if stage == "reward" else dpo.run
+    if stage == "dpo" and "pissa_niter_2" in variant:
+        variant = (*variant, "--loss_type", "simpo")  # a reference loss would score against the residual base
     trainer = run(["--model_name_or_path", tiny_model_dir, "--data_path", pairs, "--output_dir", str(out),
                    "--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0", "--max_seq_length", "64",
                    "--per_device_train_batch_size", "4", "--max_steps", "2", "--learning_rate", "1e-2",
@@ -208,6 +210,14 @@ def test_qlora_takes_the_variants_peft_supports_and_merges_into_the_unquantized_
 def test_what_peft_or_tunesmith_cannot_do_is_refused_in_one_line(argv, message):
     with pytest.raises(ConfigError, match=message):
         parse_run("sft", ["--data_path", "x.jsonl", *argv], check_paths=False)
+
+
+def test_dpo_refuses_a_residual_init_against_a_reference():
+    with pytest.raises(ConfigError, match=r"--init_lora_weights olora with --loss_type sigmoid: the reference of a new "
+                                          r"adapter is the model with its adapter switched off"):
+        parse_run("dpo", ["--data_path", "x.jsonl", "--init_lora_weights", "olora"], check_paths=False)
+    parse_run("dpo", ["--data_path", "x.jsonl", "--init_lora_weights", "olora", "--loss_type", "orpo"],
+              check_paths=False)
 
 
 def test_ppo_refuses_loraplus():

@@ -542,6 +542,12 @@ RULES: list[Rule] = [
          "--init_lora_weights {finetuning.init_lora_weights} cannot be used with ZeRO-3 or FSDP: it splits each "
          "whole weight at load and converts the saved adapter from whole weights; use configs/ds_zero2.json, or "
          "--init_lora_weights true."),
+    Rule("init_residual_dpo_reference", ("dpo", "finetuning"),
+         lambda a: a.dpo.needs_reference and splits_base(a.finetuning.init_lora_weights),
+         "--init_lora_weights {finetuning.init_lora_weights} with --loss_type {dpo.loss_type}: the reference of a new "
+         "adapter is the model with its adapter switched off, which {finetuning.init_lora_weights} leaves as the "
+         "residual weights, not the model you start from; use --loss_type simpo or orpo (no reference), or train "
+         "the PiSSA/OLoRA adapter with SFT first and continue it (--adapter_name_or_path)."),
     Rule("lora_variant_ppo", ("ppo", "finetuning"),
          lambda a: _problem("--loraplus_lr_ratio" if a.finetuning.loraplus_lr_ratio is not None else
                             f"--init_lora_weights {a.finetuning.init_lora_weights}"
