@@ -122,6 +122,10 @@ def optimizer_problem(training_args: Any) -> str | None:
         return f"{flag} cannot run: {needs.never}"
     if needs.cuda and trains_on_cpu(training_args):
         return f"{flag} needs a CUDA GPU and this run trains on the CPU: {needs.cuda}"
+    # what cannot work whatever is installed comes before the package: installing it would not help
+    combination = _combination_problem(flag, needs, training_args)
+    if combination:
+        return combination
     if needs.package and importlib.util.find_spec(needs.package) is None:
         pip = needs.pip or needs.package
         hint = pip if " " in pip else f"pip install {pip}"
@@ -130,7 +134,7 @@ def optimizer_problem(training_args: Any) -> str | None:
     if needs.min_version and Version(importlib.metadata.version(_distribution(needs))) < Version(needs.min_version):
         return (f"{flag} needs {needs.package}>={needs.min_version} (installed: "
                 f"{importlib.metadata.version(_distribution(needs))}): pip install -U {needs.pip or needs.package}")
-    return _combination_problem(flag, needs, training_args)
+    return None
 
 
 def _combination_problem(flag: str, needs: Needs, training_args: Any) -> str | None:
