@@ -87,11 +87,10 @@ def test_loraplus_groups_put_b_and_doras_magnitudes_at_ratio_times_the_lora_rate
 
 VARIANTS = {
     "dora": ("--use_dora", "true"),
-    "rslora": ("--use_rslora", "true"),
     "gaussian": ("--init_lora_weights", "gaussian"),
     "orthogonal": ("--init_lora_weights", "orthogonal"),
     "pissa": ("--init_lora_weights", "pissa"),
-    "pissa_niter": ("--init_lora_weights", "pissa_niter_2", "--use_rslora", "true"),
+    "pissa_niter": ("--init_lora_weights", "pissa_niter_2", "--use_rslora", "true"),  # rsLoRA's alpha through the conversion
     "olora": ("--init_lora_weights", "olora"),
     "dora_pissa": ("--use_dora", "true", "--init_lora_weights", "pissa"),  # the magnitudes kept through the conversion
     "loraplus": ("--loraplus_lr_ratio", "8"),
