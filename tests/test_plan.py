@@ -5,6 +5,7 @@ and the command's lines and refusals."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from tunesmith.plan.report import weights_of
 from tunesmith.recipes.plan import main
 
 BLOCK = fake_device.ALLOCATOR_BLOCK
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def config_dir(tmp_path, **overrides) -> str:
@@ -150,3 +152,31 @@ def test_8bit_weights_are_int8_rows_and_a_float32_scale_a_row(tmp_path):
     assert weights.eight_bit == sum(blocks(o * i) + blocks(o * 4) for o, i in linears)
     assert weights.four_bit == 0
     assert plan.step(256).peak > weights.eight_bit
+
+
+def test_sequence_parallel_plans_one_ranks_share_of_the_row(tmp_path, capsys):
+    """--sequence_parallel_size N: each row's lines are one rank's, whose step is the one-rank plan of ceil(T/N)
+    tokens (Ulysses' attention holds all the tokens for 1/N of the heads: the same bytes); the longest conversation is
+    N ranks' worth; heads N does not divide and ZeRO-3 (whose sharded weights the plan does not count) are refused."""
+    model_dir = config_dir(tmp_path / "model")
+    flags = ["--model_name_or_path", model_dir, "--packing", "true", "--quantization_bit", "4"]
+    sharded = ["--deepspeed", str(ROOT / "configs/ds_zero2.json"), "--sequence_parallel_size", "2"]
+    one_rank = planned(model_dir, "--quantization_bit", "4")
+    two_ranks = PlannedModel(*parse_plan([*flags, *sharded]))
+    assert two_ranks.step(3001).peak == one_rank.step(1501).peak and two_ranks.step(3001).tokens == 1501
+    memory = one_rank.step(16).peak + 2 * 2**20
+    longest_one, _ = longest_fitting(one_rank.step, memory, up_to=1 << 16, start=64)
+    main([*flags, *sharded, "--plan_tokens", "3001", "--memory_gb", str(memory / 2**30), "--longest_up_to", "65536"])
+    out = capsys.readouterr().out
+    assert "tokens: 3001\n  conversations: 1\n  sequence_parallel_ranks: 2\n  tokens_per_rank: 1501\n" in out
+    assert f"  peak_device_mb: {one_rank.step(1501).peak / 2**20:.1f}\n" in out
+    longest = int(out.split("longest_tokens: ")[1].split()[0])
+    assert longest in (2 * longest_one.tokens - 1, 2 * longest_one.tokens)  # ceil(T / 2) tokens on each rank
+    for extra, message in ((["--sequence_parallel_size", "3"], "each rank attends with 1/3 of them"),
+                           (["--sequence_parallel_size", "2", "--deepspeed", str(ROOT / "configs/ds_zero3.json")],
+                            "under ZeRO-3 shards the weights")):
+        deepspeed = [] if "--deepspeed" in extra else ["--deepspeed", str(ROOT / "configs/ds_zero2.json")]
+        with pytest.raises(SystemExit) as stop:
+            main([*flags, *deepspeed, *extra])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and err.strip().count("\n") == 0, err

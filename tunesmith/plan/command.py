@@ -5,7 +5,8 @@ the run's own flags (parsed as `tunesmith sft` parses them), by running the step
 
 Read top to bottom: parse (the SFT flags resolved as on a GPU) -> build the model without weights -> one step per
 --plan_tokens row -> the longest conversation that fits --memory_gb. What it leaves out, on purpose for now:
-1. padded batches (--packing false), vision-language models, DeepSpeed and FSDP, sequence parallelism: refused;
+1. padded batches (--packing false), vision-language models, DeepSpeed and FSDP: refused (sequence parallelism under
+   ZeRO-1/2 is planned per rank);
 2. the CUDA context, cuBLAS workspaces and the allocator's fragmentation (torch.cuda.max_memory_allocated does not
    count the first two either);
 3. the forward budget (train/forward_budget.py) that may cut a long packed row of several conversations into
@@ -13,20 +14,26 @@ Read top to bottom: parse (the SFT flags resolved as on a GPU) -> build the mode
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 
 from ..errors import ConfigError
-from ..hparams import ParsedRun, parse_run
+from ..hparams import ParsedRun, parse_run, rules
 from ..hparams.parser import parse_namespace
+from ..hparams.rules import zero_stage
 from ..hparams.run_kinds import RUN_ARGUMENTS
 from ..hparams.training_args import AUTO, OFFLOAD, resolve_checkpointing
 from ..models.attention import FLASH_VARLEN, use_varlen_attention
 from ..models.tiled_mlp import use_tiled_mlp
 from ..train.head_loss import install_fused_head
+from ..train.sequence_parallel import check_heads
+from ..utils.config_facts import text_config
 from .model import GpuRun, as_on_a_gpu, build_on_meta, materialize, read_config
 from .report import longest_lines, row_lines, weight_lines, weights_of
 from .step import StepMemory, enable_checkpointing, planned_row, run_step
@@ -43,11 +50,19 @@ def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
     given = vars(parse_namespace(RUN_ARGUMENTS["plan"], argv, __doc__))
     if not given.get("data_path"):
         argv += ["--data_path", NO_DATA]
-    args = parse_run("plan", argv, __doc__, check_paths=False)
+    ranks = given.get("sequence_parallel_size") or 1
+    # the rules check a launch of `ranks` processes: the one the plan is for, not this one
+    with mock.patch.object(rules, "_world_size", lambda: ranks):
+        args = parse_run("plan", argv, __doc__, check_paths=False)
     if not args.data.packing:
         raise ConfigError("tunesmith plan plans packed rows: add --packing true (padded batches are not covered yet)")
-    if args.training.deepspeed or args.training.fsdp:
-        raise ConfigError("tunesmith plan plans one GPU: leave out --deepspeed and --fsdp (not covered yet)")
+    if args.training.fsdp or (args.training.deepspeed and ranks <= 1):
+        raise ConfigError("tunesmith plan plans one GPU: leave out --deepspeed and --fsdp (not covered yet; "
+                          "--sequence_parallel_size N with --deepspeed is planned per rank)")
+    if ranks > 1 and zero_stage(args.training) == 3:
+        raise ConfigError(f"tunesmith plan: --sequence_parallel_size {ranks} under ZeRO-3 shards the weights over the "
+                          "ranks, which the plan does not count yet; plan with --deepspeed configs/ds_zero2.json (the "
+                          "weights whole on every rank: an upper bound)")
     if args.training.fp16:
         raise ConfigError("tunesmith plan covers bf16 and float32 runs: leave out --fp16")
     values = {**given, "use_cpu": False}
@@ -56,7 +71,7 @@ def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
     checkpointing = values["gradient_checkpointing"]
     bf16 = True if given["bf16"] is None else bool(given["bf16"])
     return args, GpuRun(bf16=bf16, checkpointing=bool(checkpointing), offload=checkpointing == OFFLOAD,
-                        by_budget=checkpointing == AUTO)
+                        by_budget=checkpointing == AUTO, ranks=ranks)
 
 
 class PlannedModel:
@@ -67,6 +82,8 @@ class PlannedModel:
 
         self.args, self.gpu = args, gpu
         self.config = read_config(args.model)
+        if gpu.ranks > 1:
+            check_heads(text_config(self.config), gpu.ranks)
         self.model = build_on_meta(self.config, args.model, args.finetuning, gpu)
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         with self.mode:
@@ -80,7 +97,11 @@ class PlannedModel:
         self.model.train()
 
     def step(self, tokens: int, conversations: int = 1) -> StepMemory:
-        row = planned_row(tokens, conversations, self.args.plan.trained_share)
+        """One step of a packed row of `tokens` tokens; under sequence parallelism, one rank's: its ceil(tokens / N)
+        tokens (train/sequence_parallel.py cuts the row in N contiguous shards; Ulysses' attention then holds all the
+        tokens for 1/N of the heads, the same bytes as the shard's tokens for all heads)."""
+        tokens = math.ceil(tokens / self.gpu.ranks)
+        row = planned_row(tokens, max(1, min(conversations, tokens // 2)), self.args.plan.trained_share)
         return run_step(self.model, row, self.args.training, self.gpu.bf16, self.fused_head_vocab, self.mode)
 
     def describe(self) -> list[str]:
@@ -98,7 +119,11 @@ class PlannedModel:
             f"run: {method}, {base} base, bf16 {'on' if self.gpu.bf16 else 'off'}, checkpointing {checkpointing}, "
             f"optimizer {getattr(self.args.training.optim, 'value', self.args.training.optim)}",
             f"attention: {FLASH_VARLEN if self.attention != 'eager_varlen' else 'the model eager attention'} "
-            "(what a CUDA GPU runs for a bf16 packed row; counted on fake tensors on this CPU)",
+            "(what a CUDA GPU runs for a bf16 packed row; counted on fake tensors on this CPU)"
+            + (f"; sequence parallel over {self.gpu.ranks} ranks (DeepSpeed Ulysses): each row's lines are one "
+               "rank's, its 1/N of the row's tokens, the weights and optimizer state whole on it; the all-to-all "
+               "buffers of q, k, v and the attention output (transient, about the rank's hidden states x 4) are "
+               "not counted" if self.gpu.ranks > 1 else ""),
             f"loss: {'tiled head (train/head_loss.py), counted on torch tiles' if self.fused_head_vocab else 'logits'}"
             f" over {self.args.plan.trained_share:.0%} of each conversation's tokens",
             "counted: tensors as torch.cuda.max_memory_allocated counts them (512-byte blocks); not the CUDA context, "
@@ -162,8 +187,13 @@ def run(argv: Sequence[str] | None = None) -> tuple[dict[int, StepMemory], Any]:
     rows = {}
     for tokens in args.plan.plan_tokens:
         rows[tokens] = planned.step(tokens, args.plan.plan_conversations)
-        print("\n".join(row_lines(rows[tokens], args.plan.plan_conversations)), flush=True)
+        print("\n".join(row_lines(rows[tokens], args.plan.plan_conversations, tokens, gpu.ranks)), flush=True)
     memory = int(args.plan.memory_gb * 2**30) if args.plan.memory_gb else local_gpu_memory()
-    found = longest_fitting(planned.step, memory, args.plan.longest_up_to) if memory else None
+    steps: dict[int, StepMemory] = {}
+
+    def step_of(tokens: int) -> StepMemory:  # the whole conversation's length, whatever a rank plans of it
+        steps[tokens] = planned.step(tokens)
+        return dataclasses.replace(steps[tokens], tokens=tokens)
+    found = longest_fitting(step_of, memory, args.plan.longest_up_to) if memory else None
     print("\n".join(longest_lines(memory, found, args.plan.longest_up_to)), flush=True)
     return rows, found

@@ -30,6 +30,7 @@ class GpuRun:
     checkpointing: bool
     offload: bool
     by_budget: bool = False  # --gradient_checkpointing auto: the forward budget chooses each layer's mode
+    ranks: int = 1  # --sequence_parallel_size: the row's tokens are cut over this many ranks
 
     def training_view(self) -> Any:
         """What the loader reads of the training arguments, as a GPU run has them."""

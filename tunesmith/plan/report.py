@@ -56,11 +56,15 @@ def weight_lines(weights: Weights) -> list[str]:
             f"adapter_mb: {mb(weights.adapter)}", f"buffers_mb: {mb(weights.buffers)}"]
 
 
-def row_lines(step: StepMemory, conversations: int) -> list[str]:
+def row_lines(step: StepMemory, conversations: int, tokens: int | None = None, ranks: int = 1) -> list[str]:
+    """A planned row's lines; under sequence parallelism (`ranks` > 1) the row has `tokens` and the step is one
+    rank's, whose tokens per_token rates are of."""
     per_token = 1024 / step.tokens  # MB a token shown in KB
+    shards = [f"  sequence_parallel_ranks: {ranks}", f"  tokens_per_rank: {step.tokens}"] if ranks > 1 else []
     return [
-        f"tokens: {step.tokens}",
+        f"tokens: {tokens or step.tokens}",
         f"  conversations: {conversations}",
+        *shards,
         f"  peak_device_mb: {mb(step.peak)}",
         f"  kept_device_mb: {mb(step.kept[DEVICE])}",
         f"  kept_device_kb_per_token: {step.kept[DEVICE] / MB * per_token:.1f}",

@@ -43,6 +43,16 @@ SEQUENCE_PARALLEL_BACKEND = "deepspeed"  # accelerate's sp_backend: DeepSpeed's 
 PADDING_TOKEN = 0
 
 
+def check_heads(config: Any, size: int) -> None:
+    """One line where Ulysses over `size` ranks cannot split this (text) config's attention heads."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if heads % size or (kv_heads % size and size % kv_heads):  # DeepSpeed repeats key/value heads only to N
+        raise ConfigError(f"--sequence_parallel_size {size}: {config.model_type} has {heads} attention heads and "
+                          f"{kv_heads} key/value heads, and each rank attends with 1/{size} of them; choose a size "
+                          f"that divides {heads} and divides or is a multiple of {kv_heads}")
+
+
 def parallelism_config(size: int, model: nn.Module) -> Any:
     """accelerate's ParallelismConfig for Ulysses over `size` ranks, wrapping the attention `model` uses (after
     models/attention.use_varlen_attention: the packed kernel). One line for a model it cannot cut: heads `size`
@@ -52,12 +62,7 @@ def parallelism_config(size: int, model: nn.Module) -> Any:
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = text_config(base.config)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if heads % size or (kv_heads % size and size % kv_heads):  # DeepSpeed repeats key/value heads only to N
-        raise ConfigError(f"--sequence_parallel_size {size}: {config.model_type} has {heads} attention heads and "
-                          f"{kv_heads} key/value heads, and each rank attends with 1/{size} of them; choose a size "
-                          f"that divides {heads} and divides or is a multiple of {kv_heads}")
+    check_heads(config, size)
     if router_loss_attribute(model) is not None:
         raise ConfigError(f"--sequence_parallel_size with a mixture-of-experts model ({config.model_type}): its "
                           "router's load-balancing loss is not computed over the ranks' pieces of a row; train it "
