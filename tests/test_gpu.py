@@ -179,25 +179,37 @@ def test_serve_answers_on_cuda(tiny_model_dir, tmp_path):
         assert streamed == reply.choices[0].message.content
 
 
-def test_offloaded_checkpointing_keeps_the_layer_inputs_off_the_gpu_with_the_same_gradients():
-    """transformers' offload (--gradient_checkpointing offload) on a packed row: the loss and gradients of plain
-    checkpointing, and the peak GPU memory lower by about the layers' inputs (layers x tokens x hidden x 2 bytes)."""
+def llama_on_cuda(intermediate_size: int, max_positions: int) -> torch.nn.Module:
+    """A random bf16 Llama of 8 layers (hidden 1,024, 8/4 heads, vocabulary 4,096) on CUDA, on packed attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tunesmith.models.attention import use_varlen_attention
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=4096, hidden_size=1024, intermediate_size=2048, num_hidden_layers=8,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=16384)
+    config = LlamaConfig(vocab_size=4096, hidden_size=1024, intermediate_size=intermediate_size, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=max_positions)
     model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).train()
     model.set_attn_implementation("sdpa")
     use_varlen_attention(model)
-    lengths = [4096, 2048, 2048]
+    return model
+
+
+def packed_row_on_cuda(lengths: list[int]) -> dict:
+    """A packed row of random tokens, conversations of these lengths, as the packing collator lays it out."""
     ids = torch.randint(0, 4096, (1, sum(lengths)), device="cuda")
-    bounds = torch.tensor([0, 4096, 6144, 8192], dtype=torch.int32, device="cuda")
-    batch = {"input_ids": ids, "labels": ids, "use_cache": False, "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds,
-             "max_length_q": 4096, "max_length_k": 4096,
-             "position_ids": torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]}
+    bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    return {"input_ids": ids, "labels": ids, "use_cache": False, "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds,
+            "max_length_q": max(lengths), "max_length_k": max(lengths),
+            "position_ids": torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]}
+
+
+def test_offloaded_checkpointing_keeps_the_layer_inputs_off_the_gpu_with_the_same_gradients():
+    """transformers' offload (--gradient_checkpointing offload) on a packed row: the loss and gradients of plain
+    checkpointing, and the peak GPU memory lower by about the layers' inputs (layers x tokens x hidden x 2 bytes)."""
+    model = llama_on_cuda(2048, 16384)
+    config = model.config
+    batch = packed_row_on_cuda([4096, 2048, 2048])
+    ids = batch["input_ids"]
 
     def step(offload: bool):
         model.activation_checkpointing_enable(offload=offload)
@@ -257,27 +269,13 @@ def test_layer_modes_chosen_by_the_budget_fit_the_memory_it_was_given_on_cuda(mo
     """--gradient_checkpointing left out (issue 52, item 4): the forward budget's probe on CUDA's own allocator, then
     one forward of 16,384 tokens under three sizes of free memory (mem_get_info reports them): its peak stays within
     what the budget gave it, the more memory the more layers kept, and with the least, layer inputs go to host."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tunesmith.models.attention import use_varlen_attention
     from tunesmith.train import forward_budget
     from tunesmith.train.forward_budget import HEADROOM, ForwardBudget
     from tunesmith.train.layer_modes import checkpointed_layers, choose_modes
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=4096, hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=32768)
-    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).train()
-    model.set_attn_implementation("sdpa")
-    use_varlen_attention(model)
+    model = llama_on_cuda(4096, 32768)
     model.activation_checkpointing_enable()
-
-    def row(lengths):
-        ids = torch.randint(0, 4096, (1, sum(lengths)), device="cuda")
-        bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        return {"input_ids": ids, "labels": ids, "use_cache": False, "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds,
-                "max_length_q": max(lengths), "max_length_k": max(lengths),
-                "position_ids": torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]}
+    row = packed_row_on_cuda
 
     def run(part):
         model(**part).loss.backward()
