@@ -183,3 +183,28 @@ def test_the_probe_reads_the_rate_of_a_long_forward_when_gradients_are_large(mon
     tokens = sum(lengths)
     planned = budget.fixed + gradients + tokens * budget.rates.recomputed
     assert planned >= peak and planned == pytest.approx(peak, rel=0.25), (planned, peak)
+
+
+@pytest.mark.parametrize("fixed_seconds", [0.0, 0.13])
+def test_a_row_runs_the_fastest_way_the_probe_timed(fixed_seconds):
+    """A 3,792-token row of three conversations where a forward keeping every layer holds 1,600 tokens (the H100's
+    1.07B QLoRA under a 5.3 GiB cap): three forwards keeping their layers, or one recomputing most. With no fixed
+    cost a forward, the three win (no recomputation); at the H100's 0.13 s a forward (kernel launches, every 4-bit
+    weight dequantized again), one forward does, and its modes still fit."""
+    from tunesmith.train.forward_budget import ForwardSeconds
+
+    layers = 16
+    budget = ForwardBudget(torch.device("cpu"), [torch.nn.Identity() for _ in range(layers)])
+    budget.rates = LayerRates(recomputed=0.46e6, kept_extra=0.12e6, offload_saving=4096.0)
+    budget.available = 3.8e9
+    budget.seconds = ForwardSeconds(fixed=fixed_seconds, token=11e-6 * 4 / 3)
+    lengths = [1200, 1300, 1292]
+    limit = budget.rates.tokens_kept(budget.available, layers)
+    assert limit < 3792
+    splits = budget._fastest_splits(lengths, limit)
+    if fixed_seconds:
+        assert splits == [0, 3792]
+        modes = choose_modes(3792, budget.available, budget.rates, layers)
+        assert modes.fits and 0 < modes.kept < layers
+    else:
+        assert splits == [0, 1200, 2500, 3792]

@@ -22,10 +22,14 @@ the budget also chooses what each decoder layer does in each forward (train/laye
 `probe` runs prefixes of the first row (PROBE_TOKENS and half that, whole conversations where they fit; once with the
 last layer keeping its activations, twice with every layer recomputed), its gradients and random state put back
 after, and reads the fixed bytes (dequantized weights, workspaces; the gradients, held through the probe, apart), the
-bytes a token of a fully recomputed forward, what a kept layer adds and what an offloaded one frees. From then on a
-forward keeps every layer where its tokens fit the free memory, and a packed row is cut into such forwards of whole
-conversations; a longer conversation recomputes as few layers as fit, and offloads layer inputs to host memory where
-recomputing all of them does not. Logged once:
+bytes a token of a fully recomputed forward, what a kept layer adds and what an offloaded one frees, and the two
+runs' times (a forward's fixed seconds and a token's). From then on a forward keeps every layer where its tokens fit
+the free memory; a packed row longer than that runs as forwards of whole conversations, as many as the timings say
+is fastest: several that keep every layer, or fewer, longer ones that recompute some (each forward launches every
+kernel and reads every weight again, which at small forwards costs more than recomputing: measured on an H100, a
+1.07B QLoRA's step split in three ran at 0.56x one forward's speed). A conversation longer than a forward keeping
+every layer recomputes as few layers as fit, and offloads layer inputs to host memory where recomputing all of them
+does not. Logged once:
 
     forwards of at most 41234 tokens keep every layer (free memory 61.2 GB, 1.21 MB a token); longer conversations
     recompute layers, and offload layer inputs past 150123 tokens
@@ -34,7 +38,10 @@ recomputing all of them does not. Logged once:
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,6 +54,14 @@ logger = logging.getLogger(__name__)
 
 PROBE_TOKENS = 2048  # the first step's forwards: small enough to fit wherever the model trains at all
 HEADROOM = 0.15  # of the free memory, left for fragmentation and the memory a longer row needs beyond its tokens'
+
+
+@dataclass(frozen=True)
+class ForwardSeconds:
+    """A forward and backward with every layer recomputed takes `fixed` + `token` x its tokens seconds."""
+
+    fixed: float
+    token: float
 
 
 class ForwardBudget:
@@ -66,6 +81,8 @@ class ForwardBudget:
         self.parameters: list[nn.Parameter] = []
         self.available = 0.0  # this step's bytes for a forward (layer modes)
         self.most_recomputed: LayerModes | None = None  # the most recomputation logged so far
+        self.seconds: ForwardSeconds | None = None  # the probe's timings
+        self.last_seconds = 0.0
 
     def splits(self, batch: dict[str, Any], optimizer_ready: bool = True) -> list[int] | None:
         """Offsets cutting this packed row into forwards of whole conversations, or None for one forward.
@@ -97,6 +114,10 @@ class ForwardBudget:
         rate = (torch.cuda.max_memory_allocated(self.device) - before) / max(tokens, 1)
         self.bytes_per_token = max(self.bytes_per_token or 0.0, rate)
         return result
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _free_memory(self) -> int:
         """The device's free bytes and what torch's allocator holds unused, within the process's memory fraction
@@ -139,7 +160,10 @@ class ForwardBudget:
         set_layer_modes(layers, LayerModes(1, len(layers) - 1, 0), self.device.type)
         _, deltas = self._probe_once(slice_packed_row(batch, 0, small), run)
         set_layer_modes(layers, LayerModes(0, len(layers), 0), self.device.type)
-        peaks = {size: self._probe_once(slice_packed_row(batch, 0, size), run)[0] for size in (small, large)}
+        peaks, seconds = {}, {}
+        for size in (small, large):
+            peaks[size] = self._probe_once(slice_packed_row(batch, 0, size), run)[0]
+            seconds[size] = self.last_seconds
         for parameter in self.parameters:
             parameter.grad = None
         per_token = (peaks[large] - peaks[small]) / (large - small) if large > small else peaks[large] / large
@@ -147,6 +171,9 @@ class ForwardBudget:
         self.fixed = max(0.0, peaks[large] - per_token * large)
         kept_extra = max(0.0, deltas["kept"] - deltas.get("recomputed", deltas["input"])) / small
         self.rates = LayerRates(recomputed=per_token, kept_extra=kept_extra, offload_saving=deltas["input"] / small)
+        # the time of a forward and backward, every layer recomputed: fixed (launches, reading every weight) + a token's
+        token_seconds = max((seconds[large] - seconds[small]) / max(large - small, 1), 1e-12)
+        self.seconds = ForwardSeconds(max(0.0, seconds[small] - token_seconds * small), token_seconds)
         self.probing = False
 
     def _probe_once(self, part: dict[str, Any], run: Callable) -> tuple[int, dict]:
@@ -167,7 +194,11 @@ class ForwardBudget:
         try:
             held = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self._synchronize()
+            start = time.perf_counter()
             run(part)
+            self._synchronize()
+            self.last_seconds = time.perf_counter() - start
             peak = torch.cuda.max_memory_allocated(self.device) - held
         finally:
             for hook in hooks:
@@ -191,7 +222,30 @@ class ForwardBudget:
                         (self.rates.recomputed + len(self.layers) * self.rates.kept_extra) / 1e6, recomputing_all)
         if sum(lengths) <= limit:
             return None
-        return forward_splits(lengths, limit)
+        return self._fastest_splits(lengths, limit)
+
+    def _fastest_splits(self, lengths: list[int], limit: int) -> list[int]:
+        """Of the ways to run this row (forwards of whole conversations of at most `limit` tokens, every layer kept;
+        or fewer, longer forwards with layers recomputed), the fastest by the probe's timings: each forward costs
+        its fixed time (kernel launches, every weight read again) and its tokens', a recomputed layer a third more."""
+        layers = len(self.layers)
+
+        def seconds(splits: list[int]) -> float:
+            total = 0.0
+            for start, end in zip(splits, splits[1:]):
+                modes = choose_modes(end - start, self.available, self.rates, layers)
+                if not modes.fits:
+                    return math.inf
+                recomputed = (modes.recomputed + modes.offloaded) / layers
+                total += self.seconds.fixed + self.seconds.token * (end - start) * (3 + recomputed) / 4
+            return total
+
+        kept = forward_splits(lengths, limit)
+        total = sum(lengths)
+        options = [kept] + [forward_splits(lengths, math.ceil(total / n)) for n in range(1, len(kept) - 1)]
+        if self.seconds is None:
+            return kept
+        return min(options, key=seconds)  # the kept-layer split first: it wins a tie
 
     def prepare(self, tokens: int) -> None:
         """Before a forward of `tokens` tokens: its layers' modes, from this step's free memory."""
