@@ -59,7 +59,8 @@ class FinetuningArguments:
                   "pissa_niter_N: the same by a fast randomized SVD with N subspace iterations (pissa_niter_4 is "
                   "quick on large models). olora: A and B from a QR decomposition of the weight, the base left as "
                   "the residual. orthogonal: A and B orthogonal, the base untouched (even --lora_r only). pissa and "
-                  "olora change the base in memory: the final adapter is saved converted to a plain LoRA of the "
+                  "olora want --lora_dropout 0 (a dropout on their input drops part of the weights) and change the "
+                  "base in memory: the final adapter is saved converted to a plain LoRA of the "
                   "unchanged base (rank 2r; its checkpoints keep rank r and resume). Not with --quantization_bit "
                   "(the residual must be made from unquantized weights), and not loftq: see docs/sft.md."},
     )
