@@ -180,3 +180,8 @@ def test_sequence_parallel_plans_one_ranks_share_of_the_row(tmp_path, capsys):
             main([*flags, *deepspeed, *extra])
         err = capsys.readouterr().err
         assert stop.value.code == 2 and message in err and err.strip().count("\n") == 0, err
+    # refused before transformers' arguments exist: a ZeRO-3 config there would switch ZeRO-3 loading on for the
+    # process (is_deepspeed_zero3_enabled), and every later from_pretrained in it would start DeepSpeed
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    assert not is_deepspeed_zero3_enabled()

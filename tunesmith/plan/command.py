@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 from unittest import mock
@@ -51,6 +52,12 @@ def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
     if not given.get("data_path"):
         argv += ["--data_path", NO_DATA]
     ranks = given.get("sequence_parallel_size") or 1
+    # before the arguments are built: transformers' TrainingArguments with a ZeRO-3 config switches ZeRO-3's
+    # sharded loading on for the whole process
+    if ranks > 1 and given.get("deepspeed") and zero_stage(types.SimpleNamespace(deepspeed=given["deepspeed"])) == 3:
+        raise ConfigError(f"tunesmith plan: --sequence_parallel_size {ranks} under ZeRO-3 shards the weights over the "
+                          "ranks, which the plan does not count yet; plan with --deepspeed configs/ds_zero2.json (the "
+                          "weights whole on every rank: an upper bound)")
     # the rules check a launch of `ranks` processes: the one the plan is for, not this one
     with mock.patch.object(rules, "_world_size", lambda: ranks):
         args = parse_run("plan", argv, __doc__, check_paths=False)
@@ -59,10 +66,6 @@ def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
     if args.training.fsdp or (args.training.deepspeed and ranks <= 1):
         raise ConfigError("tunesmith plan plans one GPU: leave out --deepspeed and --fsdp (not covered yet; "
                           "--sequence_parallel_size N with --deepspeed is planned per rank)")
-    if ranks > 1 and zero_stage(args.training) == 3:
-        raise ConfigError(f"tunesmith plan: --sequence_parallel_size {ranks} under ZeRO-3 shards the weights over the "
-                          "ranks, which the plan does not count yet; plan with --deepspeed configs/ds_zero2.json (the "
-                          "weights whole on every rank: an upper bound)")
     if args.training.fp16:
         raise ConfigError("tunesmith plan covers bf16 and float32 runs: leave out --fp16")
     values = {**given, "use_cpu": False}
