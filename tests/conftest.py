@@ -33,6 +33,18 @@ def write_jsonl(path, rows: list[dict]) -> str:
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def no_zero3_loading_left_behind() -> Iterator[None]:
+    """transformers' TrainingArguments with a ZeRO-3 config turns ZeRO-3's sharded loading on for the whole process
+    (a weak reference that lives as long as the arguments do); a test that parses such a config and fails on purpose
+    keeps them alive in its traceback, and every later from_pretrained in the same worker then starts DeepSpeed (no
+    launcher here: it looks for MPI and stops). Each test ends with it off."""
+    yield
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+
+
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     from tunesmith.models.default_model import ensure_default_model
