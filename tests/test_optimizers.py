@@ -174,3 +174,21 @@ def test_the_command_line_refuses_in_one_line_before_loading(tiny_model_dir, dat
     assert lines == ["tunesmith: config error: --optim galore_adamw needs the package galore_torch, which is not "
                      "installed: pip install galore-torch (or pip install 'tunesmith[optimizers]'), or pick another "
                      "--optim"]
+
+
+@pytest.mark.parametrize("name", ["galore_adamw", "apollo_adamw", "lomo", "galore_adamw_layerwise"])
+def test_ppo_refuses_the_optimizers_that_need_the_model(name):
+    """PPO, GRPO and RLOO build their optimizer from parameter groups (ppo/trainer.py), where transformers' GaLore,
+    APOLLO, LOMO and layer-wise optimizers need the model itself: refused at parse, in one line, where the loop would
+    otherwise stop with transformers' error after loading everything."""
+    from transformers import Trainer
+
+    argv = ["--reward_model", str(REPO), "--data_path", str(REPO / "data/demo/prompts.jsonl"), "--optim", name,
+            "--optim_target_modules", "all-linear"]
+    with pytest.raises(ConfigError, match=rf"--optim {name} cannot be used in PPO, GRPO or RLOO") as refused:
+        parse_run("ppo", argv, check_paths=False)
+    assert "\n" not in str(refused.value)
+    training = parse_run("sft", ["--data_path", "x.jsonl", "--optim", name, "--optim_target_modules", "all-linear"],
+                         check_paths=False).training
+    with pytest.raises(ValueError, match="model"):  # what the PPO loop's call would meet
+        Trainer.get_optimizer_cls_and_kwargs(training)

@@ -111,9 +111,13 @@ OPTIMIZERS: dict[str, Needs] = {
 }
 
 
+def _optim_name(training_args: Any) -> str:
+    return str(getattr(getattr(training_args, "optim", None), "value", getattr(training_args, "optim", "")))
+
+
 def optimizer_problem(training_args: Any) -> str | None:
     """Why the run's --optim cannot run with these settings and packages (a line naming what to do), or None."""
-    name = str(getattr(getattr(training_args, "optim", None), "value", getattr(training_args, "optim", "")))
+    name = _optim_name(training_args)
     needs = OPTIMIZERS.get(name)
     if needs is None:  # a name transformers added after this table: its own handler says what it needs
         return None
@@ -165,8 +169,15 @@ def _combination_problem(flag: str, needs: Needs, training_args: Any) -> str | N
     return None
 
 
-def check_optimizer(training_args: Any) -> None:
-    """Raise ConfigError (one line) when the run's --optim cannot run (optimizer_problem)."""
+def check_optimizer(training_args: Any, own_loop: bool = False) -> None:
+    """Raise ConfigError (one line) when the run's --optim cannot run (optimizer_problem). `own_loop`: the stage
+    builds its optimizer from parameter groups, without the model transformers needs for the optimizers that look at
+    the weights themselves (PPO, GRPO and RLOO: ppo/trainer.py)."""
+    needs = OPTIMIZERS.get(_optim_name(training_args))
+    if own_loop and needs is not None and (needs.low_rank or needs.per_weight):
+        raise ConfigError(f"--optim {_optim_name(training_args)} cannot be used in PPO, GRPO or RLOO: their loop builds "
+                          "the optimizer from parameter groups, and this one needs the model itself (its weight "
+                          "matrices, or a step inside the backward pass); pick another --optim, e.g. adamw_8bit")
     problem = optimizer_problem(training_args)
     if problem:
         raise ConfigError(problem)

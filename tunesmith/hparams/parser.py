@@ -187,7 +187,7 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
         resolve_adapter_base(run.model, warn=False)
     check(check_paths, **{config.role: config for config in configs})
     if hasattr(run, "training"):  # --optim: its package, CUDA, and the flags it cannot go with
-        check_optimizer(run.training)
+        check_optimizer(run.training, own_loop=hasattr(run, "ppo"))
     if hasattr(run, "model"):
         warn_if_not_the_recorded_base(run.model)  # after the rules: a refused run gets one message only
     if check_paths:  # a run about to start (not a config read for inspection)
