@@ -104,17 +104,22 @@ def install_tiled_mlp(model: nn.Module) -> int:
     hidden_size = config_fact(base.config, "hidden_size")
     decoder = base.get_decoder()
     layers = decoder.layers
-    final_norms = [m for m in decoder.children() if type(m).__name__.endswith("Norm")]  # before the head: a row too
+    final_norms = [m for m in decoder.children() if is_norm(m)]  # before the head: a row too
     for module in [layer.mlp for layer in layers] + [n for layer in layers for n in layer_norms(layer)] + final_norms:
         if not getattr(module.forward, "tiled_mlp", False):
             module.forward = tiled(module.forward, hidden_size)
     return len(layers)
 
 
+def is_norm(module: nn.Module) -> bool:
+    """A position-wise norm: its class name ends in "Norm" (LlamaRMSNorm, Gemma3RMSNorm, nn.LayerNorm,
+    CohereLayerNorm...)."""
+    return type(module).__name__.endswith("Norm")
+
+
 def layer_norms(layer: nn.Module) -> list[nn.Module]:
-    """The norms of a decoder layer (attention's per-head norms included): the modules whose class name ends in
-    "Norm" (LlamaRMSNorm, Gemma3RMSNorm, nn.LayerNorm, CohereLayerNorm...), each position-wise."""
-    return [m for m in layer.modules() if type(m).__name__.endswith("Norm")]
+    """The norms of a decoder layer, attention's per-head norms included."""
+    return [m for m in layer.modules() if is_norm(m)]
 
 
 def use_tiled_mlp(model: nn.Module, training_args: Any) -> None:

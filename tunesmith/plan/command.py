@@ -192,11 +192,8 @@ def run(argv: Sequence[str] | None = None) -> tuple[dict[int, StepMemory], Any]:
         rows[tokens] = planned.step(tokens, args.plan.plan_conversations)
         print("\n".join(row_lines(rows[tokens], args.plan.plan_conversations, tokens, gpu.ranks)), flush=True)
     memory = int(args.plan.memory_gb * 2**30) if args.plan.memory_gb else local_gpu_memory()
-    steps: dict[int, StepMemory] = {}
-
     def step_of(tokens: int) -> StepMemory:  # the whole conversation's length, whatever a rank plans of it
-        steps[tokens] = planned.step(tokens)
-        return dataclasses.replace(steps[tokens], tokens=tokens)
+        return dataclasses.replace(planned.step(tokens), tokens=tokens)
     found = longest_fitting(step_of, memory, args.plan.longest_up_to) if memory else None
     print("\n".join(longest_lines(memory, found, args.plan.longest_up_to)), flush=True)
     return rows, found

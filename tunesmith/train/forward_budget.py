@@ -82,7 +82,6 @@ class ForwardBudget:
         self.available = 0.0  # this step's bytes for a forward (layer modes)
         self.most_recomputed: LayerModes | None = None  # the most recomputation logged so far
         self.seconds: ForwardSeconds | None = None  # the probe's timings
-        self.last_seconds = 0.0
 
     def splits(self, batch: dict[str, Any], optimizer_ready: bool = True) -> list[int] | None:
         """Offsets cutting this packed row into forwards of whole conversations, or None for one forward.
@@ -158,12 +157,11 @@ class ForwardBudget:
         # the first run, with the last layer kept, reads what a kept layer holds (and takes the first call's
         # one-time allocations); the two measured runs recompute every layer
         set_layer_modes(layers, LayerModes(1, len(layers) - 1, 0), self.device.type)
-        _, deltas = self._probe_once(slice_packed_row(batch, 0, small), run)
+        _, _, deltas = self._probe_once(slice_packed_row(batch, 0, small), run)
         set_layer_modes(layers, LayerModes(0, len(layers), 0), self.device.type)
         peaks, seconds = {}, {}
         for size in (small, large):
-            peaks[size] = self._probe_once(slice_packed_row(batch, 0, size), run)[0]
-            seconds[size] = self.last_seconds
+            peaks[size], seconds[size], _ = self._probe_once(slice_packed_row(batch, 0, size), run)
         for parameter in self.parameters:
             parameter.grad = None
         per_token = (peaks[large] - peaks[small]) / (large - small) if large > small else peaks[large] / large
@@ -176,9 +174,9 @@ class ForwardBudget:
         self.seconds = ForwardSeconds(max(0.0, seconds[small] - token_seconds * small), token_seconds)
         self.probing = False
 
-    def _probe_once(self, part: dict[str, Any], run: Callable) -> tuple[int, dict]:
-        """One forward and backward of `part`: its peak above what was held, and the memory the last layer (kept)
-        and the first (recomputed, where there are two) left after their forward, and a layer's input."""
+    def _probe_once(self, part: dict[str, Any], run: Callable) -> tuple[int, float, dict]:
+        """One forward and backward of `part`: its peak above what was held, its seconds, and the memory the last
+        layer (kept) and the first (recomputed, where there are two) left after their forward, and a layer's input."""
         deltas: dict[str, int] = {}
         hooks = []
         measured = {"kept": self.layers[-1], **({"recomputed": self.layers[0]} if len(self.layers) > 1 else {})}
@@ -198,12 +196,12 @@ class ForwardBudget:
             start = time.perf_counter()
             run(part)
             self._synchronize()
-            self.last_seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start
             peak = torch.cuda.max_memory_allocated(self.device) - held
         finally:
             for hook in hooks:
                 hook.remove()
-        return peak, deltas
+        return peak, seconds, deltas
 
     def _splits_keeping_layers(self, lengths: list[int], optimizer_ready: bool) -> list[int] | None:
         # what the step will add besides its tokens': the gradients (held through the probe, so in no rate), and
@@ -243,8 +241,6 @@ class ForwardBudget:
         kept = forward_splits(lengths, limit)
         total = sum(lengths)
         options = [kept] + [forward_splits(lengths, math.ceil(total / n)) for n in range(1, len(kept) - 1)]
-        if self.seconds is None:
-            return kept
         return min(options, key=seconds)  # the kept-layer split first: it wins a tie
 
     def prepare(self, tokens: int) -> None:

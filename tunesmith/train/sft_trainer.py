@@ -234,8 +234,6 @@ class LoraTrainer(Trainer):
         trained = [p for p in self.model.parameters() if p.requires_grad]
         grads = [p.grad for p in trained]
         counters = (self._trained_tokens.clone(), self._aux_in_step.clone(), self._aux_summed.clone())
-        for parameter in trained:
-            parameter.grad = None
         step = functools.partial(super().training_step, model)
         with torch.random.fork_rng(devices=[self.args.device]), self.accelerator.no_sync(model):
             budget.probe(inputs, lambda part: step(part, num_items_in_batch), trained)
