@@ -8,7 +8,9 @@ choice fits the memory it was given."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import weakref
 
 import pytest
 import torch
@@ -16,9 +18,11 @@ from test_memory import llama, loss_and_gradients
 from test_packing import chat_examples
 
 from tunesmith.data.collator import PackingCollator
-from tunesmith.plan.fake_device import DEVICE, MemoryMeter, offload_to_host
+from tunesmith.plan.fake_device import DEVICE, MemoryMeter
 from tunesmith.train import forward_budget, layer_modes
+from tunesmith.train.callbacks import OffloadOnSideStream
 from tunesmith.train.forward_budget import HEADROOM, ForwardBudget
+from tunesmith.train.layer_input_offload import LayerInputOffload
 from tunesmith.train.layer_modes import (
     LayerModes,
     LayerRates,
@@ -31,7 +35,57 @@ LAYERS = 4
 
 
 def estimate(tokens: int, rates: LayerRates, modes: LayerModes) -> float:
-    return tokens * (rates.recomputed + modes.kept * rates.kept_extra - modes.offloaded * rates.offload_saving)
+    # an offloaded layer frees its input, less the one brought back ahead of its layer
+    offloaded = max(modes.offloaded - 1, 0)
+    return tokens * (rates.recomputed + modes.kept * rates.kept_extra - offloaded * rates.offload_saving)
+
+
+class StandInStreams:
+    """train/layer_input_offload.CopyStreams on a CPU: the copies run at once (there is no second stream); the
+    side stream's allocations (the host copies) are counted by `meter` as host memory where one is given, and every
+    copy back is logged by the index of the input it brings."""
+
+    def __init__(self, meter: MemoryMeter | None = None) -> None:
+        self.meter, self.events = meter, 0
+
+    def on_side(self):
+        return self.meter.on_host() if self.meter is not None else contextlib.nullcontext()
+
+    def done_on_side(self) -> int:
+        self.events += 1
+        return self.events
+
+    def wait(self, event: int) -> None:
+        assert isinstance(event, int) and event <= self.events  # an event recorded before, on the side stream
+
+    def keep_until_side_is_done(self, tensor: torch.Tensor) -> None:
+        pass
+
+
+class RecordingOffload(LayerInputOffload):
+    """The offload hooks, logging each input's index as it is packed, fetched and unpacked (and whether it was on the
+    device already when backward asked for it)."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu", streams=StandInStreams(), pin_memory=False, min_bytes=0)
+        self.index: dict[int, int] = {}
+        self.log: list[tuple] = []
+        self.hosts: list = []  # weak references to every host copy made
+
+    def _pack(self, tensor):
+        entry = super()._pack(tensor)
+        self.index[id(entry)] = len(self.index)
+        self.hosts.append(weakref.ref(entry.host))
+        return entry
+
+    def _fetch(self, entry):
+        if entry.on_device is None:
+            self.log.append(("fetch", self.index[id(entry)]))
+        super()._fetch(entry)
+
+    def _unpack(self, entry):
+        self.log.append(("unpack", self.index[id(entry)], entry.on_device is not None))
+        return super()._unpack(entry)
 
 
 @pytest.mark.parametrize("budget", [10**6 * k for k in (1, 3, 5, 8, 12, 20, 40, 80, 400)])
@@ -85,9 +139,54 @@ def test_every_mode_trains_the_same_and_recomputes_only_its_checkpointed_layers(
             assert torch.allclose(grad, reference[name], rtol=1e-5, atol=1e-7), f"{modes}: {name}"
 
 
+@pytest.mark.parametrize("offloaded", [4, 2])
+def test_offloaded_inputs_come_back_one_layer_ahead_with_the_same_gradients(tokenizer, row, monkeypatch, offloaded):
+    """The side-stream offload (train/layer_input_offload.py) with its copies standing in on this CPU: the loss and
+    gradients of plain recomputation, bit for bit; in backward each offloaded input but the topmost is already back
+    when its layer asks for it (fetched while the layer above ran), in layer order; after backward no host copy is
+    left, and a second step prefetches nothing of the first's."""
+    model = llama(tokenizer, LAYERS, "lora", "plain")
+    layers = checkpointed_layers(model)
+    set_layer_modes(layers, LayerModes(0, LAYERS, 0), "cpu")
+    reference_loss, reference = loss_and_gradients(model, row)
+    offload = RecordingOffload()
+    monkeypatch.setattr(layer_modes, "offload_hooks", lambda device_type: offload)
+    set_layer_modes(layers, LayerModes(0, LAYERS - offloaded, offloaded), "cpu")
+    for _ in range(2):
+        offload.log.clear()
+        for parameter in model.parameters():
+            parameter.grad = None
+        loss, grads = loss_and_gradients(model, row)
+        assert torch.equal(loss, reference_loss)
+        for name, grad in grads.items():
+            assert torch.equal(grad, reference[name]), name
+        top, *below = sorted(offload.index.values())[-offloaded:][::-1]  # this step's inputs, topmost first
+        # the topmost is fetched when its layer asks; from then each is back before its layer asks for it, and its
+        # asking brings back the one below
+        expected = [("unpack", top, False), ("fetch", top)]
+        for index in below:
+            expected += [("fetch", index), ("unpack", index, True)]
+        assert offload.log == expected, offload.log
+        assert all(host() is None for host in offload.hosts), "a host copy outlived its backward"
+
+
+def test_gradient_checkpointing_offload_moves_every_checkpointed_layer_onto_the_side_stream(tokenizer):
+    """--gradient_checkpointing offload on a GPU: transformers' checkpointing (with its save_on_cpu) is enabled by
+    train(); the callback then hands every checkpointed layer the side-stream offload, without touching CUDA (the
+    hooks are made at the first offloaded forward)."""
+    from types import SimpleNamespace
+
+    model = llama(tokenizer, LAYERS, "lora", "plain")
+    model.activation_checkpointing_enable(offload=True)
+    layers = checkpointed_layers(model)
+    OffloadOnSideStream().on_train_begin(SimpleNamespace(device=torch.device("cuda")), None, None, model=model)
+    assert all(layer.gradient_checkpointing for layer in layers)
+    assert all(layer._gradient_checkpointing_func is layer_modes.recompute_function(True, "cuda") for layer in layers)
+
+
 class MeteredDevice:
     """torch.cuda's readings on a device of `capacity` bytes, from a MemoryMeter over real CPU tensors; offloaded
-    layer inputs counted as host memory (the plan's stand-in for save_on_cpu)."""
+    layer inputs copied by train/layer_input_offload.py, counted as host memory."""
 
     def __init__(self, monkeypatch, capacity: int) -> None:
         self.meter, self.capacity = MemoryMeter(), capacity
@@ -98,7 +197,9 @@ class MeteredDevice:
         monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: self.meter.current[DEVICE])
         monkeypatch.setattr(cuda, "mem_get_info",
                             lambda device=None: (self.capacity - self.meter.current[DEVICE], self.capacity))
-        monkeypatch.setattr(layer_modes, "save_on_cpu", offload_to_host(self.meter))
+        # the offload hooks themselves, their host copies counted as host memory
+        offload = LayerInputOffload("cpu", streams=StandInStreams(self.meter), pin_memory=False, min_bytes=0)
+        monkeypatch.setattr(layer_modes, "offload_hooks", lambda device_type: offload)
 
     def peak_of(self, run) -> int:
         """The peak above what was held of run(), and run()'s result."""

@@ -1,4 +1,5 @@
-"""Trainer callbacks: the loss-curve picture (training and evaluation loss) written at the end of a run."""
+"""Trainer callbacks: the loss-curve picture (training and evaluation loss) written at the end of a run, the metrics
+file, and offloaded layers moved onto the side-stream copies."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from transformers import TrainerCallback
 
 from ..constants import LOSS_PLOT_FILE, METRICS_FILE
 from ..utils.io import atomic_write_jsonl
+from .layer_modes import LayerModes, checkpointed_layers, set_layer_modes
 
 
 def logged_series(log_history: list[dict], keys: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
@@ -69,3 +71,13 @@ class MetricsFileCallback(TrainerCallback):
             os.makedirs(args.output_dir, exist_ok=True)
             with open(os.path.join(args.output_dir, METRICS_FILE), "a", encoding="utf-8") as f:
                 f.write(json.dumps({**logs, "step": state.global_step}, default=str) + "\n")
+
+
+class OffloadOnSideStream(TrainerCallback):
+    """--gradient_checkpointing offload on a GPU: transformers' checkpointing (enabled by train() before this runs)
+    hands each layer's input to torch's save_on_cpu, whose copies wait on the compute stream; every checkpointed layer
+    then takes train/layer_input_offload.py's instead (copies on a side stream, the layer below brought back ahead)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        layers = checkpointed_layers(model)
+        set_layer_modes(layers, LayerModes(0, 0, len(layers)), args.device.type)

@@ -5,11 +5,11 @@ A layer can keep its activations for backward (fastest), keep only its input and
 backward (offloading: a copy each way besides). With `--gradient_checkpointing` left out on a GPU, SFT's packed rows
 start every layer recomputed and let train/forward_budget.py choose per forward, from measured rates:
 
-    bytes a forward holds at its peak  ~=  tokens x (recomputed + kept x kept_extra - offloaded x offload_saving)
+    bytes a forward holds at its peak  ~=  tokens x (recomputed + kept x kept_extra - (offloaded - 1) x offload_saving)
 
 `recomputed` is the rate with every layer recomputed (the loss and one layer's recomputation and backward included),
 `kept_extra` what one layer adds by keeping its activations instead of its input, `offload_saving` the input a layer
-moves to host memory. `choose_modes` keeps as many layers as fit, and offloads only where recomputing every layer
+moves to host memory (one of them comes back ahead of its layer: train/layer_input_offload.py). `choose_modes` keeps as many layers as fit, and offloads only where recomputing every layer
 does not fit. The estimate adds a kept layer's activations to the recomputation's working set, which backward never
 holds together (kept layers are the last ones, whose backward runs and frees them first): it errs on the safe side.
 
@@ -19,6 +19,7 @@ layers give the same gradients (tests/test_layer_modes.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
+
+from .layer_input_offload import LayerInputOffload
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,8 @@ def choose_modes(tokens: int, budget: float, rates: LayerRates, layers: int) -> 
         return LayerModes(kept, layers - kept, 0)
     if rates.offload_saving <= 0:
         return LayerModes(0, layers, 0, fits=False)
-    offloaded = math.ceil(-spare / rates.offload_saving)
+    # one more than the spare needs: the input of the layer below comes back while a layer recomputes
+    offloaded = math.ceil(-spare / rates.offload_saving) + 1
     if offloaded > layers:
         return LayerModes(0, 0, layers, fits=False)
     return LayerModes(0, layers - offloaded, offloaded)
@@ -83,15 +86,24 @@ def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
 
 
+@functools.cache
+def offload_hooks(device_type: str) -> contextlib.AbstractContextManager:
+    """Where an offloaded layer's saved input goes: pinned host memory through a side stream on an accelerator (one
+    instance, its stream, for the run), nowhere on a CPU (it is host memory already)."""
+    if device_type == "cpu":
+        return contextlib.nullcontext()
+    return LayerInputOffload(device_type)
+
+
+@functools.cache
 def recompute_function(offload: bool, device_type: str) -> Callable:
-    """The checkpoint function transformers builds for a layer (non-reentrant), with `offload` as its own `offload`:
-    the saved inputs in pinned host memory (torch's save_on_cpu), where there is a device to free."""
+    """The checkpoint function transformers builds for a layer (non-reentrant); with `offload`, the saved input in
+    host memory (offload_hooks: read at every call, as a test stands in for it)."""
     if not offload:
         return functools.partial(checkpoint, use_reentrant=False)
 
     def offloaded(function: Callable, *args, **kwargs):
-        # pinned host memory needs an accelerator's allocator (and on a CPU there is nothing to move)
-        with save_on_cpu(pin_memory=device_type != "cpu", device_type=device_type):
+        with offload_hooks(device_type):
             return checkpoint(function, *args, use_reentrant=False, **kwargs)
     return offloaded
 

@@ -25,7 +25,7 @@ from ..models.prompt_learning import load_encoder, save_encoder
 from ..models.tiled_mlp import use_tiled_mlp
 from ..models.vision import mrope_index
 from ..utils.hardware import trains_on_cpu
-from .callbacks import MetricsFileCallback
+from .callbacks import MetricsFileCallback, OffloadOnSideStream
 from .checkpoints import empty_tensors, read_state
 from .forward_budget import ForwardBudget
 from .head_loss import FUSED_HEAD, install_fused_head, wants_fused_head
@@ -86,6 +86,8 @@ class LoraTrainer(Trainer):
         self._aux_in_step = torch.zeros(())  # the aux terms added in this training_step (left out of its loss)
         self._aux_summed, self._aux_steps = torch.zeros(()), 0  # since the last log: per-step aux losses, steps
         self.add_callback(MetricsFileCallback())  # every Trainer stage keeps output_dir/metrics.jsonl
+        if (self.args.activation_checkpointing_kwargs or {}).get("offload"):  # set on a GPU only (hparams)
+            self.add_callback(OffloadOnSideStream())
         if trains_on_cpu(self.args):
             use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)
         # a long forward's loss from the hidden states, its logits never held (train/head_loss.py); 0: not used. Not
