@@ -53,12 +53,9 @@ def merge_configuration(args: MergeArguments, folders: Sequence[str], base: str 
 
 
 def run_mergekit(config: Any, output_dir: str, seed: int) -> None:
-    """mergekit's run_merge on the CPU (on an accelerator when torch sees one), the tokenizer left to the caller:
-    mergekit copies the base's (or an unordered first model's), and the merged folder is to chat as the first
-    --models entry does."""
-    import torch
+    """mergekit's run_merge with its defaults (the CPU, lazy loading off, 5B-parameter shards), the tokenizer left
+    to the caller: mergekit copies the base's (or an unordered first model's), and the merged folder is to chat as
+    the first --models entry does."""
     from mergekit.merge import MergeOptions, run_merge
 
-    options = MergeOptions(device="auto" if torch.cuda.is_available() else "cpu", copy_tokenizer=False,
-                           random_seed=seed, quiet=True)
-    run_merge(config, output_dir, options)
+    run_merge(config, output_dir, MergeOptions(copy_tokenizer=False, random_seed=seed, quiet=True))
