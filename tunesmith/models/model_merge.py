@@ -52,10 +52,11 @@ def merge_configuration(args: MergeArguments, folders: Sequence[str], base: str 
                               base_model=_reference(base_ref) if base_ref else None, dtype=dtype, out_dtype=dtype)
 
 
-def run_mergekit(config: Any, output_dir: str, seed: int) -> None:
+def run_mergekit(config: Any, output_dir: str, seed: int, trust_remote_code: bool = False) -> None:
     """mergekit's run_merge with its defaults (the CPU, lazy loading off, 5B-parameter shards), the tokenizer left
     to the caller: mergekit copies the base's (or an unordered first model's), and the merged folder is to chat as
     the first --models entry does."""
     from mergekit.merge import MergeOptions, run_merge
 
-    run_merge(config, output_dir, MergeOptions(copy_tokenizer=False, random_seed=seed, quiet=True))
+    run_merge(config, output_dir, MergeOptions(copy_tokenizer=False, random_seed=seed, quiet=True,
+                                               trust_remote_code=trust_remote_code))

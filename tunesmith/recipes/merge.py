@@ -147,7 +147,7 @@ def merge_models(model_args: ModelArguments, args: MergeArguments) -> MergeResul
     dtype, base = model_args.dtype, model_args.model_name_or_path
     with tempfile.TemporaryDirectory(prefix="tunesmith-merge-") as work, atomic_directory(args.output_dir) as tmp:
         folders = [_full_model(path, model_args, os.path.join(work, str(i))) for i, path in enumerate(args.models)]
-        run_mergekit(merge_configuration(args, folders, base, dtype), str(tmp), args.seed)
+        run_mergekit(merge_configuration(args, folders, base, dtype), str(tmp), args.seed, model_args.trust_remote_code)
         # The first model's tokenizer and chat template (an adapter's are the ones its training saved), and its
         # generation config (stop tokens), so that the merge chats as that model does.
         tokenizer = load_tokenizer(dataclasses.replace(model_args, model_name_or_path=folders[0],
