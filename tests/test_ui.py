@@ -69,6 +69,38 @@ def test_the_form_becomes_the_cli_argument_list():
         train_flags(TrainForm(stage="kto"))
 
 
+def test_the_lora_variant_boxes_become_the_cli_flags_that_set_them():
+    form = TrainForm(dataset="d.jsonl", use_dora=True, use_rslora=True, init_lora_weights="pissa",
+                     loraplus_lr_ratio=16.0)
+    command, flags = train_flags(form)
+    assert flags[-6:] == ["--use_dora", "--use_rslora", "--init_lora_weights", "pissa", "--loraplus_lr_ratio", "16"]
+    finetuning = parse_run(command, flags, check_paths=False).finetuning  # the CLI reads them as the boxes meant
+    assert (finetuning.use_dora, finetuning.use_rslora, finetuning.init_lora_weights, finetuning.loraplus_lr_ratio) == \
+        (True, True, "pissa", 16.0)
+    # left alone: no flag, the CLI's defaults
+    assert train_flags(TrainForm(dataset="d.jsonl", loraplus_lr_ratio=0))[1] == ["--data_path", "d.jsonl"]
+    with pytest.raises(ConfigError, match="--use_dora is set by the form's DoRA box"):
+        train_flags(TrainForm(dataset="d.jsonl", use_dora=True, advanced="--use_dora false"))
+    # a full fine-tune has no LoRA to vary: the CLI refuses the box in its one line
+    with pytest.raises(ConfigError, match="--use_rslora"):
+        parse_run(*train_flags(TrainForm(dataset="d.jsonl", method="full", use_rslora=True)), check_paths=False)
+
+
+def test_the_train_tabs_boxes_fill_the_form_in_its_order(tmp_path):
+    import dataclasses
+
+    from tunesmith.ui.app import build
+
+    app = build(Workbench(str(tmp_path / "runs"), []))
+    functions = app.fns.values() if isinstance(app.fns, dict) else app.fns
+    labels = next([c.label for c in f.inputs] for f in functions if "LoRA rank" in [getattr(c, "label", None)
+                                                                                      for c in f.inputs])
+    names = [f.name for f in dataclasses.fields(TrainForm)]
+    assert len(labels) == len(names)
+    assert list(zip(labels, names))[-4:] == [("DoRA", "use_dora"), ("rsLoRA", "use_rslora"),
+                                             ("LoRA init", "init_lora_weights"), ("LoRA+ ratio", "loraplus_lr_ratio")]
+
+
 def test_a_newcomer_starts_from_the_quickstart_config(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # `tunesmith ui` in the repo: its default --data_dir is data and configs
     ui = parse_run("ui", ["--root", str(tmp_path / "runs")]).ui
@@ -398,6 +430,35 @@ def test_eval_and_export_run_the_cli_commands(tmp_path, ui_data):
     assert shown(bench.export_argv("merge", adapter))[:47] == f"tunesmith merge --adapter_name_or_path {adapter}"[:47]
     log = "\nQ: Who are you?\n  base        | fine-tuned\n  I am an AI  | I am\n              | Tunesmith.\n"
     assert compare_table(log) == [{"question": "Who are you?", "base": "I am an AI", "tuned": "I am Tunesmith."}]
+
+
+def test_the_merge_form_runs_tunesmith_merge_with_a_method(tmp_path, tokenizer):
+    from conftest import build_tiny_model_dir
+
+    root = tmp_path / "runs"
+    bench = Workbench(str(root), [])
+    a, b, base = (str(root / n) for n in ("a", "b", "base"))
+    argv = bench.merge_argv("ties", [a, b], base=base, weights="0.6, 0.4", density=0.5, name="soup")
+    assert shown(argv) == (f"tunesmith merge --method ties --models {a} {b} --model_name_or_path {base} --weights 0.6 "
+                           f"0.4 --density 0.5 --output_dir {root / 'soup'} --overwrite_output_dir")
+    merge = parse_run("merge", argv[4:], check_paths=False).merge  # the CLI reads it as the form meant
+    assert (merge.method, merge.models, merge.weights, merge.density) == ("ties", [a, b], [0.6, 0.4], 0.5)
+    assert bench.merge_argv("slerp", [a, b], slerp_t=0)[-5:-3] == ["--slerp_t", "0"]  # 0 is a value, not "empty"
+    with pytest.raises(PathError, match="model or adapter /etc: outside the folders this UI may use"):
+        bench.merge_argv("linear", [a, "/etc"])
+    with pytest.raises(ConfigError, match="Merge method 'soup' is not one of linear, ties, dare_ties, slerp"):
+        bench.merge_argv("soup", [a, b])
+
+    # Run from the page: the CLI merges (mergekit), and the files and the check line come back.
+    pytest.importorskip("mergekit")
+    for seed, folder in enumerate((a, b)):
+        build_tiny_model_dir(folder, tokenizer, seed=seed)
+    argv = bench.merge_argv("linear", [a, b])
+    log = list(bench.follow("export", argv))[-1]
+    assert bench.jobs["export"].wait(timeout=240) == 0, log[-3000:]
+    files = [os.path.basename(path) for path, _ in bench.produced_files(argv)]
+    assert {"model.safetensors", "tokenizer.json", "tunesmith_config.json"} <= set(files)
+    assert "merged 2 models by linear" in check_lines(bench.jobs["export"].log(200000))
 
 
 def test_runs_are_read_from_metrics_or_the_trainer_state(tmp_path):

@@ -17,6 +17,8 @@ from .run_config import save_run_config
 from .run_kinds import RUN_ARGUMENTS
 from .tool_args import (
     EXPORT_RELATIVE_TOLERANCES,
+    MERGE_DEFAULT_DENSITY,
+    MERGE_DEFAULT_SLERP_T,
     MERGE_RELATIVE_TOLERANCES,
     CompareArguments,
     EvalArguments,
@@ -44,6 +46,6 @@ __all__ = [
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
     "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "SFTTrainingArguments", "TrainingArguments",
     "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments", "HarnessArguments",
-    "MERGE_RELATIVE_TOLERANCES", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES", "UIArguments",
+    "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES", "UIArguments",
     "ToolUseArguments",
 ]

@@ -15,6 +15,10 @@ from .ppo_args import RewardSourceArguments
 # dtype's rounding step and with the size of the logits. Measured on SmolLM2-135M with trained
 # adapters: ~2e-6 (float32), ~5e-3 (float16), ~3e-2 (bfloat16) of the largest logit.
 MERGE_RELATIVE_TOLERANCES = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1}
+# The --method merges' defaults where the flag is left out (None in the dataclass, so that a rule can tell a value
+# set for a method that does not read it): half of each difference kept (mergekit's own examples), the midpoint.
+MERGE_DEFAULT_DENSITY = 0.5
+MERGE_DEFAULT_SLERP_T = 0.5
 
 
 @dataclass
@@ -34,6 +38,38 @@ class MergeArguments:
                   "on a probe conversation. Default: the largest |logit| (at least 1) times "
                   + ", ".join(f"{v:g} ({k})" for k, v in MERGE_RELATIVE_TOLERANCES.items()) + "."},
     )
+    # Several models through mergekit (models/model_merge.py); left out, the LoRA merge above.
+    method: Literal["linear", "ties", "dare_ties", "slerp"] | None = field(
+        default=None,
+        metadata={"help": "Merge the --models into one through mergekit (pip install -e '.[merge]'): linear (a "
+                  "weighted average of the weights), ties (each model's difference from the base --model_name_or_path, "
+                  "trimmed to its largest --density share, signs elected, then added to the base), dare_ties (the "
+                  "same with a random share of each difference dropped and the rest rescaled) or slerp (two models, "
+                  "interpolated along the sphere by --slerp_t). Left out: merge the one --adapter_name_or_path into "
+                  "its base."},
+    )
+    models: list[str] = field(
+        default_factory=list,
+        metadata={"help": "With --method: the model folders to merge, two or more of the same architecture and "
+                  "shapes (full models, or LoRA adapters, each merged into the base its adapter_config.json records "
+                  "first). The merged folder takes the first one's tokenizer and chat template."},
+    )
+    weights: list[float] = field(
+        default_factory=list,
+        metadata={"help": "With --method linear, ties or dare_ties: one weight per --models entry, in order (default: "
+                  "1 each). linear divides by their sum, so 1 3 is a 0.25/0.75 average."},
+    )
+    density: float | None = field(
+        default=None,
+        metadata={"help": "With --method ties or dare_ties: the share of each model's difference from the base that "
+                  "is kept, in (0, 1] (ties keeps the largest entries, dare_ties a random choice). Default: " + f"{MERGE_DEFAULT_DENSITY}."},
+    )
+    slerp_t: float | None = field(
+        default=None,
+        metadata={"help": "With --method slerp: where between the two --models the merge lies, in [0, 1]: 0 is the "
+                  "first, 1 the second (mergekit's t). Default: " + f"{MERGE_DEFAULT_SLERP_T}."},
+    )
+    seed: int = field(default=0, metadata={"help": "The random seed of dare_ties' dropped entries."})
 
 
 # A GGUF export rounds every weight matrix once (f16: 2^-11 of each weight; q8_0: up to 1/254 of the

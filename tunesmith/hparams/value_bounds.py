@@ -90,6 +90,9 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("ppo", "vf_coef", at_least(0), ">= 0"),
     Bound("ppo", "rollout_log_samples", at_least(0), ">= 0", "0 prints none"),
     # -- score, compare, eval
+    Bound("merge", "density", lambda value: 0 < value <= 1, "in (0, 1]", "the share of each difference kept; 1 keeps "
+          "all"),
+    Bound("merge", "slerp_t", in_range(0, 1, high_included=True), "in [0, 1]", "0 is the first model, 1 the second"),
     Bound("score", "batch_size", at_least(1), "at least 1"),
     Bound("compare", "max_new_tokens", at_least(1), "at least 1"),
     Bound("compare", "width", at_least(8), "at least 8 terminal cells"),

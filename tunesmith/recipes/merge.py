@@ -1,4 +1,5 @@
-"""Merge a LoRA adapter into its base model: load -> merge -> save (atomically) -> verify.
+"""Merge a LoRA adapter into its base model, or several models into one through mergekit: load -> merge -> save
+(atomically) -> verify.
 
     python merge/merge_lora.py --adapter_name_or_path outputs/sft_demo --output_dir outputs/sft_demo_merged
     python merge/merge_lora.py --adapter_name_or_path outputs/rm_demo --model_name_or_path BASE \\
@@ -12,12 +13,25 @@ The base is always loaded unquantized, even for a QLoRA adapter: merging into 4-
 quantize the merged weights again and lose most of what the adapter learned. Reward-model adapters
 (task_type SEQ_CLS) merge into a one-output sequence classifier, score head included. A prompt-based adapter
 (prompt tuning, p-tuning, prefix tuning) is refused before anything loads: it changes no weight to merge into.
+
+Several models (fine-tunes of one base, or LoRA adapters of one base) merge into one through mergekit:
+
+    python merge/merge_lora.py --method linear --models outputs/sft_demo_merged outputs/dpo_demo_merged \\
+        --weights 1 1 --output_dir outputs/soup
+    python merge/merge_lora.py --method ties --model_name_or_path BASE --models A B --density 0.5 --output_dir OUT
+    python merge/merge_lora.py --method slerp --models outputs/sft_demo outputs/dpo_demo --slerp_t 0.3 --output_dir OUT
+
+Each adapter among --models is merged into its recorded base first (the LoRA merge above, checked, into a
+temporary folder); mergekit's run_merge then merges the full models; the folder gets the first model's tokenizer,
+chat template and generation config, and is reloaded to check that its logits on a probe conversation are finite.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +43,11 @@ from ..constants import ASSISTANT, USER
 from ..data.images import image_part, probe_picture
 from ..data.template import encode_conversation, encode_prompt, processor_of, reads_images
 from ..hparams import MERGE_RELATIVE_TOLERANCES, MergeArguments, ModelArguments, parse_run, save_run_config
+from ..models.loader import load_tokenizer
 from ..models.merging import MergeError, adapter_task, load_adapted
+from ..models.model_merge import merge_configuration, run_mergekit
 from ..utils.io import atomic_directory
-from ..utils.paths import vision_model_type
+from ..utils.paths import adapter_base_model, is_adapter_dir, vision_model_type
 
 PROBE = [
     {"role": USER, "content": "What is the capital of France? Answer in one word."},
@@ -43,7 +59,7 @@ PROBE = [
 class MergeResult:
     output_dir: str
     task: str
-    max_abs_diff: float
+    max_abs_diff: float | None  # a LoRA merge's logit difference from base + adapter; None for a --method merge
 
 
 def probe_logits(model: Any, tokenizer: Any) -> torch.Tensor:
@@ -113,8 +129,47 @@ def merge(model_args: ModelArguments, args: MergeArguments) -> MergeResult:
     return MergeResult(args.output_dir, task, diff)
 
 
+def _full_model(path: str, model_args: ModelArguments, folder: str) -> str:
+    """`path` itself for a model folder; for a LoRA adapter, its merge into its recorded base, written (and
+    checked against base + adapter) to `folder`."""
+    if not is_adapter_dir(path):
+        return path
+    adapter_args = dataclasses.replace(model_args, model_name_or_path=adapter_base_model(path),
+                                       adapter_name_or_path=path)
+    merge(adapter_args, MergeArguments(output_dir=folder))
+    return folder
+
+
+def merge_models(model_args: ModelArguments, args: MergeArguments) -> MergeResult:
+    """--method: the --models (adapters merged into their bases first) merged by mergekit into --output_dir."""
+    if model_args.dtype == "auto":
+        model_args.dtype = "float32"
+    dtype, base = model_args.dtype, model_args.model_name_or_path
+    with tempfile.TemporaryDirectory(prefix="tunesmith-merge-") as work, atomic_directory(args.output_dir) as tmp:
+        folders = [_full_model(path, model_args, os.path.join(work, str(i))) for i, path in enumerate(args.models)]
+        run_mergekit(merge_configuration(args, folders, base, dtype), str(tmp), args.seed, model_args.trust_remote_code)
+        # The first model's tokenizer and chat template (an adapter's are the ones its training saved), and its
+        # generation config (stop tokens), so that the merge chats as that model does.
+        tokenizer = load_tokenizer(dataclasses.replace(model_args, model_name_or_path=folders[0],
+                                                       adapter_name_or_path=None))
+        (processor_of(tokenizer) or tokenizer).save_pretrained(tmp)
+        if os.path.isfile(os.path.join(folders[0], "generation_config.json")):
+            shutil.copy(os.path.join(folders[0], "generation_config.json"), tmp)
+        record = dataclasses.replace(args, models=[os.path.abspath(path) for path in args.models])
+        save_run_config(str(tmp), merge_record(model_args), record)
+        logits = probe_logits(_load_saved(str(tmp), "causal_lm", dtype), tokenizer)
+        if not torch.isfinite(logits).all():
+            raise MergeError(f"--method {args.method} merge of {', '.join(args.models)} gives non-finite logits on "
+                             "a probe conversation; check the --weights (linear divides by their sum)")
+    print(f"merged {len(args.models)} models by {args.method} -> {args.output_dir} ({dtype}): max |logit| on a "
+          f"probe conversation {logits.abs().max().item():.3g}")
+    return MergeResult(args.output_dir, "causal_lm", None)
+
+
 def run(argv: Sequence[str] | None = None) -> MergeResult:
     args = parse_run("merge", argv, __doc__)
+    if args.merge.method:
+        return merge_models(args.model, args.merge)
     return merge(args.model, args.merge)
 
 

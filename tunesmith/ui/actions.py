@@ -10,7 +10,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..data.inspect import PLAIN_OFF, PLAIN_ON, highlight_trained, inspect_rows
@@ -20,7 +20,7 @@ from ..models.default_model import DEFAULT_MODEL_NAME, default_model_dir
 from ..models.loader import load_tokenizer
 from . import runs as runs_mod
 from .chat import ModelCache, session, stream_reply
-from .command import Confinement, TrainForm, shown, train_flags, tunesmith_argv
+from .command import MERGE_METHODS, Confinement, TrainForm, shown, train_flags, tunesmith_argv
 from .flag_rules import check_run
 from .jobs import Job, tail
 
@@ -273,6 +273,23 @@ class Workbench:
         os.makedirs(os.path.dirname(output), exist_ok=True)
         return tunesmith_argv("export", ["--model_name_or_path", source, "--output_file", output, "--dtype", dtype,
                                          "--overwrite_output_file"])
+
+    def merge_argv(self, method: str, models: Sequence[str], base: str = "", weights: str = "",
+                   density: float | None = None, slerp_t: float | None = None, name: str = "") -> list[str]:
+        """`tunesmith merge --method METHOD --models ...`: runs' models or adapters merged through mergekit into
+        <root>/NAME (default merge_METHOD). Empty boxes are left out, so that the CLI's defaults and rules apply."""
+        if method not in MERGE_METHODS:
+            raise ConfigError(f"Merge method {method!r} is not one of {', '.join(MERGE_METHODS)}")
+        flags = ["--method", method, "--models", *(self.confinement.check(m, "model or adapter") for m in models)]
+        if base and base.strip():
+            flags += ["--model_name_or_path", self.confinement.check(base, "base model")]
+        if weights and weights.strip():
+            flags += ["--weights", *weights.replace(",", " ").split()]
+        for flag, value in (("--density", density), ("--slerp_t", slerp_t)):
+            if value not in (None, ""):
+                flags += [flag, str(value)]
+        output = self.confinement.under_root(name or f"merge_{method}")
+        return tunesmith_argv("merge", [*flags, "--output_dir", output, "--overwrite_output_dir"])
 
     def produced_files(self, argv: list[str]) -> list[list[Any]]:
         """[path, size in MB] of what an export command wrote."""

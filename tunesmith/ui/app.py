@@ -14,7 +14,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from ..errors import UserError
 from ..hparams.tool_args import LOOPBACK_HOSTS
 from .actions import GGUF_DTYPES, SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
-from .command import METHODS, STAGES, TrainForm
+from .command import LORA_INITS, MERGE_METHODS, METHODS, STAGES, TrainForm
 from .runs import COLUMNS
 
 CSS = ".ts-row pre {white-space: pre-wrap; font-size: 0.85em} .ts-row mark {background: #b7f5c0}"
@@ -92,6 +92,13 @@ def _train_tab(bench: Workbench) -> None:
         epochs = gr.Number(label="Epochs", value=None, info="0: the stage's default")
         lora_rank = gr.Number(label="LoRA rank", value=None, precision=0, info="0: the default (16)")
         output_dir = gr.Textbox(label="Output folder", placeholder=f"{bench.root}/<stage>_N")
+    with gr.Row():  # the LoRA variants (docs/sft.md); a full fine-tune refuses them in one line
+        use_dora = gr.Checkbox(label="DoRA", value=False, info="--use_dora: a trained magnitude per output row")
+        use_rslora = gr.Checkbox(label="rsLoRA", value=False, info="--use_rslora: scale by alpha / sqrt(r)")
+        init_lora_weights = gr.Dropdown(list(LORA_INITS), value="", label="LoRA init",
+                                        info="--init_lora_weights; empty: LoRA's own (B at zero)")
+        loraplus_lr_ratio = gr.Number(label="LoRA+ ratio", value=None,
+                                      info="--loraplus_lr_ratio: B's learning rate / A's; 0: off")
     config = gr.Textbox(bench.demo_config, label="Run config", elem_id="ts-config",
                         info="optional: a YAML/JSON run config read first (the quickstart's: configs/sft_lora_demo.yaml); "
                         "the fields above override it")
@@ -113,7 +120,8 @@ def _train_tab(bench: Workbench) -> None:
         rows = gr.Markdown(elem_id="ts-rowcount")
         preview = gr.HTML()
 
-    fields = [stage, model, dataset, max_steps, method, learning_rate, epochs, lora_rank, output_dir, advanced, config]
+    fields = [stage, model, dataset, max_steps, method, learning_rate, epochs, lora_rank, output_dir, advanced, config,
+              use_dora, use_rslora, init_lora_weights, loraplus_lr_ratio]  # in TrainForm's order
 
     def form(*values: Any) -> TrainForm:
         return TrainForm(*values)
@@ -247,3 +255,37 @@ def _export_tab(bench: Workbench) -> None:
 
     run.click(export, [source, action, dtype], [files, checks, log])
     source.focus(lambda: gr.update(choices=bench.adapters() + bench.models_under_root()), None, source)
+    _merge_form(bench, files, checks, log)
+
+
+def _merge_form(bench: Workbench, files: Any, checks: Any, log: Any) -> None:
+    """`tunesmith merge --method`: several runs' models or adapters merged through mergekit (docs/merge.md)."""
+    with gr.Accordion("Merge several models (mergekit)", open=False):
+        with gr.Row():
+            models = gr.Dropdown(label="Models", choices=bench.adapters() + bench.models_under_root(), multiselect=True,
+                                 allow_custom_value=True, info="two or more models or adapters of one base; the "
+                                 "first one's tokenizer and chat template are kept")
+            method = gr.Dropdown(list(MERGE_METHODS), value="linear", label="Merge method")
+            base = gr.Dropdown(label="Base (ties, dare_ties)", choices=[""] + bench.models_under_root(), value="",
+                               allow_custom_value=True, info="the model the others were fine-tuned from")
+        with gr.Row():
+            weights = gr.Textbox(label="Weights", placeholder="1 1", info="one per model (linear, ties, dare_ties)")
+            density = gr.Number(label="Density", value=None, info="ties, dare_ties: share kept, empty: 0.5")
+            slerp_t = gr.Number(label="Slerp t", value=None, info="slerp: 0 the first model, 1 the second")
+            name = gr.Textbox(label="Output folder", placeholder=f"{bench.root}/merge_<method>")
+        run = gr.Button("Merge", variant="primary")
+
+    def merge(models, method, base, weights, density, slerp_t, name):
+        try:
+            argv = bench.merge_argv(method, models or [], base or "", weights or "", density, slerp_t, name or "")
+        except UserError as e:
+            yield pd.DataFrame(), "", f"tunesmith: {e.kind}: {e}"
+            return
+        for text in bench.follow("export", argv):
+            yield gr.skip(), gr.skip(), text
+        text = bench.jobs["export"].log(200000)
+        yield pd.DataFrame(bench.produced_files(argv), columns=["file", "MB"]), check_lines(text), text[-20000:]
+
+    run.click(merge, [models, method, base, weights, density, slerp_t, name], [files, checks, log])
+    models.focus(lambda: gr.update(choices=bench.adapters() + bench.models_under_root()), None, models)
+    base.focus(lambda: gr.update(choices=[""] + bench.models_under_root()), None, base)

@@ -9,8 +9,11 @@ import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import get_args, get_type_hints
 
 from ..errors import ConfigError, PathError
+from ..hparams import MergeArguments
+from ..hparams.finetuning_args import LORA_INITIALISATIONS
 from ..hparams.parser import DEPRECATED_FLAGS
 
 # The Train tab's stages: the command each runs, and the flags it adds (GRPO is `tunesmith ppo` with
@@ -27,7 +30,13 @@ METHODS = ("lora", "qlora", "full")
 FORM_FLAGS = {"--model_name_or_path": "Model", "--data_path": "Dataset", "--output_dir": "Output folder",
               "--finetuning_type": "Method", "--quantization_bit": "Method", "--max_steps": "Max steps",
               "--learning_rate": "Learning rate", "--num_train_epochs": "Epochs", "--lora_r": "LoRA rank",
-              "--advantage": "Stage"}
+              "--advantage": "Stage", "--use_dora": "DoRA", "--use_rslora": "rsLoRA",
+              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio"}
+# The LoRA init box's choices: empty (the CLI's default, LoRA's own "true") and the CLI's other initialisations;
+# pissa_niter_N goes in the Advanced flags.
+LORA_INITS = ("", *(name for name in LORA_INITIALISATIONS if name != "true"))
+# The Export tab's merge methods: `tunesmith merge --method`'s values.
+MERGE_METHODS = get_args(get_args(get_type_hints(MergeArguments)["method"])[0])
 EMBEDDED = ""  # the Model box left empty: the CLI's default, the embedded SmolLM2-135M-Instruct
 
 
@@ -46,6 +55,11 @@ class TrainForm:
     output_dir: str = ""
     advanced: str = ""
     config: str = ""  # a run config (YAML/JSON) read first, as `tunesmith sft CONFIG.yaml --flag ...` reads it
+    # The LoRA variants (flags of the same names); off / empty: the CLI's defaults.
+    use_dora: bool = False
+    use_rslora: bool = False
+    init_lora_weights: str = ""
+    loraplus_lr_ratio: float | None = None
 
 
 def tunesmith_argv(command: str, flags: Sequence[str]) -> list[str]:
@@ -101,6 +115,12 @@ def train_flags(form: TrainForm) -> tuple[str, list[str]]:
                         ("--num_train_epochs", form.epochs), ("--lora_r", form.lora_rank)):
         if value not in (None, "", 0):  # empty (a number box shows 0): the CLI's default
             flags += [flag, _number(value)]
+    # Passed whatever the Method: with --finetuning_type full the CLI refuses a LoRA variant in one line.
+    flags += [flag for flag, on in (("--use_dora", form.use_dora), ("--use_rslora", form.use_rslora)) if on]
+    if form.init_lora_weights and form.init_lora_weights.strip():
+        flags += ["--init_lora_weights", form.init_lora_weights.strip()]
+    if form.loraplus_lr_ratio not in (None, "", 0):
+        flags += ["--loraplus_lr_ratio", _number(form.loraplus_lr_ratio)]
     advanced = advanced_flags(form.advanced)
     twice = sorted(flag_names(flags) & flag_names(advanced))
     if twice:  # the CLI takes the last value: the Advanced one would silently replace the form's, checked one
