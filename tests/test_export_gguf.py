@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
 from tunesmith.errors import ConfigError, ExportError, PathError
-from tunesmith.export.args import EXPORT_RELATIVE_TOLERANCES
+from tunesmith.export.args import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ExportModelArguments
 from tunesmith.export.checks import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, read_back_refusal
 from tunesmith.export.command import _log_coverage
 from tunesmith.export.command import main as export_main
@@ -36,7 +36,8 @@ from tunesmith.export.gguf_arch import architecture
 from tunesmith.export.gguf_model import RoundTrip, write_gguf
 from tunesmith.export.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_name
 from tunesmith.export.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
-from tunesmith.hparams import ModelArguments, parse_run
+from tunesmith.export.rules import RULES
+from tunesmith.hparams import ModelArguments, check, parse_run
 from tunesmith.models.loader import load_tokenizer
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -205,6 +206,17 @@ def test_other_architectures_and_existing_files_are_refused_before_loading(tiny_
         export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "taken.gguf")])
     with pytest.raises(ConfigError, match=r"name it \*.gguf"):
         export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "model.bin")])
+
+
+def test_the_export_rows_are_checked_for_the_export_command_only():
+    """Export's rows live in tunesmith/export/rules.py: the parser checks them after the core's for `tunesmith
+    export`, and the core's table alone no longer holds them."""
+    model, args = ExportModelArguments(), ExportArguments(output_file="model.bin")
+    check(model=model, export=args)  # the core's rows: nothing to say about the file name
+    with pytest.raises(ConfigError, match=r"name it \*.gguf"):
+        check(model=model, export=args, feature_rules=RULES)
+    with pytest.raises(ConfigError, match=r"name it \*.gguf"):
+        parse_run("export", ["--output_file", "model.bin"])
 
 
 def test_tokenizers_llama_cpp_would_split_differently_are_refused_by_name():
