@@ -1,7 +1,7 @@
 """The rows of `tunesmith export`: settings that cannot work, refused in one line after parsing and before any weight
 loads (the parser checks them after the core's rows, hparams/rules.py, for this command only), and the facts they
-read, each stored here once: the architectures written (gguf_arch.ARCHITECTURES, the writer's own table), the
-k-quants made by llama.cpp's quantizer, the vision-language model types exported with an mmproj file."""
+read, each stored once: here the k-quants made by llama.cpp's quantizer and the vision-language model types exported
+with an mmproj file; the architectures written are gguf_arch.ARCHITECTURES, the writer's own table."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import os
 from typing import Any
 
 from ..errors import PathError
+
+# The core table's helpers that its own rows share with these (private there until the other features' rows move).
 from ..hparams.rules import _NOTHING_TO_MERGE as NOTHING_TO_MERGE
 from ..hparams.rules import Rule, _problem, _prompt_adapter, _vision
 from ..utils.paths import adapter_config, is_adapter_dir, model_architecture, problem_with_output_dir
