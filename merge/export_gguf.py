@@ -1,7 +1,7 @@
-"""The `tunesmith export` command as a script: the recipe, its flags and its examples are in
-tunesmith/recipes/export.py (`python merge/export_gguf.py --help`)."""
+"""The `tunesmith export` command as a script: the pipeline, its flags and its examples are in
+tunesmith/export/command.py (`python merge/export_gguf.py --help`)."""
 
-from tunesmith.recipes.export import main
+from tunesmith.export.command import main
 
 if __name__ == "__main__":
     main()

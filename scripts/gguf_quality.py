@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from tunesmith.data.formats import conversation_from_row, read_rows  # noqa: E402
-from tunesmith.models.gguf_llama_cpp import load  # noqa: E402
+from tunesmith.export.gguf_llama_cpp import load  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 

@@ -237,9 +237,9 @@ def test_gguf_export_is_verified_in_llama_cpp_or_refused_in_one_line(arch_dir, p
     import importlib.util
 
     from tunesmith.errors import UserError
-    from tunesmith.models.gguf_arch import architecture
+    from tunesmith.export.command import run as export
+    from tunesmith.export.gguf_arch import architecture
     from tunesmith.models.loader import inference_model_args, load_for_inference
-    from tunesmith.recipes.export import run as export
 
     flags = ["--model_name_or_path", arch_dir, "--adapter_name_or_path", packed_run.args.output_dir,
              "--output_file", str(tmp_path / "model.gguf"), "--dtype", "f32"]

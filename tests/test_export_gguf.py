@@ -26,17 +26,19 @@ from test_merge import _make_adapter
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
-from tunesmith.errors import ConfigError, PathError
-from tunesmith.hparams import EXPORT_RELATIVE_TOLERANCES, ModelArguments, parse_run
-from tunesmith.models.gguf_arch import architecture
-from tunesmith.models.gguf_export import ExportError, RoundTrip, write_gguf
-from tunesmith.models.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_name
+from tunesmith.errors import ConfigError, ExportError, PathError
+from tunesmith.export.args import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ExportModelArguments
+from tunesmith.export.checks import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, read_back_refusal
+from tunesmith.export.command import _log_coverage
+from tunesmith.export.command import main as export_main
+from tunesmith.export.command import run as export
+from tunesmith.export.gguf_arch import architecture
+from tunesmith.export.gguf_model import RoundTrip, write_gguf
+from tunesmith.export.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_name
+from tunesmith.export.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
+from tunesmith.export.rules import RULES
+from tunesmith.hparams import ModelArguments, check, parse_run
 from tunesmith.models.loader import load_tokenizer
-from tunesmith.models.ollama import CHATML_GO_TEMPLATE, PROBES, ollama_chat, render_chatml
-from tunesmith.recipes.export import _log_coverage
-from tunesmith.recipes.export import main as export_main
-from tunesmith.recipes.export import run as export
-from tunesmith.recipes.export_checks import CHECK_CONVERSATIONS, RUN_CONFIG_KEY, read_back_refusal
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 2048, "tie_word_embeddings": True}
@@ -168,7 +170,7 @@ def test_an_adapter_alone_is_llama_cpps_adapter_gguf(tiny_model_dir, tokenizer, 
 def test_adapters_llama_cpp_cannot_apply_alone_are_refused_by_name():
     from types import SimpleNamespace
 
-    from tunesmith.models.gguf_adapter import _check_config
+    from tunesmith.export.gguf_adapter import _check_config
 
     plain = {"lora_alpha": 8, "r": 4, "use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None}
     assert _check_config(SimpleNamespace(**plain)) == 8.0
@@ -206,11 +208,15 @@ def test_other_architectures_and_existing_files_are_refused_before_loading(tiny_
         export(["--model_name_or_path", tiny_model_dir, "--output_file", str(tmp_path / "model.bin")])
 
 
-def test_the_rules_table_lists_the_architectures_the_writer_knows():
-    from tunesmith.hparams.rules import GGUF_ARCHITECTURES
-    from tunesmith.models.gguf_arch import ARCHITECTURES
-
-    assert GGUF_ARCHITECTURES == tuple(ARCHITECTURES)
+def test_the_export_rows_are_checked_for_the_export_command_only():
+    """Export's rows live in tunesmith/export/rules.py: the parser checks them after the core's for `tunesmith
+    export`, and the core's table alone no longer holds them."""
+    model, args = ExportModelArguments(), ExportArguments(output_file="model.bin")
+    check(model=model, export=args)  # the core's rows: nothing to say about the file name
+    with pytest.raises(ConfigError, match=r"name it \*.gguf"):
+        check(model=model, export=args, feature_rules=RULES)
+    with pytest.raises(ConfigError, match=r"name it \*.gguf"):
+        parse_run("export", ["--output_file", "model.bin"])
 
 
 def test_tokenizers_llama_cpp_would_split_differently_are_refused_by_name():

@@ -19,15 +19,15 @@ from conftest import build_spm_tokenizer, build_tiny_model_dir
 from test_export_gguf import build_qwen_tokenizer
 from test_merge import _make_adapter
 
-from tunesmith.models.gguf_arch import ARCHITECTURES
-from tunesmith.models.gguf_export import write_gguf
-from tunesmith.recipes.export import run as export
+from tunesmith.export.command import run as export
+from tunesmith.export.gguf_arch import ARCHITECTURES
+from tunesmith.export.gguf_model import write_gguf
 
 pytestmark = pytest.mark.llama_cpp  # opt-in: bash scripts/test.sh --with-llama-cpp
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bash scripts/setup.sh "
                                 "--with-llama-cpp builds it once)")
-from tunesmith.models.gguf_llama_cpp import TOKEN_SAMPLES, load  # noqa: E402
-from tunesmith.models.gguf_vocab import PRE_TOKENIZERS  # noqa: E402
+from tunesmith.export.gguf_llama_cpp import TOKEN_SAMPLES, load  # noqa: E402
+from tunesmith.export.gguf_vocab import PRE_TOKENIZERS  # noqa: E402
 
 _TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 2048, "tie_word_embeddings": True}
@@ -122,7 +122,7 @@ def test_every_pre_tokenizer_the_writer_names_splits_in_llama_cpp_as_in_transfor
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from tunesmith.models import gguf_vocab
+    from tunesmith.export import gguf_vocab
 
     monkeypatch.setattr(gguf_vocab, "KNOWN_HASHES", {})
 
@@ -168,7 +168,7 @@ def test_a_dropped_window_shows_past_the_window(tokenizer, tmp_path):
 
 @pytest.mark.parametrize("name, add_prefix", [("gemma2", False), ("llama", True)], ids=["gemma-style", "llama2-style"])
 def test_sentencepiece_style_vocabularies_tokenize_in_llama_cpp_as_in_transformers(name, add_prefix, tmp_path):
-    from tunesmith.models.gguf_llama_cpp import check_in_llama_cpp, greedy_references
+    from tunesmith.export.gguf_llama_cpp import check_in_llama_cpp, greedy_references
 
     tokenizer = build_spm_tokenizer(add_prefix)
     model = tiny_model(name, tokenizer)
@@ -215,7 +215,7 @@ def test_a_wrong_pre_tokenizer_is_caught_in_llama_cpp(tokenizer, tmp_path, monke
     (qwen2's split glues punctuation to the next word). The name itself was the bug users hit: "gpt2",
     which llama.cpp does not know ("gpt-2" does, and for SmolLM2's vocabulary, which has no merges across
     digits, splits as "smollm" does)."""
-    from tunesmith.models import gguf_llama_cpp, gguf_vocab
+    from tunesmith.export import gguf_llama_cpp, gguf_vocab
 
     model = tiny_model("llama", tokenizer)
     smollm = next(h for h, name in gguf_vocab.KNOWN_HASHES.items() if name == "smollm")

@@ -26,11 +26,12 @@ from transformers import AutoModelForImageTextToText
 from tests.vlm_models import build_vlm_dir
 from tunesmith.data.template import processor_of
 from tunesmith.errors import ConfigError, PathError
+from tunesmith.export.command import run as export
+from tunesmith.export.gguf_mtmd import mtmd_available
+from tunesmith.export.gguf_vision import PROJECTORS, write_vision_gguf
+from tunesmith.export.rules import EXPORTABLE_VISION_TYPES
 from tunesmith.hparams import ModelArguments
-from tunesmith.models.gguf_mtmd import mtmd_available
-from tunesmith.models.gguf_vision import EXPORTABLE_VISION_TYPES, PROJECTORS, write_vision_gguf
 from tunesmith.models.loader import load_tokenizer
-from tunesmith.recipes.export import run as export
 
 # Idefics3's files are written, not exported (gguf_vision says why); Qwen2.5-VL's are both
 WRITTEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "gemma3", "idefics3")
@@ -101,10 +102,8 @@ def name(key: gguf.MODEL_TENSOR, suffix: str = ".weight", bid: int | None = None
     return gguf.TENSOR_NAMES[key].format(bid=bid) + suffix
 
 
-def test_the_rules_table_lists_the_vision_types_the_writer_knows():
-    from tunesmith.hparams.rules import GGUF_VISION_TYPES
-
-    assert GGUF_VISION_TYPES == EXPORTABLE_VISION_TYPES == ("qwen2_vl", "qwen2_5_vl", "gemma3")
+def test_the_writer_knows_every_family_built_here_and_every_exported_type():
+    assert EXPORTABLE_VISION_TYPES == ("qwen2_vl", "qwen2_5_vl", "gemma3")
     assert tuple(PROJECTORS) == WRITTEN_FAMILIES
 
 
@@ -242,7 +241,7 @@ def test_an_existing_mmproj_file_is_not_replaced_unless_asked(vlm_dirs, tmp_path
 
 
 def test_a_tower_activation_llama_cpp_does_not_compute_is_refused(vlm_dirs):
-    from tunesmith.models.gguf_vision import projector
+    from tunesmith.export.gguf_vision import projector
 
     config = copy.deepcopy(load(vlm_dirs["qwen2_vl"])[0].config)
     config.vision_config.hidden_act = "silu"
@@ -257,7 +256,7 @@ def test_a_tower_activation_llama_cpp_does_not_compute_is_refused(vlm_dirs):
 ])
 def test_a_qwen2_5_vl_window_llama_cpp_does_not_compute_is_refused(setting, value, message, vlm_dirs, tmp_path):
     """llama.cpp takes full attention in every n-th block (n = the first full block + 1) and windows of 112 pixels."""
-    from tunesmith.models.gguf_vision import PROJECTORS
+    from tunesmith.export.gguf_vision import PROJECTORS
 
     config = copy.deepcopy(load(vlm_dirs["qwen2_5_vl"])[0].config)
     setattr(config.vision_config, setting, value)  # [0] with 2 blocks: llama.cpp would make block 1 full too
@@ -267,17 +266,17 @@ def test_a_qwen2_5_vl_window_llama_cpp_does_not_compute_is_refused(setting, valu
 
 
 def test_the_modelfile_names_the_projector_in_a_second_from_line():
-    from tunesmith.models.ollama import OllamaChat, modelfile_text
+    from tunesmith.export.ollama import OllamaChat, modelfile_text
 
     text = modelfile_text("m.gguf", OllamaChat("{{ .Prompt }}", None, []), "src", projector_name="mmproj-m.gguf")
     assert text.splitlines()[1:3] == ["FROM ./m.gguf", "FROM ./mmproj-m.gguf"]
 
 
 def test_require_llama_cpp_check_stops_before_loading_where_mtmd_is_missing(vlm_dirs, tmp_path, monkeypatch):
-    from tunesmith.hparams import rules
+    from tunesmith.export import rules
 
-    monkeypatch.setattr(rules, "_has_llama_cpp", lambda: True)  # the mtmd row, with or without llama-cpp-python here
-    monkeypatch.setattr(rules, "_has_mtmd", lambda: False)
+    monkeypatch.setattr(rules, "llama_cpp_available", lambda: True)  # the mtmd row, with or without llama-cpp-python
+    monkeypatch.setattr(rules, "mtmd_library_found", lambda: False)
     with pytest.raises(ConfigError, match=r"^--require_llama_cpp_check: llama-cpp-python was built without its "
                                           r"multimodal library \(mtmd\), so the mmproj file cannot be checked"):
         export(["--model_name_or_path", vlm_dirs["qwen2_vl"], "--output_file", str(tmp_path / "m.gguf"),
@@ -297,8 +296,8 @@ def _picture_check(model, tokenizer, text_path: str, mmproj: str):
     from tunesmith.constants import USER
     from tunesmith.data.images import image_part
     from tunesmith.data.template import encode_prompt, render_text
-    from tunesmith.models.gguf_mtmd import check_image_in_llama_cpp, greedy_reply
-    from tunesmith.recipes.export_vision import QUESTION, _data_url, _image_token_id, check_picture
+    from tunesmith.export.gguf_mtmd import check_image_in_llama_cpp, greedy_reply
+    from tunesmith.export.vision_export import QUESTION, _data_url, _image_token_id, check_picture
 
     picture = check_picture(model.config)
     conversation = [{"role": USER, "content": [image_part(_data_url(picture)), {"type": "text", "text": QUESTION}]}]
@@ -325,7 +324,7 @@ def test_llama_cpp_sees_the_picture_as_transformers_does_and_gives_its_reply(fam
 
 @needs_mtmd
 def test_a_projector_from_other_weights_is_caught(vlm_dirs, written, tmp_path, default_model_path):
-    from tunesmith.recipes.export_vision import IMAGE_EMBD_TOLERANCES, _image_refusal
+    from tunesmith.export.vision_export import IMAGE_EMBD_TOLERANCES, _image_refusal
 
     model, tokenizer = load(vlm_dirs["qwen2_vl"])
     other, _ = load(build_vlm_dir("qwen2_vl", tmp_path / "other", default_model_path, seed=2))

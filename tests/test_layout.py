@@ -1,17 +1,20 @@
 """The package's layers: a module imports only from its own layer or the ones below it, so the bottom
-(data, models) never depends on the top (recipes, the command). Every `tunesmith` import counts,
+(data, models) never depends on the top (recipes, the command). Features sit on the core: a feature package
+(its args.py, rules.py, its code and its command.py) imports the core and itself only, and nothing but the
+command line's top imports a feature, so one folder holds all of it. Every `tunesmith` import counts,
 absolute or relative, at module level or inside a function; only a module's
 `if __name__ == "__main__":` block is exempt (a `python -m` spelling that runs the command)."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tunesmith"
 
-# Bottom to top; a package or module of tunesmith/ by its first name under tunesmith/.
-LAYERS: list[set[str]] = [
+# The core, bottom to top; a package or module of tunesmith/ by its first name under tunesmith/.
+CORE: list[set[str]] = [
     {"constants", "errors", "utils", "boundary"},
     {"distributed"},
     {"hparams"},
@@ -19,12 +22,21 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"train"},
     {"generation"},
+]
+# The feature packages, each a folder of args.py (its dataclasses), rules.py (its rows and the facts they read),
+# its code and command.py (the pipeline); it imports only the core. The packages not yet in that shape (issue #53)
+# keep their layers above the core, and import no feature either.
+FEATURES: set[str] = {"export"}
+TOP = {"cli", "cli_reference", "__main__"}  # cli_reference: the docs' CLI reference, generated from the parser
+LAYERS: list[set[str]] = [
+    *CORE,
     {"ppo"},
-    {"chat", "serve", "evaluation", "ui", "plan"},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end; plan: the memory plan
+    {"chat", "serve", "evaluation", "ui", "plan", *FEATURES},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end; plan: the memory plan
     {"recipes"},
-    {"cli", "cli_reference", "__main__"},  # cli_reference: the docs' CLI reference, generated from the parser
+    TOP,
 ]
 LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}
+CORE_NAMES = set().union(*CORE)
 ROOT = "__init__"  # tunesmith/__init__.py imports nothing of tunesmith; importing `tunesmith` itself is allowed
 
 
@@ -57,8 +69,8 @@ def imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return sorted(found, key=lambda n: n.lineno)
 
 
-def imported_names(node: ast.Import | ast.ImportFrom, package: list[str]) -> list[str]:
-    """The top names under tunesmith/ an import reaches (`__init__` for the package itself)."""
+def imported_names(node: ast.Import | ast.ImportFrom, package: list[str], known: Collection[str] = LAYER) -> list[str]:
+    """The top names under tunesmith/ an import reaches (`__init__` for the package itself, or a name not known)."""
     if isinstance(node, ast.Import):
         targets = [alias.name.split(".") for alias in node.names]
     else:
@@ -66,7 +78,7 @@ def imported_names(node: ast.Import | ast.ImportFrom, package: list[str]) -> lis
         module = [*base, *(node.module.split(".") if node.module else [])]
         # `from tunesmith import errors` and `from .. import errors` name a module in the alias.
         targets = [[*module, alias.name] for alias in node.names] if module == ["tunesmith"] else [module]
-    return [(t[1] if t[1] in LAYER else ROOT) if len(t) > 1 else ROOT for t in targets if t[0] == "tunesmith"]
+    return [(t[1] if t[1] in known else ROOT) if len(t) > 1 else ROOT for t in targets if t[0] == "tunesmith"]
 
 
 def layer_violations(relative: Path, source: str) -> list[str]:
@@ -78,6 +90,25 @@ def layer_violations(relative: Path, source: str) -> list[str]:
             if name != ROOT and LAYER[name] > LAYER[own]:
                 problems.append(f"tunesmith/{relative}:{node.lineno}: `{ast.get_source_segment(source, node)}` "
                                 f"imports {name} (layer {LAYER[name]}) into {own} (layer {LAYER[own]})")
+    return problems
+
+
+def feature_violations(relative: Path, source: str, features: set[str] = FEATURES) -> list[str]:
+    """`file:line: import` for each import of a feature by a module of another feature or of the core (only the
+    top, the command line, may import one), and for each import by a feature of anything but the core."""
+    own = top_name(relative)
+    problems = []
+    for node in imports(ast.parse(source)):
+        for name in imported_names(node, module_package(relative), set(LAYER) | features):
+            if name in (ROOT, own):
+                continue
+            where = f"tunesmith/{relative}:{node.lineno}: `{ast.get_source_segment(source, node)}`"
+            if name in features and own not in TOP:
+                into = f"the feature {own}" if own in features else own
+                problems.append(f"{where} imports the feature {name} into {into}: only {', '.join(sorted(TOP))} "
+                                "import a feature")
+            elif own in features and name not in CORE_NAMES:
+                problems.append(f"{where} imports {name} into the feature {own}: a feature imports only the core")
     return problems
 
 
@@ -93,6 +124,44 @@ def test_every_module_has_a_layer():
 def test_no_module_imports_a_layer_above_its_own():
     problems = [p for m in modules() for p in layer_violations(m, (PACKAGE / m).read_text(encoding="utf-8"))]
     assert not problems, "imports must point down the layers:\n" + "\n".join(problems)
+
+
+def test_features_import_only_the_core_and_only_the_top_imports_a_feature():
+    problems = [p for m in modules() for p in feature_violations(m, (PACKAGE / m).read_text(encoding="utf-8"))]
+    assert not problems, "a feature imports only the core, and only the command line imports a feature:\n" + \
+        "\n".join(problems)
+
+
+def test_the_feature_check_sees_a_feature_in_the_core_another_feature_and_a_layer_above_the_core():
+    in_a_feature = """
+from ..models import loader
+from .gguf_arch import ARCHITECTURES
+from ..merge import command
+from ..ppo.core import whiten
+"""
+    problems = feature_violations(Path("export/fake.py"), in_a_feature, features={"export", "merge"})
+    assert problems == ["tunesmith/export/fake.py:4: `from ..merge import command` imports the feature merge into "
+                        "the feature export: only __main__, cli, cli_reference import a feature",
+                        "tunesmith/export/fake.py:5: `from ..ppo.core import whiten` imports ppo into the feature "
+                        "export: a feature imports only the core"]
+    in_the_core = "import tunesmith.export.rules\n"
+    assert feature_violations(Path("hparams/fake.py"), in_the_core) == [
+        "tunesmith/hparams/fake.py:1: `import tunesmith.export.rules` imports the feature export into hparams: only "
+        "__main__, cli, cli_reference import a feature"]
+    assert not feature_violations(Path("cli.py"), "from .export.command import main\n")
+
+
+def test_each_feature_is_one_folder_with_its_arguments_rules_and_command():
+    """A newcomer opens one folder per feature: its flags (args.ARGUMENTS), its refusals (rules.RULES, which the
+    parser checks for its command after the core's), its command (`tunesmith NAME` runs FEATURE.command)."""
+    from tunesmith.cli import COMMANDS
+    from tunesmith.hparams.run_kinds import FEATURE_RUNS
+
+    assert sorted(FEATURE_RUNS.values()) == sorted(f"tunesmith.{name}" for name in FEATURES)
+    for kind, package in FEATURE_RUNS.items():
+        folder = PACKAGE / package.removeprefix("tunesmith.")
+        assert {"args.py", "rules.py", "command.py"} <= {p.name for p in folder.glob("*.py")}, folder
+        assert COMMANDS[kind.replace("_", "-")] == f"{package}.command"
 
 
 def test_the_check_sees_relative_absolute_and_function_imports_but_not_the_main_guard():

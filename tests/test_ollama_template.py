@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
+from tunesmith.export.checks import CHECK_CONVERSATIONS
+from tunesmith.export.ollama import modelfile_text, ollama_chat, ollama_parameters, training_record
 from tunesmith.hparams import ModelArguments
 from tunesmith.models.loader import load_tokenizer
-from tunesmith.models.ollama import modelfile_text, ollama_chat, ollama_parameters, training_record
-from tunesmith.recipes.export_checks import CHECK_CONVERSATIONS
 
 GO_PROGRAM = Path(__file__).parent / "go" / "render_ollama_template.go"
 
@@ -122,7 +122,7 @@ def test_tools_are_refused_by_ollama_rather_than_dropped(own_tokenizer):
 
 def test_exported_modelfile_carries_the_stops_sampling_and_trained_length(tiny_model_dir, tokenizer, tmp_path,
                                                                           go_render):
-    from tunesmith.recipes.export import run as export
+    from tunesmith.export.command import run as export
     from tunesmith.recipes.sft import run as sft
 
     data = tmp_path / "sft.jsonl"

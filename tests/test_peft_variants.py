@@ -125,7 +125,7 @@ def test_sft_variant_saves_an_adapter_plain_peft_loads_and_merge_reproduces(vari
     result = merge(["--adapter_name_or_path", str(out), "--output_dir", str(tmp_path / "merged")])
     assert result.max_abs_diff < 1e-4
     if variant == "pissa":  # converted, a plain LoRA: llama.cpp's adapter GGUF takes it
-        from tunesmith.recipes.export import run as export
+        from tunesmith.export.command import run as export
 
         export(["--model_name_or_path", str(out), "--output_file", str(tmp_path / "a.gguf"), "--dtype", "f32",
                 "--adapter_only"])
@@ -264,7 +264,7 @@ def dora_adapter(tiny_model_dir, sft_data, tmp_path_factory) -> str:
 
 
 def test_doras_adapter_gguf_is_refused_with_a_pointer_to_the_merged_export(dora_adapter, tmp_path):
-    from tunesmith.recipes.export import run as export
+    from tunesmith.export.command import run as export
 
     with pytest.raises(ConfigError, match=r"this one sets use_dora, which llama.cpp's adapter GGUF does not carry: "
                                           r"export it merged \(leave out --adapter_only\)"):
@@ -275,7 +275,7 @@ def test_doras_adapter_gguf_is_refused_with_a_pointer_to_the_merged_export(dora_
 
 @pytest.mark.heavy  # 20 s, most of it the read-back check of the written file
 def test_doras_merged_export_writes_and_reads_back(dora_adapter, tmp_path):
-    from tunesmith.recipes.export import run as export
+    from tunesmith.export.command import run as export
 
     result = export(["--model_name_or_path", dora_adapter, "--output_file", str(tmp_path / "m.gguf"), "--dtype", "f16"])
     assert (tmp_path / "m.gguf").stat().st_size > 0 and result.round_trip.token_mismatch is None

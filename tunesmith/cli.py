@@ -24,7 +24,7 @@ COMMANDS = {
     "ppo": "tunesmith.recipes.ppo",
     "eval": "tunesmith.recipes.eval",
     "merge": "tunesmith.recipes.merge",
-    "export": "tunesmith.recipes.export",
+    "export": "tunesmith.export.command",
     "chat": "tunesmith.recipes.chat",
     "serve": "tunesmith.recipes.serve",
     "inspect": "tunesmith.recipes.inspect",

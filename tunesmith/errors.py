@@ -35,3 +35,9 @@ class PathError(UserError, FileNotFoundError):
     """A model, adapter, checkpoint or output path that is missing or of the wrong kind."""
 
     kind = "path error"
+
+
+class ExportError(UserError, RuntimeError):
+    """A GGUF that cannot be written, or whose check does not match the source model."""
+
+    kind = "export error"

@@ -14,16 +14,13 @@ from .parser import ParsedRun, parse_args
 from .ppo_args import SHIPPED_REWARD_FUNCS_MODULE, PPOArguments, RewardSourceArguments
 from .rules import check, deepspeed_config, zero_stage
 from .run_config import save_run_config
-from .run_kinds import RUN_ARGUMENTS
+from .run_kinds import RUN_ARGUMENTS, feature_rules
 from .tool_args import (
-    EXPORT_RELATIVE_TOLERANCES,
     MERGE_DEFAULT_DENSITY,
     MERGE_DEFAULT_SLERP_T,
     MERGE_RELATIVE_TOLERANCES,
     CompareArguments,
     EvalArguments,
-    ExportArguments,
-    ExportModelArguments,
     HarnessArguments,
     InspectArguments,
     MergeArguments,
@@ -36,8 +33,9 @@ from .training_args import SFTTrainingArguments, TrainingArguments
 
 def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | None = None,
               check_paths: bool = True) -> ParsedRun:
-    """Parse and check the command line of one kind of run (a key of RUN_ARGUMENTS)."""
-    return parse_args(RUN_ARGUMENTS[kind], argv, description, check_paths)
+    """Parse and check the command line of one kind of run (a key of RUN_ARGUMENTS): the core's rules, then those
+    of the kind's feature package."""
+    return parse_args(RUN_ARGUMENTS[kind], argv, description, check_paths, rules=feature_rules(kind))
 
 
 __all__ = [
@@ -46,6 +44,6 @@ __all__ = [
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
     "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "SFTTrainingArguments", "TrainingArguments",
     "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments", "HarnessArguments",
-    "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T", "ExportArguments", "ExportModelArguments", "EXPORT_RELATIVE_TOLERANCES", "UIArguments",
+    "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T", "UIArguments",
     "ToolUseArguments",
 ]

@@ -1,7 +1,7 @@
 """One parser for every kind of run: an optional YAML/JSON run config as the first argument, then
 `--flag value` overrides, into the stage's dataclasses; old flag spellings mapped to new ones with a
 deprecation line; unknown flags and keys refused with a suggestion; then every row of the rules
-table (hparams/rules.py), before any weight loads. `--help` opens with what the stage does and how
+table (hparams/rules.py) and of the command's feature (e.g. tunesmith/export/rules.py), before any weight loads. `--help` opens with what the stage does and how
 to pass a run config, and lists tunesmith's own flags before the Trainer's. A boolean flag given bare
 means true (`--disable_dropout`), or takes a value (`--disable_dropout false`, yes/no, 1/0)."""
 
@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
 from ..utils.threads import warn_about_cpu_threads
 from .optimizers import check_optimizer
-from .rules import check
+from .rules import Rule, check
 from .training_args import resolve_checkpointing, resolve_eval_schedule
 
 logger = logging.getLogger(__name__)
@@ -166,9 +166,10 @@ class ParsedRun:
 
 
 def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = None,
-               description: str | None = None, check_paths: bool = True) -> ParsedRun:
-    """Parse a command line into the given dataclasses, then apply the rules table (check_paths=False:
-    all but the rows about files and folders). `description` (the recipe's docstring) opens `--help`."""
+               description: str | None = None, check_paths: bool = True, rules: Sequence[Rule] = ()) -> ParsedRun:
+    """Parse a command line into the given dataclasses, then apply the rules table and the command's feature's
+    `rules` (check_paths=False: all but the rows about files and folders). `description` (the recipe's docstring)
+    opens `--help`."""
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--debug"]
     namespace = parse_namespace(dataclass_types, argv, description)
     eval_note = resolve_eval_schedule(vars(namespace))
@@ -185,7 +186,7 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
     run = ParsedRun(configs)
     if hasattr(run, "model"):
         resolve_adapter_base(run.model, warn=False)
-    check(check_paths, **{config.role: config for config in configs})
+    check(check_paths, rules, **{config.role: config for config in configs})
     if hasattr(run, "training"):  # --optim: its package, CUDA, and the flags it cannot go with
         check_optimizer(run.training, own_loop=hasattr(run, "ppo"))
     if hasattr(run, "model"):

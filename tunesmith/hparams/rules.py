@@ -1,7 +1,9 @@
 """One table of settings that cannot work, checked right after parsing, before any weight loads:
 each row names the flag, the value received and what to change, instead of a failure later inside a
 library. A row applies to a run that has every role it reads (model, data, finetuning, training,
-ppo, reward, dpo, generation, chat, serve, merge, export, score, evaluation); `check(**roles)` runs the table."""
+ppo, reward, dpo, generation, chat, serve, merge, score, evaluation); `check(**roles)` runs the table, then
+the rows of the command's feature package (its rules.py: tunesmith/export/rules.py), which serve that command
+alone."""
 
 from __future__ import annotations
 
@@ -10,9 +12,8 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,7 +26,6 @@ from ..utils.paths import (
     adapter_config,
     is_adapter_dir,
     looks_local,
-    model_architecture,
     model_config,
     problem_with_data_file,
     problem_with_model_dir,
@@ -102,29 +102,6 @@ def _merged_from_this_adapter(model: Any) -> dict | None:
     if merged.get("adapter_name_or_path") and os.path.realpath(merged["adapter_name_or_path"]) == os.path.realpath(adapter):
         return {"base": merged.get("model_name_or_path") or "the one its adapter_config.json records"}
     return None
-
-
-# The architectures the GGUF export writes (models/gguf_arch.py maps each to llama.cpp's); the default
-# model is the first. A test keeps the two lists equal.
-GGUF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                      "Gemma2ForCausalLM", "Gemma3ForCausalLM")
-GGUF_K_QUANTS = ("q4_k_m", "q5_k_m", "q6_k")
-# The vision-language model types it exports as a text GGUF plus llama.cpp's mmproj file (models/gguf_vision.py's
-# EXPORTABLE_VISION_TYPES; a test keeps the two equal).
-GGUF_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl", "gemma3")
-
-
-def _not_exportable(model: Any) -> dict | None:
-    """{"arch": ...} when the model (the base, for an adapter) is a local folder of another architecture (an
-    exportable vision-language model is one of its own)."""
-    arch = model_architecture(model.model_name_or_path) if model.model_name_or_path else None
-    if _vision(model):
-        return None  # export_vision decides
-    return {"arch": arch} if arch and arch not in GGUF_ARCHITECTURES else None
-
-
-def _exists(path: str | None) -> bool:
-    return bool(path) and os.path.exists(path)
 
 
 def _prompt_adapter(model: Any) -> dict | None:
@@ -264,17 +241,6 @@ def _sequence_parallel(a: SimpleNamespace) -> int:
 def _world_size() -> int:
     """The launch's process count (torchrun and accelerate export WORLD_SIZE); 1 without a launcher."""
     return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _has_llama_cpp() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
-def _has_mtmd() -> bool:
-    """llama-cpp-python with its multimodal library beside it (built with -DLLAVA_BUILD=ON), found without
-    loading it."""
-    spec = importlib.util.find_spec("llama_cpp")
-    return bool(spec and spec.origin and any(Path(spec.origin).parent.glob("lib/*mtmd*")))
 
 
 def _bound_rule(bound: Bound) -> Rule:
@@ -909,67 +875,6 @@ RULES: list[Rule] = [
          lambda a: not a.merge.overwrite_output_dir and a.merge.output_dir and os.path.isdir(a.merge.output_dir)
          and os.listdir(a.merge.output_dir),
          "--output_dir {merge.output_dir} exists and is not empty: choose another, or pass --overwrite_output_dir."),
-    # -- GGUF export
-    Rule("export_output_given", ("export",), lambda a: not a.export.output_file,
-         "--output_file is required: the .gguf file to write (e.g. outputs/sft_demo.gguf)."),
-    Rule("export_output_suffix", ("export",), lambda a: not a.export.output_file.endswith(".gguf"),
-         "--output_file {export.output_file}: name it *.gguf (its Modelfile is named after it)."),
-    Rule("export_output_path", ("export",),
-         lambda a: _problem(problem_with_output_dir(os.path.dirname(os.path.abspath(a.export.output_file)))),
-         "--output_file {export.output_file}: {problem}; choose another place.", PathError),
-    Rule("export_output_free", ("export", "model"),
-         lambda a: not a.export.overwrite_output_file
-         and next(({"path": p} for p in (a.export.output_file, a.export.modelfile,
-                                          *([a.export.mmproj_file] if _vision(a.model) else [])) if _exists(p)), None),
-         "{path} exists: choose another --output_file, or pass --overwrite_output_file.", PathError),
-    Rule("export_unquantized", ("export", "model"), lambda a: a.model.quantization_bit is not None,
-         "--quantization_bit cannot be used with export: the model loads in float32 and --dtype chooses how the "
-         "GGUF stores it; drop the flag."),
-    Rule("export_prompt_learning", ("export", "model"), lambda a: _prompt_adapter(a.model),
-         "export: " + _NOTHING_TO_MERGE.replace("to merge.", "to merge and export (llama.cpp has no virtual "
-                                                "tokens).")),
-    Rule("export_causal_lm", ("export", "model"),
-         lambda a: is_adapter_dir(a.model.adapter_name_or_path)
-         and adapter_config(a.model.adapter_name_or_path).get("task_type") == "SEQ_CLS",
-         "{model.adapter_name_or_path} is a reward-model adapter (task_type SEQ_CLS): export_gguf writes chat "
-         "models (causal LMs) only."),
-    Rule("export_vision", ("export", "model"),
-         lambda a: (v := _vision(a.model)) and v["model_type"] not in GGUF_VISION_TYPES and v,
-         "GGUF export of a vision-language model writes " + ", ".join(GGUF_VISION_TYPES) + " (the text model and "
-         "llama.cpp's mmproj file); this one is {model_type}: serve its folder with tunesmith serve, transformers or "
-         "vLLM."),
-    Rule("export_vision_whole", ("export", "model"),
-         lambda a: _vision(a.model) and (a.export.adapter_only or a.model.dtype in GGUF_K_QUANTS),
-         "--adapter_only and the k-quants (--dtype q4_k_m, q5_k_m, q6_k) are not built for vision-language models: "
-         "export the whole model with --dtype f32, f16, bf16 or q8_0."),
-    Rule("export_architecture", ("export", "model"), lambda a: _not_exportable(a.model),
-         "export_gguf supports " + ", ".join(GGUF_ARCHITECTURES) + "; this model is {arch} "
-         "({model.model_name_or_path}/config.json)."),
-    Rule("export_adapter_only_needs_adapter", ("export", "model"),
-         lambda a: a.export.adapter_only and not a.model.adapter_name_or_path,
-         "--adapter_only writes a LoRA adapter, and no adapter was given: pass an adapter folder as "
-         "--model_name_or_path (or --adapter_name_or_path), or leave out --adapter_only."),
-    Rule("export_adapter_only_dtype", ("export", "model"),
-         lambda a: a.export.adapter_only and a.model.dtype not in ("f32", "f16"),
-         "--adapter_only writes the adapter's matrices in f32 or f16 (got --dtype {model.dtype}): llama.cpp applies "
-         "them over a base of any type."),
-    Rule("export_k_quant", ("export", "model"),
-         lambda a: a.model.dtype in GGUF_K_QUANTS and importlib.util.find_spec("llama_cpp") is None,
-         "--dtype {model.dtype} is made by llama.cpp's quantizer, and llama-cpp-python is not installed: run "
-         "`bash scripts/setup.sh --with-llama-cpp`, or choose f32, f16, bf16 or q8_0."),
-    Rule("export_llama_cpp_check", ("export",),
-         lambda a: a.export.require_llama_cpp_check and not _has_llama_cpp(),
-         "--require_llama_cpp_check: llama-cpp-python is not installed, so the GGUF cannot be checked in llama.cpp: "
-         "run `bash scripts/setup.sh --with-llama-cpp`, or leave out the flag."),
-    Rule("export_llama_cpp_mtmd_check", ("export", "model"),
-         lambda a: a.export.require_llama_cpp_check and _vision(a.model) and not _has_mtmd(),
-         "--require_llama_cpp_check: llama-cpp-python was built without its multimodal library (mtmd), so the mmproj "
-         "file cannot be checked in llama.cpp: run `bash scripts/setup_llama_cpp.sh` (it builds with mtmd), or leave "
-         "out the flag."),
-    Rule("export_tolerance", ("export",),
-         lambda a: a.export.max_relative_logit_diff is not None and not a.export.max_relative_logit_diff >= 0,
-         "--max_relative_logit_diff must be >= 0 (got {export.max_relative_logit_diff}); leave it out for the "
-         "default of the --dtype."),
     # -- score and evaluation
     Rule("score_output_given", ("score",), lambda a: not a.score.output_file,
          "--output_file is required: where to write one line of scores per input row."),
@@ -1037,11 +942,12 @@ def _missing_dir_problem(path: str) -> str | None:
     return found["problem"] if found else None
 
 
-def check(check_paths: bool = True, **roles: Any) -> None:
-    """Raise the error of the first broken rule among those whose roles are all given. check_paths=False
-    leaves out the rows about files and folders (for settings read on another machine than the run's)."""
+def check(check_paths: bool = True, feature_rules: Sequence[Rule] = (), **roles: Any) -> None:
+    """Raise the error of the first broken rule among those whose roles are all given: this table's rows, then
+    the command's feature's own (`feature_rules`, e.g. tunesmith/export/rules.py's). check_paths=False leaves out
+    the rows about files and folders (for settings read on another machine than the run's)."""
     namespace = SimpleNamespace(**roles)
-    for rule in RULES:
+    for rule in (*RULES, *feature_rules):
         if not all(roles.get(role) is not None for role in rule.roles):
             continue
         if not check_paths and rule.error is PathError:

@@ -12,6 +12,7 @@ from typing import Any
 from .. import __version__
 from ..constants import RUN_CONFIG_FILE
 from ..utils.io import atomic_write_json
+from .model_args import ModelArguments
 from .run_kinds import RUN_ARGUMENTS
 
 # Settings that do not change what a run computes. Two runs that differ only in these are the same run:
@@ -78,6 +79,16 @@ VERSION_SECTION = "tunesmith"
 def save_run_config(output_dir: str, *configs: Any) -> None:
     record = {VERSION_SECTION: {"version": __version__}, **resolved_config(*configs)}
     atomic_write_json(os.path.join(output_dir, RUN_CONFIG_FILE), record)
+
+
+def merge_record(model_args: ModelArguments) -> ModelArguments:
+    """The model arguments as a merged model (a merged folder, a GGUF) records them: local paths made absolute,
+    so that the record still names the adapter from another folder (the rules refuse adding that adapter again)."""
+    def absolute(path: str | None) -> str | None:
+        return os.path.abspath(path) if path and os.path.exists(path) else path
+
+    return dataclasses.replace(model_args, model_name_or_path=absolute(model_args.model_name_or_path),
+                               adapter_name_or_path=absolute(model_args.adapter_name_or_path))
 
 
 def as_saved(*configs: Any) -> dict[str, dict[str, Any]]:

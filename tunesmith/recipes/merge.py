@@ -43,6 +43,7 @@ from ..constants import ASSISTANT, USER
 from ..data.images import image_part, probe_picture
 from ..data.template import encode_conversation, encode_prompt, processor_of, reads_images
 from ..hparams import MERGE_RELATIVE_TOLERANCES, MergeArguments, ModelArguments, parse_run, save_run_config
+from ..hparams.run_config import merge_record
 from ..models.loader import load_tokenizer
 from ..models.merging import MergeError, adapter_task, load_adapted
 from ..models.model_merge import merge_configuration, run_mergekit
@@ -85,16 +86,6 @@ def _load_saved(path: str, task: str, dtype: str) -> Any:
     auto = AutoModelForSequenceClassification if task == "reward" else \
         AutoModelForImageTextToText if vision_model_type(path) else AutoModelForCausalLM
     return auto.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-
-
-def merge_record(model_args: ModelArguments) -> ModelArguments:
-    """The model arguments as the merged folder records them: local paths made absolute, so that the
-    record still names the adapter from another folder (the rules refuse adding that adapter again)."""
-    def absolute(path: str | None) -> str | None:
-        return os.path.abspath(path) if path and os.path.exists(path) else path
-
-    return dataclasses.replace(model_args, model_name_or_path=absolute(model_args.model_name_or_path),
-                               adapter_name_or_path=absolute(model_args.adapter_name_or_path))
 
 
 def merge(model_args: ModelArguments, args: MergeArguments) -> MergeResult:

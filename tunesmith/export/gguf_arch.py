@@ -29,14 +29,8 @@ import gguf
 import numpy as np
 import torch
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, ExportError
 from ..utils.config_facts import config_fact, text_config
-
-
-class ExportError(UserError, RuntimeError):
-    """A GGUF that cannot be written, or whose check does not match the source model."""
-
-    kind = "export error"
 
 
 @dataclass(frozen=True)

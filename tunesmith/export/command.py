@@ -14,7 +14,7 @@ so is a sliding window llama.cpp would not apply (Mistral's; Qwen2/3's with use_
 --drop_sliding_window. f32, f16, bf16 and q8_0 are written here; q4_k_m, q5_k_m and q6_k by llama.cpp's own
 quantizer from an f16 file.
 A Qwen2-VL or Gemma 3 vision-language model is written as its language model (--output_file) plus
-llama.cpp's mmproj file beside it, mmproj-<name>.gguf, and checked on a picture too (recipes/export_vision.py).
+llama.cpp's mmproj file beside it, mmproj-<name>.gguf, and checked on a picture too (vision_export.py).
 
 The GGUF is written under a temporary name beside --output_file and checked before it gets its name:
 - read back with transformers' GGUF loader (where it rebuilds the architecture): its tokenizer must encode
@@ -43,22 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..boundary import entry_point
-from ..hparams import EXPORT_RELATIVE_TOLERANCES, ExportArguments, ModelArguments, parse_run
-from ..hparams.run_config import as_saved
-from ..models.gguf_adapter import base_state_dict, write_adapter_gguf
-from ..models.gguf_arch import architecture, sliding_window
-from ..models.gguf_export import ExportError, RoundTrip, write_gguf
-from ..models.gguf_llama_cpp import (
-    K_QUANTS,
-    LlamaCppCheck,
-    check_in_llama_cpp,
-    greedy_references,
-    llama_cpp_available,
-    quantize,
-)
+from ..errors import ExportError
+from ..hparams import ModelArguments, parse_run
+from ..hparams.run_config import as_saved, merge_record
 from ..models.merging import load_adapted, load_merged
-from ..models.ollama import ollama_chat
-from .export_checks import (
+from .args import EXPORT_RELATIVE_TOLERANCES, ExportArguments
+from .checks import (
     GREEDY_NEW_TOKENS,
     RUN_CONFIG_KEY,
     UNCHECKED_HINT,
@@ -73,8 +63,19 @@ from .export_checks import (
     text_references,
     write_modelfile,
 )
-from .export_vision import VisionExportResult, export_vision
-from .merge import merge_record
+from .gguf_adapter import base_state_dict, write_adapter_gguf
+from .gguf_arch import architecture, sliding_window
+from .gguf_llama_cpp import (
+    LlamaCppCheck,
+    check_in_llama_cpp,
+    greedy_references,
+    llama_cpp_available,
+    quantize,
+)
+from .gguf_model import RoundTrip, write_gguf
+from .ollama import ollama_chat
+from .rules import K_QUANTS
+from .vision_export import VisionExportResult, export_vision
 
 logger = logging.getLogger(__name__)
 

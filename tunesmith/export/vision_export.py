@@ -1,14 +1,14 @@
 """`tunesmith export` of a vision-language model (Qwen2-VL, Gemma 3): its language model as the
 --output_file GGUF and its vision tower + projector as llama.cpp's mmproj file beside it (mmproj-<name>.gguf; see
-models/gguf_vision), both checked before either gets its name:
+gguf_vision), both checked before either gets its name:
 
-- the text GGUF as a text model's (recipes/export) in llama.cpp: the tokens, the chat template and greedy
+- the text GGUF as a text model's (command.py) in llama.cpp: the tokens, the chat template and greedy
   continuations of the check conversations, text only (transformers' GGUF loader has no qwen2vl, and drops Gemma 3's
   settings);
 - the pair in llama.cpp's multimodal library (mtmd; llama-cpp-python built with it), against transformers on one
-  picture (models/gguf_mtmd): image embeddings within IMAGE_EMBD_TOLERANCES, the same prompt layout, and
+  picture (gguf_mtmd): image embeddings within IMAGE_EMBD_TOLERANCES, the same prompt layout, and
   transformers' greedy reply to the picture chosen by llama.cpp at every step but near-ties.
-A refused export leaves neither file. k-quants and --adapter_only are refused for these models (hparams/rules.py).
+A refused export leaves neither file. k-quants and --adapter_only are refused for these models (rules.py).
 """
 
 from __future__ import annotations
@@ -25,14 +25,10 @@ from typing import Any
 from ..constants import USER
 from ..data.images import image_part
 from ..data.template import encode_prompt, processor_of, render_text
-from ..hparams import ExportArguments, ModelArguments
-from ..models.gguf_arch import architecture
-from ..models.gguf_export import ExportError, RoundTrip
-from ..models.gguf_llama_cpp import LlamaCppCheck, llama_cpp_available
-from ..models.gguf_mtmd import ImageCheck, check_image_in_llama_cpp, greedy_reply, mtmd_available
-from ..models.gguf_vision import LanguageModel, projector, write_vision_gguf
-from ..models.ollama import ollama_chat
-from .export_checks import (
+from ..errors import ExportError
+from ..hparams import ModelArguments
+from .args import ExportArguments
+from .checks import (
     RUN_CONFIG_KEY,
     UNCHECKED_HINT,
     check_text_gguf,
@@ -43,6 +39,12 @@ from .export_checks import (
     text_references,
     write_modelfile,
 )
+from .gguf_arch import architecture
+from .gguf_llama_cpp import LlamaCppCheck, llama_cpp_available
+from .gguf_model import RoundTrip
+from .gguf_mtmd import ImageCheck, check_image_in_llama_cpp, greedy_reply, mtmd_available
+from .gguf_vision import LanguageModel, projector, write_vision_gguf
+from .ollama import ollama_chat
 
 logger = logging.getLogger(__name__)
 REPLY_TOKENS = 12  # transformers' greedy reply to the check picture, fed to llama.cpp

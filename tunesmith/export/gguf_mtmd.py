@@ -14,13 +14,15 @@ llama-cpp-python built with it: `bash scripts/setup.sh --with-llama-cpp`), again
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .gguf_arch import ExportError
+from ..errors import ExportError
 from .gguf_llama_cpp import _quiet_stderr, llama_cpp_version, load
 
 # Where the chat template puts a picture (before the processor expands it), and what replaces it in the prompt
@@ -43,6 +45,13 @@ def mtmd_available() -> bool:
     except (ImportError, OSError, RuntimeError, FileNotFoundError):
         return False
     return True
+
+
+def mtmd_library_found() -> bool:
+    """llama-cpp-python with its multimodal library beside it (built with -DLLAVA_BUILD=ON), found without
+    loading it: what the flags are checked against (rules.py, export_llama_cpp_mtmd_check) before anything loads."""
+    spec = importlib.util.find_spec("llama_cpp")
+    return bool(spec and spec.origin and any(Path(spec.origin).parent.glob("lib/*mtmd*")))
 
 
 @dataclass

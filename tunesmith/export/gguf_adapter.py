@@ -14,10 +14,10 @@ from typing import Any
 import gguf
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ExportError
 from ..utils.config_facts import text_config
-from .gguf_arch import ExportError, architecture, llama_rope_order
-from .gguf_export import add_tensor, gguf_file
+from .gguf_arch import architecture, llama_rope_order
+from .gguf_model import add_tensor, gguf_file
 
 
 def base_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:

@@ -21,15 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ExportError
+from ..models.kv_cache import empty_cache
 from ..utils.threads import usable_cores
-from .gguf_arch import ExportError
 from .gguf_vocab import CHECK_TEXT
-from .kv_cache import empty_cache
 
 SETUP_HINT = "bash scripts/setup.sh --with-llama-cpp"
-# llama.cpp's quantizer types (llama_ftype), applied to an f16 file.
-K_QUANTS = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
-            "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K"}
 # Plain text the tokenizers must split alike, beside the rendered conversations: llama.cpp's own probe of
 # pre-tokenizers (whitespace runs, emoji, digit runs, Khmer, CJK, Cyrillic, contractions) and a few more.
 TOKEN_SAMPLES = [CHECK_TEXT, "Hello world! 你好，世界。こんにちは 🙂🚀 👩‍💻 naïve café 2024-11-25 3.14159 x+=1;\n\n\tdef f():",
@@ -181,11 +178,11 @@ def check_in_llama_cpp(path: str, tokenizer: Any, texts: list[str], refs: list[G
 
 def quantize(source: str, target: str, dtype: str) -> None:
     """llama.cpp's quantizer (llama_model_quantize, the C API that llama-quantize calls) from an f16 GGUF. Its
-    absence is refused with the flags (hparams/rules.py, export_k_quant), before anything loads."""
+    absence is refused with the flags (rules.py, export_k_quant), before anything loads."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, K_QUANTS[dtype])
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{dtype.upper()}")  # rules.K_QUANTS: q4_k_m ...
     params.nthread = os.cpu_count() or 1
     with _quiet_stderr():
         status = llama_cpp.llama_model_quantize(source.encode(), target.encode(), params)

@@ -1,4 +1,4 @@
-"""A vision-language model as llama.cpp runs one: its language model as a text GGUF (gguf_export's writer, with the
+"""A vision-language model as llama.cpp runs one: its language model as a text GGUF (gguf_model's writer, with the
 architecture gguf_arch.LANGUAGE_MODELS gives it) and its vision tower with the projector as a second GGUF, the
 "mmproj" file llama.cpp's multimodal library (mtmd) loads beside it (`llama-mtmd-cli -m M.gguf --mmproj P.gguf`,
 `llama-server ... --mmproj P.gguf`).
@@ -36,17 +36,17 @@ import gguf
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ExportError
+from ..models.vision import VISION_FAMILIES
 from ..utils.config_facts import config_fact, text_config
-from .gguf_arch import LANGUAGE_MODELS, Architecture, ExportError
-from .gguf_export import FILE_TYPES, add_tensor, gguf_file, write_gguf
-from .vision import VISION_FAMILIES
+from .gguf_arch import LANGUAGE_MODELS, Architecture
+from .gguf_model import FILE_TYPES, add_tensor, gguf_file, write_gguf
 
 _T = gguf.GGMLQuantizationType
 
 
 class LanguageModel:
-    """The language model of a vision-language model as gguf_export's writer takes a causal LM: the text config
+    """The language model of a vision-language model as gguf_model's writer takes a causal LM: the text config
     (with the VLM's tie_word_embeddings, which transformers keeps at the top) and the weights under a causal LM's
     names (model.layers..., lm_head), the vision tower and projector left out."""
 
@@ -190,11 +190,7 @@ PROJECTORS: dict[str, Projector] = {
                           (("model.vision_model.", "model.vision_model."), ("model.connector.", "model.connector.")),
                           _idefics3_metadata, f32_always=(".embeddings.",)),
 }
-# Idefics3's files are written as llama.cpp's converter writes them, but not exported: llama.cpp cuts every picture
-# into tiles of image_size plus an overview (mtmd-image.cpp, mtmd_image_preprocessor_idefics3), where transformers'
-# processor shows a picture no larger than a tile whole, so the two lay out different prompts and the check cannot
-# pass on such a picture; a check on tiled pictures is not built yet.
-EXPORTABLE_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl", "gemma3")
+# Which of these are exported (Idefics3's files are written but not exported, and why): rules.EXPORTABLE_VISION_TYPES.
 
 
 def projector(config: Any) -> Projector:

@@ -17,8 +17,9 @@ import gguf
 import numpy as np
 import torch
 
+from ..errors import ExportError
 from ..utils.config_facts import config_fact
-from .gguf_arch import ExportError, add_model_metadata, architecture, gguf_tensors
+from .gguf_arch import add_model_metadata, architecture, gguf_tensors
 from .gguf_vocab import add_vocab, gguf_vocab
 
 __all__ = ["ExportError", "write_gguf", "read_back", "compare_round_trip", "source_logits", "RoundTrip"]

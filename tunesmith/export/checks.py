@@ -1,5 +1,5 @@
 """The checks an exported GGUF goes through before it gets its name, shared by the text export (export.py) and
-the vision-language one (export_vision.py): the conversations rendered with the training template and the source's
+the vision-language one (vision_export.py): the conversations rendered with the training template and the source's
 answers to them (text_references), transformers' read-back and llama.cpp's verdicts on a text GGUF (check_text_gguf),
 the scratch files they are written to and their publishing under their names, the Ollama Modelfile, and the lines
 that report them."""
@@ -18,11 +18,11 @@ from typing import Any
 from ..constants import ASSISTANT, SYSTEM, USER
 from ..data.formats import Message
 from ..data.template import render_text
-from ..models.gguf_arch import Architecture
-from ..models.gguf_export import RoundTrip, compare_round_trip, source_logits
-from ..models.gguf_llama_cpp import SETUP_HINT, LlamaCppCheck, check_in_llama_cpp, greedy_references
-from ..models.ollama import OllamaChat, modelfile_text, ollama_parameters
 from ..utils.io import atomic_write_text
+from .gguf_arch import Architecture
+from .gguf_llama_cpp import SETUP_HINT, LlamaCppCheck, check_in_llama_cpp, greedy_references
+from .gguf_model import RoundTrip, compare_round_trip, source_logits
+from .ollama import OllamaChat, modelfile_text, ollama_parameters
 
 logger = logging.getLogger(__name__)
 
