@@ -82,34 +82,57 @@ def read_rows(path: str | Path, strict: bool = True,
     if problem:
         raise DataError(f"data file {path}: {problem}")
     table = is_table(path)
-    items = _table_items(path) if table else json_items(path, max_row_bytes)
+    items = table_items(path) if table else json_items(path, max_row_bytes)
     for lineno, index, item in items:
         try:
             if isinstance(item, DataError):
                 raise item
-            yield _as_row(path, lineno, item, index, "row" if table else "line")
+            yield as_row(path, lineno, item, index, "row" if table else "line")
         except DataError as error:
             if strict:
                 raise
             yield error
 
 
-def _table_items(path: str) -> Iterator[tuple[int, None, Any]]:
-    """(row number, None, row) per row of a Parquet file or a datasets.save_to_disk folder. A table gives
-    every row every column, so a null there means the row lacks the field: nulls in objects are dropped."""
+def table_items(path: str, start: int = 0) -> Iterator[tuple[int, None, Any]]:
+    """(row number, None, row) per row of a Parquet file or a datasets.save_to_disk folder, after the first
+    `start` rows (which are not read: a streamed run resumes there, data/streaming.py). A table gives every row
+    every column, so a null there means the row lacks the field: nulls in objects are dropped."""
     if Path(path).is_dir():
         from datasets import load_from_disk
 
-        batches = (batch.to_pylist() for batch in load_from_disk(path).data.to_batches())
+        table = load_from_disk(path).data.table  # memory-mapped: a slice reads only its own rows
+        batches = (batch.to_pylist() for batch in table.slice(start).to_batches(max_chunksize=1024))
+        number = start
     else:
         import pyarrow.parquet as pq
 
-        batches = (batch.to_pylist() for batch in pq.ParquetFile(path).iter_batches(batch_size=1024))
-    number = 0
+        parquet = pq.ParquetFile(path)
+        groups, number = [], 0
+        for g in range(parquet.num_row_groups):  # whole row groups before `start` are skipped unread
+            if not groups and number + parquet.metadata.row_group(g).num_rows <= start:
+                number += parquet.metadata.row_group(g).num_rows
+            else:
+                groups.append(g)
+        batches = (batch.to_pylist() for batch in parquet.iter_batches(batch_size=1024, row_groups=groups))
+        skip = start - number
+        if skip:  # the rows of the first group read that come before `start`
+            batches = _after(batches, skip)
+            number = start
     for batch in batches:
         for item in batch:
             number += 1
             yield number, None, _without_nulls(item)
+
+
+def _after(batches: Iterator[list], skip: int) -> Iterator[list]:
+    """The batches without their first `skip` rows."""
+    for batch in batches:
+        if skip >= len(batch):
+            skip -= len(batch)
+            continue
+        yield batch[skip:]
+        skip = 0
 
 
 def _without_nulls(value: Any) -> Any:
@@ -120,7 +143,7 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def _as_row(path: str, line: int, item: Any, index: int | None = None, unit: str = "line") -> Row:
+def as_row(path: str, line: int, item: Any, index: int | None = None, unit: str = "line") -> Row:
     row = Row(path, line, item if isinstance(item, dict) else {}, index, unit)
     if not isinstance(item, dict):
         raise row.error(f"expected a JSON object, got {type(item).__name__}")
