@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 
 import pytest
 from conftest import write_jsonl
@@ -200,3 +201,51 @@ def test_a_resumed_streamed_run_equals_an_uninterrupted_one(tiny_model_dir, data
     assert weights[0].keys() == weights[1].keys()
     for name, tensor in weights[0].items():
         assert tensor.allclose(weights[1][name], rtol=1e-5, atol=1e-7), name
+
+
+# The training process, with its peak resident memory printed last (ru_maxrss: KiB on Linux).
+PEAK_RSS_RUN = """
+import json, resource, sys
+from tunesmith.recipes.sft import run
+run(sys.argv[1:])
+print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def write_rows(path, megabytes: float) -> int:
+    """A JSONL file of distinct conversations of about 1 kB each, `megabytes` in all; its size in bytes."""
+    filler = "The answer comes with a long explanation. " * 20
+    with open(path, "w", encoding="utf-8") as f:
+        k = 0
+        while f.tell() < megabytes * 2**20:
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Question {k}: {filler}"},
+                                             {"role": "assistant", "content": f"Answer {k}."}]}) + "\n")
+            k += 1
+    return path.stat().st_size
+
+
+def streamed_peak_rss(model_dir: str, data: str, out) -> int:
+    """The peak resident memory, in bytes, of a 10-step --streaming run on `data`, in a process of its own."""
+    import subprocess
+    import sys
+
+    argv = ["--model_name_or_path", model_dir, "--data_path", data, "--output_dir", str(out), "--streaming", "true",
+            "--max_steps", "10", "--per_device_train_batch_size", "2", "--max_seq_length", "512",
+            "--save_strategy", "no", "--plot_loss", "false", "--report_to", "none"]
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS_RUN, *argv], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_kib"] * 1024
+
+
+def test_peak_memory_is_flat_in_the_file_size(tiny_model_dir, tmp_path):
+    """A streamed run of 10 steps on a 300 MB file peaks within 64 MiB of the same run on a 30 MB file: the file
+    is never held, nor tokenized ahead of the steps (holding it would add more than the margin). About 40 s, most
+    of it the two processes' start."""
+    big = write_rows(tmp_path / "big.jsonl", 300)
+    small = write_rows(tmp_path / "small.jsonl", 30)
+    peaks = {name: streamed_peak_rss(tiny_model_dir, str(tmp_path / f"{name}.jsonl"), tmp_path / f"out_{name}")
+             for name in ("small", "big")}
+    print(f"peak RSS: {peaks['small'] / 2**20:.0f} MiB on {small / 2**20:.0f} MB, "
+          f"{peaks['big'] / 2**20:.0f} MiB on {big / 2**20:.0f} MB")
+    assert peaks["big"] - peaks["small"] < 64 * 2**20 < big - small
