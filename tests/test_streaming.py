@@ -249,3 +249,31 @@ def test_peak_memory_is_flat_in_the_file_size(tiny_model_dir, tmp_path):
     print(f"peak RSS: {peaks['small'] / 2**20:.0f} MiB on {small / 2**20:.0f} MB, "
           f"{peaks['big'] / 2**20:.0f} MiB on {big / 2**20:.0f} MB")
     assert peaks["big"] - peaks["small"] < 64 * 2**20 < big - small
+
+
+# Three launches' worth of time (about 150 s on 2 busy cores): the opt-in tier, `bash scripts/test.sh -m heavy`; the
+# default tier's test_two_ranks_read_disjoint_parts_that_cover_the_stream checks the ranks' parts without a launcher.
+@pytest.mark.distributed
+@pytest.mark.heavy
+def test_two_ranks_stream_disjoint_rows_and_train_as_one_rank(tiny_model_dir, data_files, tmp_path):
+    """Two ranks of one example each per step (torchrun, gloo, ZeRO-2) train the rows one rank trains two at a time:
+    rank r reads rows r, r + 2, ... of the stream, so together they read each row once. (Ranks reading the same
+    rows, or every rank the whole stream, would train other examples and log other losses.)"""
+    from test_distributed import ROOT, launch
+
+    def streamed_losses(ranks: int, batch: int) -> list[float]:
+        out = tmp_path / f"ranks{ranks}"
+        launch("sft/train.py", ranks, "--model_name_or_path", tiny_model_dir, "--data_path", data_files["jsonl"],
+               "--output_dir", str(out), "--streaming", "true", "--shuffle_buffer", "0", "--max_seq_length", "64",
+               "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "4",
+               "--per_device_train_batch_size", str(batch), "--learning_rate", "5e-3", "--lr_scheduler_type",
+               "constant", "--lora_dropout", "0.0", "--plot_loss", "false", "--report_to", "none", "--seed", "0",
+               "--deepspeed", str(ROOT / "configs/ds_zero2.json"))
+        for rank in range(ranks):  # 4 steps of `batch` examples: the rows read, and which ones, per rank
+            state = json.loads((out / "checkpoint-4" / f"stream_state_rank{rank}.json").read_text())
+            assert state["yielded"] == 4 * batch and state["rank"] == rank and state["world_size"] == ranks
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        return [r["loss"] for r in history if "loss" in r]
+
+    one, two = streamed_losses(1, 2), streamed_losses(2, 1)
+    assert len(one) == 4 and two == pytest.approx(one, rel=2e-3)
