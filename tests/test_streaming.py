@@ -251,7 +251,7 @@ def test_peak_memory_is_flat_in_the_file_size(tiny_model_dir, tmp_path):
     assert peaks["big"] - peaks["small"] < 64 * 2**20 < big - small
 
 
-# Three launches' worth of time (about 150 s on 2 busy cores): the opt-in tier, `bash scripts/test.sh -m heavy`; the
+# Two launches (about 150 s on 2 busy cores): the opt-in tier, `bash scripts/test.sh -m heavy`; the
 # default tier's test_two_ranks_read_disjoint_parts_that_cover_the_stream checks the ranks' parts without a launcher.
 @pytest.mark.distributed
 @pytest.mark.heavy
