@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 
 import pytest
 from conftest import write_jsonl
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 
 from tunesmith.data.dataset import SFT_CONVERSATIONS, build_dataset
 from tunesmith.data.streaming import StreamedExamples
-from tunesmith.errors import ConfigError, DataError
+from tunesmith.errors import ConfigError, DataError, PathError
 from tunesmith.hparams import SFTDataArguments, parse_run
 
 TRAINED = ("input_ids", "labels", "source", "line", "array_index")
@@ -47,7 +48,17 @@ def data_files(tmp_path_factory) -> dict[str, str]:
     rows = Dataset.from_json(jsonl, cache_dir=str(folder / "cache"))  # every row's columns (from_list: the first's)
     rows.to_parquet(str(folder / "rows.parquet"), batch_size=11)
     rows.save_to_disk(str(folder / "rows_saved"))
-    return {"jsonl": jsonl, "parquet": str(folder / "rows.parquet"), "saved": str(folder / "rows_saved")}
+    # folders of shards, as large corpora come: Parquet files, and the Arrow files of a sharded save_to_disk
+    (folder / "parquet_shards").mkdir()
+    for k, start in enumerate(range(0, len(ROWS), 11)):
+        rows.select(range(start, min(start + 11, len(ROWS)))).to_parquet(
+            str(folder / "parquet_shards" / f"train-{k:05d}-of-00003.parquet"))
+    rows.save_to_disk(str(folder / "sharded_save"), num_shards=3)
+    (folder / "arrow_shards").mkdir()
+    for shard in (folder / "sharded_save").glob("*.arrow"):
+        shutil.copy(shard, folder / "arrow_shards" / shard.name)
+    return {"jsonl": jsonl, "parquet": str(folder / "rows.parquet"), "saved": str(folder / "rows_saved"),
+            "parquet_shards": str(folder / "parquet_shards"), "arrow_shards": str(folder / "arrow_shards")}
 
 
 def data_args(path: str, **overrides) -> SFTDataArguments:
@@ -67,11 +78,15 @@ def cached(tokenizer, path: str, **overrides) -> list[dict]:
     return build_dataset(SFT_CONVERSATIONS, tokenizer, [path], data_args(path, **overrides)).to_list()
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet", "saved"])
+KINDS = ["jsonl", "parquet", "saved", "parquet_shards", "arrow_shards"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_streamed_examples_are_the_cached_records(tokenizer, data_files, kind):
     path = data_files[kind]
     expected = cached(tokenizer, path)
     assert len(expected) < len(ROWS)  # some dropped: no whole reply fits
+    assert len({r["source"] for r in expected}) == (3 if kind.endswith("shards") else 1)  # named by their shard
     stream = StreamedExamples(SFT_CONVERSATIONS, tokenizer, [path], data_args(path, shuffle_buffer=0))
     streamed = first_epoch(stream)
     assert [{k: r[k] for k in TRAINED} for r in streamed] == [{k: r[k] for k in TRAINED} for r in expected]
@@ -101,7 +116,7 @@ def test_two_ranks_read_disjoint_parts_that_cover_the_stream(tokenizer, data_fil
     assert sorted(map(json.dumps, parts[0] + parts[1])) == sorted(map(json.dumps, every))
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet", "saved"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_stream_put_back_from_its_state_continues_where_it_stopped(tokenizer, data_files, kind):
     """Read 37 examples of which 30 trained (the loader reads ahead), across the end of the first epoch; a new
     stream given that state gives exactly what the uninterrupted one gives after its 30th."""
@@ -118,6 +133,15 @@ def test_a_stream_put_back_from_its_state_continues_where_it_stopped(tokenizer, 
     assert [r["input_ids"] for r in itertools.islice(resumed, 50)] == straight[30:80]
     if kind == "jsonl":  # the reader starts at the saved byte offset, without reading the lines before it
         assert state["position"]["offset"] > 0
+
+
+def test_a_damaged_shard_is_refused_in_one_line_before_anything_loads(tmp_path):
+    (tmp_path / "shards").mkdir()
+    write_jsonl(tmp_path / "shards" / "a.jsonl", ROWS[:2])
+    (tmp_path / "shards" / "b.parquet").write_bytes(b"PAR1\0\0PAR1")  # Parquet's magic bytes, but no footer
+    with pytest.raises(PathError, match=rf"^data file {tmp_path / 'shards'}: its shard b.parquet is not a readable "
+                                          r"Parquet file"):
+        parse_run("sft", ["--data_path", str(tmp_path / "shards"), "--output_dir", str(tmp_path / "out")])
 
 
 def test_bad_rows_stop_the_stream_or_are_left_out_and_listed(tokenizer, tmp_path):

@@ -93,6 +93,8 @@ def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], skip_bad_
     for item in items:
         try:
             encoded = encode_item(kind, tokenizer, item, settings)
+        except ConfigError:  # the model and the data do not go together: no row is at fault
+            raise
         except UserError as e:
             problems.append(str(e))
             continue

@@ -7,7 +7,8 @@ no cache, no --val_size, --data_weights or --data_split (the rules refuse them),
 
 Memory is bounded by the shuffle buffer (--shuffle_buffer examples, drawn at random as new ones replace them,
 seeded) and the one row being read (--max_row_bytes); not by the files. JSONL is read line by line from a byte
-offset, Parquet by row groups and a datasets.save_to_disk folder by slices of its memory-mapped table.
+offset, Parquet by row groups, an Arrow shard or a datasets.save_to_disk folder by slices of its memory-mapped
+table; a folder of shards file by file.
 
 Why not datasets' own IterableDataset: the rows must give exactly the records (and the file:line problems) of
 the cached path, which reads them with data/formats.py, not with datasets' JSON builder; and its resume re-reads
@@ -33,7 +34,7 @@ from torch.utils.data import IterableDataset
 
 from ..errors import ConfigError, DataError, UserError
 from ..hparams.data_args import DEFAULT_MAX_ROW_BYTES, DEFAULT_SHUFFLE_BUFFER
-from ..utils.paths import is_table, problem_with_data_file
+from ..utils.paths import is_table, problem_with_data_file, shard_files
 from .dataset import BAD_ROWS_FILE, DataKind, encode_item
 from .formats import BadRows, Row, as_row, table_items
 from .json_rows import json_items, jsonl_lines_from, jsonl_start
@@ -49,7 +50,7 @@ class StreamPosition:
     """Where the reader is: the next row to read. JSON-able, so a checkpoint can hold it."""
 
     epoch: int = 0
-    file: int = 0  # index into the data paths
+    file: int = 0  # index into the data files (a folder of shards gives several)
     rows: int = 0  # rows (values) already read from that file
     line: int = 0  # JSONL: the last line read; tables: the last row number
     offset: int | None = None  # JSONL: the byte offset of the next line (None: the file's start)
@@ -109,6 +110,8 @@ class StreamedExamples(IterableDataset):
     def __init__(self, kind: DataKind, tokenizer: Any, paths: Sequence[str], data_args: Any, seed: int = 42,
                  rank: int = 0, world_size: int = 1, report_dir: str | None = None) -> None:
         self.kind, self.tokenizer, self.paths = kind, tokenizer, list(paths)
+        # a folder of shards is read file by file: the position names a file, and a resume opens only that one
+        self.files = [file for path in self.paths for file in (shard_files(path) or [path])]
         self.settings = kind.settings(data_args)
         self.skip_bad_rows = getattr(data_args, "skip_bad_rows", False)
         self.max_row_bytes = getattr(data_args, "max_row_bytes", DEFAULT_MAX_ROW_BYTES)
@@ -160,9 +163,9 @@ class StreamedExamples(IterableDataset):
     def _read_row(self) -> None:
         """Read rows until one is this rank's and gives records (into state.pending), or the epoch ends."""
         state, pos = self.state, self.state.position
-        while pos.file < len(self.paths):
+        while pos.file < len(self.files):
             if self._rows is None:  # one open reader per file, kept between calls
-                self._rows = rows_from(self.paths[pos.file], pos, self.max_row_bytes)
+                self._rows = rows_from(self.files[pos.file], pos, self.max_row_bytes)
             for row, line, after in self._rows:
                 pos.rows, pos.line, pos.offset = pos.rows + 1, line, after
                 mine = pos.ordinal % self.world_size == self.rank

@@ -50,7 +50,8 @@ class DataFileArguments:
 
     data_path: list[str] = field(
         default_factory=list,
-        metadata={"help": "One or more JSON/JSONL/Parquet files or saved-dataset folders (space- or "
+        metadata={"help": "One or more JSON/JSONL/Parquet files, saved-dataset folders, or folders of such files "
+                  "(shards: *.jsonl, *.json, *.parquet, datasets' *.arrow, read in name order as one source) (space- or "
                   "comma-separated: a.jsonl,b.jsonl), the format detected per row. Conversations: OpenAI "
                   "`messages`, ShareGPT `conversations` or Alpaca; preference pairs add `chosen`/`rejected`; "
                   "prompts (PPO, evaluation) are `prompt` strings or conversations ending with a user turn."},

@@ -70,5 +70,5 @@ def load_stream_state(trainer: Any, checkpoint: str) -> None:
     dataset.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
     position = dataset.state.position
     logger.info("train: the stream continues at %s, epoch %d, row %d (%d examples trained)",
-                dataset.paths[min(position.file, len(dataset.paths) - 1)], position.epoch + 1, position.rows,
+                dataset.files[min(position.file, len(dataset.files) - 1)], position.epoch + 1, position.rows,
                 dataset.state.yielded)
