@@ -104,6 +104,12 @@ def test_the_shuffle_buffer_is_seeded_and_draws_from_the_whole_buffer(tokenizer,
     assert order(1, 8) != order(0, 8)
     # a buffer of 8 holds 8 examples: the first one given is among the first 9 read
     assert order(0, 8)[0] in in_file_order[:9]
+    # data smaller than the buffer: it holds the whole first epoch, each example once, and gives it shuffled
+    epoch = [(r["line"], tuple(r["labels"]))
+             for r in first_epoch(StreamedExamples(SFT_CONVERSATIONS, tokenizer, [path],
+                                                   data_args(path, shuffle_buffer=0)))]
+    given = order(0, 1000)[:len(epoch)]
+    assert sorted(given) == sorted(epoch) and given != epoch
 
 
 def test_two_ranks_read_disjoint_parts_that_cover_the_stream(tokenizer, data_files):
@@ -117,21 +123,23 @@ def test_two_ranks_read_disjoint_parts_that_cover_the_stream(tokenizer, data_fil
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_stream_put_back_from_its_state_continues_where_it_stopped(tokenizer, data_files, kind):
-    """Read 37 examples of which 30 trained (the loader reads ahead), across the end of the first epoch; a new
-    stream given that state gives exactly what the uninterrupted one gives after its 30th."""
+@pytest.mark.parametrize("read, trained", [(37, 30), (26, 24)], ids=["next-epoch", "end-of-epoch"])
+def test_a_stream_put_back_from_its_state_continues_where_it_stopped(tokenizer, data_files, kind, read, trained):
+    """Read 37 examples of which 30 trained (the loader reads ahead), past the end of the first epoch's 27, or 26
+    of which 24 while the buffer gives out the first epoch's last examples; a new stream given that state gives
+    exactly what the uninterrupted one gives after its 30th (24th)."""
     path = data_files[kind]
     args = data_args(path, shuffle_buffer=5)
     straight = [r["input_ids"] for r in itertools.islice(StreamedExamples(SFT_CONVERSATIONS, tokenizer, [path], args),
                                                          80)]
     stopped = StreamedExamples(SFT_CONVERSATIONS, tokenizer, [path], args)
     stopped.lookahead = 10
-    list(itertools.islice(stopped, 37))
-    state = json.loads(json.dumps(stopped.state_dict(consumed=30)))  # as a checkpoint holds it
+    list(itertools.islice(stopped, read))
+    state = json.loads(json.dumps(stopped.state_dict(consumed=trained)))  # as a checkpoint holds it
     resumed = StreamedExamples(SFT_CONVERSATIONS, tokenizer, [path], args)
     resumed.load_state_dict(state)
-    assert [r["input_ids"] for r in itertools.islice(resumed, 50)] == straight[30:80]
-    if kind == "jsonl":  # the reader starts at the saved byte offset, without reading the lines before it
+    assert [r["input_ids"] for r in itertools.islice(resumed, 80 - trained)] == straight[trained:]
+    if kind == "jsonl" and read == 37:  # the reader starts at the saved byte offset, not at line 1
         assert state["position"]["offset"] > 0
 
 

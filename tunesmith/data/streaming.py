@@ -6,7 +6,7 @@ no cache, no --val_size, --data_weights or --data_split (the rules refuse them),
 --max_steps (the stream starts over at the end of the data, a new epoch, for as long as the steps ask).
 
 Memory is bounded by the shuffle buffer (--shuffle_buffer examples, drawn at random as new ones replace them,
-seeded) and the one row being read (--max_row_bytes); not by the files. JSONL is read line by line from a byte
+seeded; at the end of the data the buffer is given out before the next epoch begins, so epochs do not mix) and the one row being read (--max_row_bytes); not by the files. JSONL is read line by line from a byte
 offset, Parquet by row groups, an Arrow shard or a datasets.save_to_disk folder by slices of its memory-mapped
 table; a folder of shards file by file.
 
@@ -100,6 +100,7 @@ class StreamState:
     yielded: int = 0  # examples given out, all epochs
     bad_rows: int = 0  # rows left out with --skip_bad_rows, first epoch
     kept_this_epoch: int = 0  # examples this rank kept in the current epoch (0 at an epoch's end: no data)
+    draining: bool = False  # the data has ended: the buffer's examples are given out before the next epoch's
 
 
 class StreamedExamples(IterableDataset):
@@ -134,16 +135,30 @@ class StreamedExamples(IterableDataset):
             yield self._give(self.replay.pop(0))
         state = self.state
         while True:
+            while state.draining and state.buffer:  # the end of an epoch: its examples left, before the next's
+                yield self._give(self._take(len(state.buffer)))
+            state.draining = False
             record = self._next_record()
+            if record is None:
+                state.draining = True
+                continue
             if self.buffer_size <= 1:
                 yield self._give(record)
-                continue
-            if len(state.buffer) < self.buffer_size:
+            elif len(state.buffer) < self.buffer_size:
                 state.buffer.append(record)
-                continue
-            i = int(self._rng.integers(self.buffer_size))
-            record, state.buffer[i] = state.buffer[i], record
-            yield self._give(record)
+            else:
+                yield self._give(self._take(self.buffer_size, record))
+
+    def _take(self, among: int, replacement: dict | None = None) -> dict:
+        """An example drawn at random from the buffer's first `among`; `replacement` takes its place, or the
+        buffer's last one does."""
+        buffer = self.state.buffer
+        i = int(self._rng.integers(among))
+        record = buffer[i]
+        last = buffer.pop() if replacement is None else replacement
+        if i < len(buffer) or replacement is not None:
+            buffer[i] = last
+        return record
 
     def _give(self, record: dict) -> dict:
         self.state.yielded += 1
@@ -153,15 +168,18 @@ class StreamedExamples(IterableDataset):
                 self._recent.popleft()
         return record
 
-    def _next_record(self) -> dict:
-        """The next example of this rank's part, reading (and encoding) rows as needed; a new epoch at the end."""
+    def _next_record(self) -> dict | None:
+        """The next example of this rank's part, reading (and encoding) rows as needed; None at the end of the
+        data (the position is then at the next epoch's start)."""
         state = self.state
         while not state.pending:
-            self._read_row()
+            if not self._read_row():
+                return None
         return state.pending.pop(0)
 
-    def _read_row(self) -> None:
-        """Read rows until one is this rank's and gives records (into state.pending), or the epoch ends."""
+    def _read_row(self) -> bool:
+        """Read rows until one is this rank's and gives records (into state.pending): True; or the epoch ends:
+        False."""
         state, pos = self.state, self.state.position
         while pos.file < len(self.files):
             if self._rows is None:  # one open reader per file, kept between calls
@@ -176,7 +194,7 @@ class StreamedExamples(IterableDataset):
                 if records:
                     state.pending = records
                     state.kept_this_epoch += len(records)
-                    return
+                    return True
             self._rows = None
             pos.file, pos.rows, pos.line, pos.offset = pos.file + 1, 0, 0, None
         if not state.kept_this_epoch:
@@ -187,6 +205,7 @@ class StreamedExamples(IterableDataset):
         logger.info("train: the stream reached the end of the data; epoch %d begins", pos.epoch + 2)
         state.position = StreamPosition(epoch=pos.epoch + 1)
         state.kept_this_epoch = 0
+        return False
 
     def _encode(self, row: Row | DataError) -> list[dict]:
         """The records of one row (none when the kind drops it); a bad row stops the run, or with
@@ -240,7 +259,7 @@ class StreamedExamples(IterableDataset):
                               f"{', '.join(saved['paths'])}: resume with the same number of processes and --data_path")
         self.state = StreamState(position=StreamPosition(**saved["position"]), pending=saved["pending"],
                                  buffer=saved["buffer"], yielded=saved["yielded"], bad_rows=saved["bad_rows"],
-                                 kept_this_epoch=saved["kept_this_epoch"])
+                                 kept_this_epoch=saved["kept_this_epoch"], draining=saved["draining"])
         self._rng.bit_generator.state = saved["rng"]
         self.replay = list(saved["replay"])
         self._recent.clear()
