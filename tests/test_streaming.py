@@ -152,6 +152,17 @@ def test_a_damaged_shard_is_refused_in_one_line_before_anything_loads(tmp_path):
         parse_run("sft", ["--data_path", str(tmp_path / "shards"), "--output_dir", str(tmp_path / "out")])
 
 
+def test_a_stream_state_resumes_only_with_the_same_processes_and_files(tokenizer, data_files):
+    path = data_files["jsonl"]
+    stopped = StreamedExamples(SFT_CONVERSATIONS, tokenizer, [path], data_args(path), rank=0, world_size=2)
+    stopped.lookahead = 4
+    next(iter(stopped))
+    state = stopped.state_dict(consumed=1)
+    with pytest.raises(ConfigError, match=rf"^the checkpoint's stream was read by 2 process\(es\) from {path}: resume "
+                                          r"with the same number of processes and --data_path"):
+        StreamedExamples(SFT_CONVERSATIONS, tokenizer, [path], data_args(path)).load_state_dict(state)
+
+
 def test_bad_rows_stop_the_stream_or_are_left_out_and_listed(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "bad.jsonl", [ROWS[0], {"messages": "not a list"}, ROWS[1]])
     stream = StreamedExamples(SFT_CONVERSATIONS, tokenizer, [path], data_args(path, shuffle_buffer=0))
