@@ -129,8 +129,8 @@ class TrainDataArguments(DataArguments):
     )
     streaming: bool = field(
         default=False,
-        metadata={"help": "SFT: read, render and mask the --data_path rows (JSONL, Parquet, saved-dataset folders) as "
-                  "training takes them, for data larger than the memory: nothing is tokenized up front or cached, "
+        metadata={"help": "SFT: read, render and mask the --data_path rows (JSONL, Parquet, saved-dataset folders, "
+                  "folders of shards) as training takes them, for data larger than the memory: nothing is tokenized up front or cached, "
                   "memory holds --shuffle_buffer examples and one row. Needs --max_steps (the stream starts over at "
                   "the end of the data); --val_size, --data_weights, --data_split and --max_samples need the whole "
                   "set and are refused (give --eval_data_path, read whole). Each process reads its own rows; a "
