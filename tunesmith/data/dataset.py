@@ -92,25 +92,41 @@ def encode_items(kind: DataKind, tokenizer: Any, items: Sequence[Any], skip_bad_
     records, problems = [], []
     for item in items:
         try:
-            encoded = kind.encode_one(tokenizer, item, **settings)
-        except ConfigError as e:  # the model and the data do not go together: no row is at fault, the first says where
-            raise ConfigError(f"{item.row.where()}: {e}") from None
+            encoded = encode_item(kind, tokenizer, item, settings)
+        except ConfigError:  # the model and the data do not go together: no row is at fault
+            raise
         except UserError as e:
-            problems.append(f"{item.row.where()}: {e}")
+            problems.append(str(e))
             continue
         if encoded is None:
             stats.dropped += 1
-            logger.debug("%s: dropped: %s", item.row.where(), kind.dropped_because)
             continue
         stats.truncated += encoded.truncated
         stats.expanded += encoded.expanded
         stats.replies_without_end_marker += encoded.replies_without_end_marker
-        records += [{**record, "source": item.row.path, "line": item.row.line, "array_index": item.row.index or 0}
-                    for record in encoded.records]
+        records += encoded.records
     if problems and not skip_bad_rows:
         raise BadRows(problems)
     stats.kept = len(records)
     return records, stats, problems
+
+
+def encode_item(kind: DataKind, tokenizer: Any, item: Any, settings: dict[str, Any]) -> ItemEncoding | None:
+    """The records of one item, each with the file, line and array position of its row; None when the kind
+    drops it. A row the template cannot render raises a UserError that names it. The one encoding of a row, for
+    the cached datasets and for --streaming (data/streaming.py) alike."""
+    try:
+        encoded = kind.encode_one(tokenizer, item, **settings)
+    except ConfigError as e:  # the model and the data do not go together: no row is at fault, the first says where
+        raise ConfigError(f"{item.row.where()}: {e}") from None
+    except UserError as e:
+        raise DataError(f"{item.row.where()}: {e}") from None
+    if encoded is None:
+        logger.debug("%s: dropped: %s", item.row.where(), kind.dropped_because)
+        return None
+    origin = {"source": item.row.path, "line": item.row.line, "array_index": item.row.index or 0}
+    encoded.records = [{**record, **origin} for record in encoded.records]
+    return encoded
 
 
 def report_encoding(kind: DataKind, name: str, paths: Sequence[str], stats: EncodeStats,

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from ..constants import ASSISTANT, LOSS_FLAG, ROLES, SYSTEM, TOOL, USER
 from ..errors import DataError
 from ..hparams.data_args import DEFAULT_MAX_ROW_BYTES
-from ..utils.paths import is_table, problem_with_data_file
+from ..utils.paths import is_arrow, is_table, problem_with_data_file, shard_files
 from .hh import DAHOAS, HH, hh_conversation, hh_kind
 from .images import (
     IMAGE_PARTS,
@@ -73,43 +73,72 @@ def read_rows(path: str | Path, strict: bool = True,
               max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[Row | DataError]:
     """Rows of a data file, each with the line it starts on. JSON or JSONL is decided by the content,
     not the name: a JSON array (or one object), or one object per line (json_rows.py, which reads no row
-    longer than max_row_bytes). A Parquet file or a datasets.save_to_disk folder gives its rows, numbered
-    from 1 ("file:row N"). A file that is missing, empty, a folder of anything else, or not UTF-8 is
+    longer than max_row_bytes). A Parquet file, an Arrow file datasets wrote or a datasets.save_to_disk folder
+    gives its rows, numbered from 1 ("file:row N"); a folder of such files (shards) the rows of each, in name
+    order. A file that is missing, empty, a folder of anything else, or not UTF-8 is
     refused by name. A row that is not a JSON object raises (strict) or is yielded as its DataError, so a
     caller can list every bad row."""
     path = str(path)
     problem = problem_with_data_file(path)
     if problem:
         raise DataError(f"data file {path}: {problem}")
+    if shard_files(path):  # a folder of shards: each file's rows, in name order, named by the file
+        for shard in shard_files(path):
+            yield from read_rows(shard, strict, max_row_bytes)
+        return
     table = is_table(path)
-    items = _table_items(path) if table else json_items(path, max_row_bytes)
+    items = table_items(path) if table else json_items(path, max_row_bytes)
     for lineno, index, item in items:
         try:
             if isinstance(item, DataError):
                 raise item
-            yield _as_row(path, lineno, item, index, "row" if table else "line")
+            yield as_row(path, lineno, item, index, "row" if table else "line")
         except DataError as error:
             if strict:
                 raise
             yield error
 
 
-def _table_items(path: str) -> Iterator[tuple[int, None, Any]]:
-    """(row number, None, row) per row of a Parquet file or a datasets.save_to_disk folder. A table gives
-    every row every column, so a null there means the row lacks the field: nulls in objects are dropped."""
-    if Path(path).is_dir():
-        from datasets import load_from_disk
+def table_items(path: str, start: int = 0) -> Iterator[tuple[int, None, Any]]:
+    """(row number, None, row) per row of a Parquet file, an Arrow file or a datasets.save_to_disk folder, after the first
+    `start` rows (which are not read: a streamed run resumes there, data/streaming.py). A table gives every row
+    every column, so a null there means the row lacks the field: nulls in objects are dropped."""
+    if Path(path).is_dir() or is_arrow(path):
+        from datasets import Dataset, load_from_disk
 
-        batches = (batch.to_pylist() for batch in load_from_disk(path).data.to_batches())
+        # memory-mapped: a slice reads only its own rows
+        table = (Dataset.from_file(path) if is_arrow(path) else load_from_disk(path)).data.table
+        batches = (batch.to_pylist() for batch in table.slice(start).to_batches(max_chunksize=1024))
+        number = start
     else:
         import pyarrow.parquet as pq
 
-        batches = (batch.to_pylist() for batch in pq.ParquetFile(path).iter_batches(batch_size=1024))
-    number = 0
+        parquet = pq.ParquetFile(path)
+        groups, number = [], 0
+        for g in range(parquet.num_row_groups):  # whole row groups before `start` are skipped unread
+            if not groups and number + parquet.metadata.row_group(g).num_rows <= start:
+                number += parquet.metadata.row_group(g).num_rows
+            else:
+                groups.append(g)
+        batches = (batch.to_pylist() for batch in parquet.iter_batches(batch_size=1024, row_groups=groups))
+        skip = start - number
+        if skip:  # the rows of the first group read that come before `start`
+            batches = _after(batches, skip)
+            number = start
     for batch in batches:
         for item in batch:
             number += 1
             yield number, None, _without_nulls(item)
+
+
+def _after(batches: Iterator[list], skip: int) -> Iterator[list]:
+    """The batches without their first `skip` rows."""
+    for batch in batches:
+        if skip >= len(batch):
+            skip -= len(batch)
+            continue
+        yield batch[skip:]
+        skip = 0
 
 
 def _without_nulls(value: Any) -> Any:
@@ -120,7 +149,7 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def _as_row(path: str, line: int, item: Any, index: int | None = None, unit: str = "line") -> Row:
+def as_row(path: str, line: int, item: Any, index: int | None = None, unit: str = "line") -> Row:
     row = Row(path, line, item if isinstance(item, dict) else {}, index, unit)
     if not isinstance(item, dict):
         raise row.error(f"expected a JSON object, got {type(item).__name__}")

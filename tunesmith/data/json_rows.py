@@ -28,24 +28,53 @@ def json_items(path: str, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterato
     """(line, array index, parsed value or DataError) per row: the elements of a JSON array, one
     pretty-printed object, or the lines of JSONL; no row longer than max_row_bytes is held."""
     with open(path, "rb") as f:
-        head = f.read(4)
-        if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
-            raise DataError(f"{path}:line 1: not UTF-8 text (it looks like UTF-16): byte 0 is 0x{head[0]:02x}; "
-                            "save the file as UTF-8")
-        start = 3 if head.startswith(codecs.BOM_UTF8) else 0
-        f.seek(start)
-        first = _first_byte(f)
-        f.seek(start)
-        if first == b"[":
+        layout, start, whole = _layout(path, f, max_row_bytes)
+        if layout == "array":
             yield from _array_items(path, f, max_row_bytes, start)
-            return
-        if first == b"{":
-            whole = _one_object(path, f, max_row_bytes, start)
-            if whole is not None:
-                yield whole
-                return
-            f.seek(start)
-        yield from _lines(path, f, max_row_bytes, start)
+        elif layout == "object":
+            yield whole
+        else:
+            yield from _lines(path, f, max_row_bytes, start)
+
+
+def jsonl_start(path: str, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> int | None:
+    """The byte offset of a JSONL file's first line (past a byte-order mark); None for a JSON array or one
+    pretty-printed object."""
+    with open(path, "rb") as f:
+        layout, start, _ = _layout(path, f, max_row_bytes)
+    return start if layout == "lines" else None
+
+
+def jsonl_lines_from(path: str, offset: int, line: int,
+                     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[tuple[Item, int]]:
+    """The rows of a JSONL file from byte `offset`, where line `line + 1` starts, each with the offset of the line
+    after it: a streamed run (data/streaming.py) records that offset and resumes there without reading what
+    came before."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for item in _lines(path, f, max_row_bytes, offset, line):
+            yield item, f.tell()
+
+
+def _layout(path: str, f: BinaryIO, max_row_bytes: int) -> tuple[str, int, Item | None]:
+    """("array" | "object" | "lines", the offset where the content starts, the one object when "object"); the
+    file is left at that offset."""
+    head = f.read(4)
+    if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        raise DataError(f"{path}:line 1: not UTF-8 text (it looks like UTF-16): byte 0 is 0x{head[0]:02x}; "
+                        "save the file as UTF-8")
+    start = 3 if head.startswith(codecs.BOM_UTF8) else 0
+    f.seek(start)
+    first = _first_byte(f)
+    f.seek(start)
+    if first == b"[":
+        return "array", start, None
+    if first == b"{":
+        whole = _one_object(path, f, max_row_bytes, start)
+        f.seek(start)
+        if whole is not None:
+            return "object", start, whole
+    return "lines", start, None
 
 
 def _first_byte(f: BinaryIO) -> bytes:
@@ -73,16 +102,17 @@ def _decoded(path: str, raw: bytes, line: int, offset: int) -> str:
                         f"0x{raw[e.start]:02x}; save the file as UTF-8") from None
 
 
-def _lines(path: str, f: BinaryIO, max_row_bytes: int, offset: int) -> Iterator[Item]:
-    lineno = 0
+def _lines(path: str, f: BinaryIO, max_row_bytes: int, offset: int, lineno: int = 0) -> Iterator[Item]:
+    """The rows of the lines after line `lineno`, read from byte `offset`. Each is yielded with the file at the
+    start of the next line (f.tell() is where a streamed run resumes)."""
     while raw := f.readline(max_row_bytes + 1):
         lineno += 1
         if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
-            yield lineno, None, _too_long(path, lineno, max_row_bytes)
             while raw and not raw.endswith(b"\n"):  # the rest of the line, read and dropped
                 offset += len(raw)
                 raw = f.readline(CHUNK)
             offset += len(raw)
+            yield lineno, None, _too_long(path, lineno, max_row_bytes)
             continue
         text = _decoded(path, raw, lineno, offset)
         offset += len(raw)

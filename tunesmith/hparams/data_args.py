@@ -16,6 +16,8 @@ SPLIT_STAGES = ("sft", "reward/dpo", "ppo")
 LIST_FIELDS = ("data_path", "eval_data_path", "data_weights", "data_split")
 # --max_row_bytes' default (data/formats.py reads with it where no flag is given): 64 MiB.
 DEFAULT_MAX_ROW_BYTES = 64 * 2**20
+# --shuffle_buffer's default with --streaming: examples held to shuffle the stream.
+DEFAULT_SHUFFLE_BUFFER = 1000
 
 
 def comma_list(values: str | Iterable[str] | None) -> list[str]:
@@ -48,7 +50,8 @@ class DataFileArguments:
 
     data_path: list[str] = field(
         default_factory=list,
-        metadata={"help": "One or more JSON/JSONL/Parquet files or saved-dataset folders (space- or "
+        metadata={"help": "One or more JSON/JSONL/Parquet files, saved-dataset folders, or folders of such files "
+                  "(shards: *.jsonl, *.json, *.parquet, datasets' *.arrow, read in name order as one source) (space- or "
                   "comma-separated: a.jsonl,b.jsonl), the format detected per row. Conversations: OpenAI "
                   "`messages`, ShareGPT `conversations` or Alpaca; preference pairs add `chosen`/`rejected`; "
                   "prompts (PPO, evaluation) are `prompt` strings or conversations ending with a user turn."},
@@ -123,6 +126,23 @@ class TrainDataArguments(DataArguments):
         metadata={"help": "Hold out this share of the --data_path examples (e.g. 0.1; the same ones for the same "
                   "--seed) and evaluate on them as on --eval_data_path (give one of the two). Formerly "
                   "--eval_split_ratio."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "SFT: read, render and mask the --data_path rows (JSONL, Parquet, saved-dataset folders, "
+                  "folders of shards) as training takes them, for data larger than the memory: nothing is tokenized up front or cached, "
+                  "memory holds --shuffle_buffer examples and one row. Needs --max_steps (the stream starts over at "
+                  "the end of the data); --val_size, --data_weights, --data_split and --max_samples need the whole "
+                  "set and are refused (give --eval_data_path, read whole). Each process reads its own rows; a "
+                  "resumed run continues at the example where it stopped. Costs: the tokenizing runs in the "
+                  "training loop, every epoch, and the log has no up-front count of truncated or dropped examples."},
+    )
+    shuffle_buffer: int | None = field(
+        default=None,
+        metadata={"help": "With --streaming: how many examples are held to shuffle the stream (each step draws "
+                  "at random among them, seeded by --seed, and the next example takes the drawn one's place). Larger "
+                  "shuffles better and holds more examples in memory (and in each checkpoint); 0 trains in file "
+                  "order. Default " + str(DEFAULT_SHUFFLE_BUFFER) + "."},
     )
     max_image_pixels: int = field(
         default=4096 * 4096,

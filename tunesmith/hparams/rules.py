@@ -238,6 +238,13 @@ def _sequence_parallel(a: SimpleNamespace) -> int:
     return getattr(a.training, "sequence_parallel_size", 1)
 
 
+def _whole_set_flag(data: Any) -> str | None:
+    """The first data flag given that needs every row before training (which --streaming never holds), or None."""
+    given = {"val_size": data.val_size > 0, "data_weights": data.data_weights, "data_split": data.data_split,
+             "max_samples": data.max_samples is not None}
+    return next((flag for flag, value in given.items() if value), None)
+
+
 def _world_size() -> int:
     """The launch's process count (torchrun and accelerate export WORLD_SIZE); 1 without a launcher."""
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -440,6 +447,33 @@ RULES: list[Rule] = [
          "--data_split {value} gives stage {stage} (part {data.split_part}) no rows: give its part a share above 0."),
     Rule("max_samples", ("data",), lambda a: a.data.max_samples is not None and a.data.max_samples < 1,
          "--max_samples must be at least 1 (got {data.max_samples}); leave it out to use every row."),
+    Rule("streaming_stage", ("data",),
+         lambda a: getattr(a.data, "streaming", False) and not (hasattr(a.data, "train_on") and hasattr(a, "training")
+                                                                 and not hasattr(a, "plan")),
+         "--streaming reads SFT conversations as training takes them (tunesmith sft); this command reads its "
+         "--data_path whole: drop the flag."),
+    Rule("streaming_max_steps", ("data", "training"),
+         lambda a: getattr(a.data, "streaming", False) and a.training.max_steps <= 0,
+         "--streaming reads data of unknown length: give --max_steps N (optimizer steps; the stream starts over at "
+         "the end of the data, a new epoch, until then)."),
+    Rule("streaming_whole_set", ("data",),
+         lambda a: getattr(a.data, "streaming", False) and _whole_set_flag(a.data) and {"flag": _whole_set_flag(a.data)},
+         "--{flag} needs the whole data set before training and --streaming never holds it: drop --{flag} (held-out "
+         "evaluation data goes in --eval_data_path; --max_steps bounds the run), or drop --streaming."),
+    Rule("streaming_workers", ("data", "training"),
+         lambda a: getattr(a.data, "streaming", False) and a.training.dataloader_num_workers > 0,
+         "--dataloader_num_workers {training.dataloader_num_workers} with --streaming: the stream's place, which a "
+         "checkpoint records, is in the training process; drop --dataloader_num_workers."),
+    Rule("streaming_sequence_parallel", ("data", "training"),
+         lambda a: getattr(a.data, "streaming", False) and _sequence_parallel(a) > 1,
+         "--streaming with --sequence_parallel_size: each process reads rows of its own, and sequence parallelism "
+         "needs the same row on the ranks of a group; drop one of them."),
+    Rule("shuffle_buffer_without_streaming", ("data",),
+         lambda a: getattr(a.data, "shuffle_buffer", None) is not None and not a.data.streaming,
+         "--shuffle_buffer {data.shuffle_buffer} shuffles a --streaming run's examples; without --streaming every "
+         "example is shuffled: add --streaming true, or drop --shuffle_buffer."),
+    Rule("shuffle_buffer", ("data",), lambda a: (getattr(a.data, "shuffle_buffer", None) or 0) < 0,
+         "--shuffle_buffer must be 0 (file order) or more examples (got {data.shuffle_buffer})."),
     # -- fine-tuning
     Rule("lora_rank", ("finetuning",), lambda a: a.finetuning.finetuning_type == "lora" and a.finetuning.lora_r < 1,
          "--lora_r must be a positive rank (got {finetuning.lora_r})."),

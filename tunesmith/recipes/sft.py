@@ -17,6 +17,7 @@ from transformers import set_seed
 
 from ..boundary import entry_point
 from ..data.dataset import build_sft_datasets
+from ..data.streaming import streamed_sft_datasets
 from ..data.template import processor_of
 from ..models.loader import load_model, load_tokenizer
 from ..train.callbacks import LossPlotCallback
@@ -29,8 +30,13 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
 
     tokenizer = load_tokenizer(args.model)
     with args.training.main_process_first(desc="tokenize"):
-        train_dataset, eval_dataset = build_sft_datasets(tokenizer, args.data, args.training.seed,
-                                                         report_dir=args.training.output_dir)
+        if args.data.streaming:  # read, rendered and masked as training takes them (data/streaming.py)
+            train_dataset, eval_dataset = streamed_sft_datasets(
+                tokenizer, args.data, args.training.seed, args.training.process_index, args.training.world_size,
+                report_dir=args.training.output_dir)
+        else:
+            train_dataset, eval_dataset = build_sft_datasets(tokenizer, args.data, args.training.seed,
+                                                             report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
     model = load_model(args.model, args.finetuning, args.training)
 

@@ -17,6 +17,7 @@ from ..constants import CPU_FORWARD_TOKENS, IGNORE_INDEX
 from ..data.collator import PackingCollator, PaddingCollator
 from ..data.image_encoding import ImageConversationCollator, ImagePackingCollator
 from ..data.packing import FORWARD_SPLITS, SIZED_BY_FREE_MEMORY, slice_packed_row
+from ..data.streaming import StreamedExamples
 from ..data.template import processor_of
 from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
@@ -41,6 +42,7 @@ from .sequence_parallel import (
     step_token_count,
     use_packed_row_shards,
 )
+from .streamed import load_stream_state, save_stream_state, streamed_dataloader
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +137,22 @@ class LoraTrainer(Trainer):
         self._tokens_before = 0
         if isinstance(resume_from_checkpoint, str):
             self._tokens_before = trained_tokens_at(resume_from_checkpoint)
+            if self.streamed:
+                load_stream_state(self, resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    @property
+    def streamed(self) -> bool:
+        """--streaming: the training examples come from data/streaming.py's stream (train/streamed.py)."""
+        return isinstance(self.train_dataset, StreamedExamples)
+
+    def get_train_dataloader(self):
+        return streamed_dataloader(self) if self.streamed else super().get_train_dataloader()
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        if self.streamed:  # where the stream is, beside the random state: a resume continues there
+            save_stream_state(self, output_dir)
 
     def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
         # transformers takes a step before it checks max_steps: a run resumed from its last checkpoint
@@ -147,6 +164,8 @@ class LoraTrainer(Trainer):
             return
         if self.sequence_parallel_size > 1:
             kwargs = resume_epoch_arguments(kwargs)
+        if self.streamed:  # the stream is where the run stopped (train/streamed.py): nothing to skip, random state loaded
+            kwargs["steps_trained_in_current_epoch"] = 0
         super()._run_epoch(*args, **kwargs)
 
     def create_optimizer(self, model=None):

@@ -144,8 +144,26 @@ def is_parquet(path: str) -> bool:
 
 
 def is_table(path: str) -> bool:
-    """A Parquet file or a datasets.save_to_disk folder (rows without lines)."""
-    return is_dataset_folder(path) if Path(path).is_dir() else is_parquet(path)
+    """A Parquet file, an Arrow file (a shard datasets wrote) or a datasets.save_to_disk folder (rows without
+    lines)."""
+    return is_dataset_folder(path) if Path(path).is_dir() else is_parquet(path) or is_arrow(path)
+
+
+def is_arrow(path: str) -> bool:
+    return Path(path).suffix == ".arrow"
+
+
+# The files a folder of shards is read as (a large corpus comes as data/train-00000-of-00042.parquet, ...).
+SHARD_SUFFIXES = (".json", ".jsonl", ".parquet", ".arrow")
+
+
+def shard_files(path: str) -> list[str]:
+    """The data files directly in a folder of shards, in name order (shard 00001 before 00002); [] for a file, a
+    datasets.save_to_disk folder or a folder without any."""
+    p = Path(path)
+    if not p.is_dir() or is_dataset_folder(path):
+        return []
+    return sorted(str(f) for f in p.iterdir() if f.is_file() and f.suffix in SHARD_SUFFIXES)
 
 
 def problem_with_data_file(path: str) -> str | None:
@@ -160,6 +178,12 @@ def problem_with_data_file(path: str) -> str | None:
         if (p / "dataset_dict.json").is_file():
             splits = sorted(str(d) for d in p.iterdir() if is_dataset_folder(str(d)))
             return f"is a datasets DatasetDict folder; give one of its splits ({' '.join(splits) or 'none saved'})"
+        for shard in shard_files(path):  # a folder of shards: each is read as a data file of its own
+            problem = problem_with_data_file(shard)
+            if problem:
+                return f"its shard {Path(shard).name} {problem}"
+        if shard_files(path):
+            return None
         files = sorted(str(f) for f in p.iterdir() if f.suffix in (".json", ".jsonl", ".parquet"))[:3]
         hint = f" (e.g. {' '.join(files)})" if files else ""
         return f"is a directory; give the JSON/JSONL/Parquet files in it{hint}, or a datasets.save_to_disk folder"
@@ -174,6 +198,14 @@ def problem_with_data_file(path: str) -> str | None:
             pq.ParquetFile(path)
         except Exception as e:  # pyarrow raises several types for a damaged file
             return f"is not a readable Parquet file ({e})"
+    if is_arrow(path):
+        import pyarrow as pa
+
+        try:
+            with pa.memory_map(path) as source:
+                pa.ipc.open_stream(source)  # reads the schema
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            return f"is not a readable Arrow file, as datasets writes them ({e})"
     return None
 
 
