@@ -4,7 +4,10 @@ and the command's lines and refusals."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,11 +160,12 @@ def test_8bit_weights_are_int8_rows_and_a_float32_scale_a_row(tmp_path):
 def test_sequence_parallel_plans_one_ranks_share_of_the_row(tmp_path, capsys):
     """--sequence_parallel_size N: each row's lines are one rank's, whose step is the one-rank plan of ceil(T/N)
     tokens (Ulysses' attention holds all the tokens for 1/N of the heads: the same bytes); the longest conversation is
-    N ranks' worth; heads N does not divide and ZeRO-3 (whose sharded weights the plan does not count) are refused."""
+    N ranks' worth; heads N does not divide are refused."""
     model_dir = config_dir(tmp_path / "model")
-    flags = ["--model_name_or_path", model_dir, "--packing", "true", "--quantization_bit", "4"]
+    flags = ["--model_name_or_path", model_dir, "--packing", "true", "--quantization_bit", "4",
+             "--gradient_checkpointing", "true"]
     sharded = ["--deepspeed", str(ROOT / "configs/ds_zero2.json"), "--sequence_parallel_size", "2"]
-    one_rank = planned(model_dir, "--quantization_bit", "4")
+    one_rank = planned(model_dir, "--quantization_bit", "4", "--gradient_checkpointing", "true")
     two_ranks = PlannedModel(*parse_plan([*flags, *sharded]))
     assert two_ranks.step(3001).peak == one_rank.step(1501).peak and two_ranks.step(3001).tokens == 1501
     memory = one_rank.step(16).peak + 2 * 2**20
@@ -172,16 +176,121 @@ def test_sequence_parallel_plans_one_ranks_share_of_the_row(tmp_path, capsys):
     assert f"  peak_device_mb: {one_rank.step(1501).peak / 2**20:.1f}\n" in out
     longest = int(out.split("longest_tokens: ")[1].split()[0])
     assert longest in (2 * longest_one.tokens - 1, 2 * longest_one.tokens)  # ceil(T / 2) tokens on each rank
-    for extra, message in ((["--sequence_parallel_size", "3"], "each rank attends with 1/3 of them"),
-                           (["--sequence_parallel_size", "2", "--deepspeed", str(ROOT / "configs/ds_zero3.json")],
-                            "under ZeRO-3 shards the weights")):
-        deepspeed = [] if "--deepspeed" in extra else ["--deepspeed", str(ROOT / "configs/ds_zero2.json")]
-        with pytest.raises(SystemExit) as stop:
-            main([*flags, *deepspeed, *extra])
-        err = capsys.readouterr().err
-        assert stop.value.code == 2 and message in err and err.strip().count("\n") == 0, err
-    # refused before transformers' arguments exist: a ZeRO-3 config there would switch ZeRO-3 loading on for the
-    # process (is_deepspeed_zero3_enabled), and every later from_pretrained in it would start DeepSpeed
+    with pytest.raises(SystemExit) as stop:
+        main([*flags, "--deepspeed", str(ROOT / "configs/ds_zero2.json"), "--sequence_parallel_size", "3"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "each rank attends with 1/3 of them" in err and err.strip().count("\n") == 0
+
+
+def test_auto_chooses_layer_modes_by_the_forward_budget_and_the_metered_step_agrees_with_its_estimate(tmp_path):
+    """--gradient_checkpointing auto (SFT's GPU default for packed rows): the forward budget probes the fake model as
+    it probes the real one, chooses by layer_modes.choose_modes, and the step run with those modes set peaks where the
+    budget estimated: to within 2% with every layer recomputed; over it by what the estimate counts twice with layers
+    kept (layer_modes' docstring: a kept layer's activations beside the recomputation's working set); under it by two
+    layer inputs a token with layers offloaded (the first layer's input, which autograd holds, and the input copied
+    back while its layer recomputes)."""
+    from tunesmith.train.layer_modes import choose_modes
+
+    model_dir = config_dir(tmp_path, num_hidden_layers=4, max_position_embeddings=16384)
+    plan = PlannedModel(*parse_plan(["--model_name_or_path", model_dir, "--packing", "true", "--quantization_bit",
+                                     "4"]), memory=int(0.03 * 2**30))
+    budget, layers, hidden_bf16 = plan.auto.budget, 4, 64 * 2
+    assert budget.rates.offload_saving == hidden_bf16  # a layer's input, a token
+    assert budget.rates.recomputed > 0 and budget.rates.kept_extra > 0
+    seen = set()
+    for tokens in (512, 3000, 4096, 8192):
+        step, choice = plan.planned_step(tokens)
+        modes = choice.modes
+        assert modes == choose_modes(tokens, budget.available, budget.rates, layers)
+        assert [layer.gradient_checkpointing for layer in plan.auto.layers].count(False) == modes.kept  # as run
+        seen.add((modes.kept == layers, 0 < modes.kept < layers, modes.recomputed == layers, modes.offloaded > 0))
+        predicted, metered = choice.predicted_peak, step.peak
+        if modes.offloaded:
+            assert 0 <= metered - predicted <= 2 * hidden_bf16 * tokens + 4096
+        elif modes.kept:
+            assert 0 <= predicted - metered <= modes.kept * budget.rates.kept_extra * tokens
+        else:
+            assert metered == pytest.approx(predicted, rel=0.02)
+    assert len(seen) == 4  # every layer kept, some kept, every one recomputed, offloaded
+
+
+def test_auto_finds_the_longest_conversation_where_even_offloading_every_layer_no_longer_fits(tmp_path, capsys):
+    model_dir = config_dir(tmp_path, num_hidden_layers=3, max_position_embeddings=16384)
+    flags = ["--model_name_or_path", model_dir, "--packing", "true", "--quantization_bit", "4", "--memory_gb", "0.01",
+             "--longest_up_to", "16384"]
+    main([*flags, "--plan_tokens", "256"])
+    out = capsys.readouterr().out
+    assert "checkpointing auto, chosen per row by the forward budget" in out and "\nauto: probed as the run" in out
+    assert "  auto: forwards 1 of at most 256 tokens; layers kept 3, recomputed 0, offloaded 0; " \
+           "predicted_peak_device_mb " in out
+    longest = int(out.split("longest_tokens: ")[1].split()[0])
+    assert f"longest_next_tokens: {longest + 1}\n" in out
+    # where every layer is offloaded, as --gradient_checkpointing offload does all along (searched from the answer)
+    offloaded = PlannedModel(*parse_plan([*flags, "--gradient_checkpointing", "offload"]))
+    fits, fails = longest_fitting(offloaded.step, int(0.01 * 2**30), up_to=16384, start=longest)
+    assert fits.tokens == longest > 256 and fails.tokens == longest + 1
+
+
+def zero3_config(tmp_path, **zero) -> str:
+    path = tmp_path / "ds_zero3.json"
+    path.write_text(json.dumps({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3, **zero}}))
+    return str(path)
+
+
+def test_zero3_shards_deepspeeds_model_states_over_the_world_size(tmp_path, monkeypatch):
+    """A rank's weights and trained state are DeepSpeed's own estimate (estimate_zero3_model_states_mem_needs: 18 bytes
+    a trained parameter over the GPUs, the largest layer apart), its buckets DeepSpeed 0.19.8's defaults where the
+    config leaves them out and transformers' hidden-size values where it says auto; the activations stay one rank's."""
+    from tunesmith.plan.zero3 import DEEPSPEED_DEFAULTS, Zero3Settings
+
+    monkeypatch.setattr(fake_device, "ALLOCATOR_BLOCK", 1)
+    monkeypatch.setattr("tunesmith.plan.step.ALLOCATOR_BLOCK", 1)
+    model_dir = config_dir(tmp_path / "model")
+    no_persistence = zero3_config(tmp_path, stage3_param_persistence_threshold=0, reduce_bucket_size="auto",
+                                  stage3_prefetch_bucket_size="auto")
+    full = ["--finetuning_type", "full", "--gradient_checkpointing", "true", "--deepspeed", no_persistence]
+    plans = {world: planned(model_dir, *full, "--world_size", str(world)) for world in (1, 2)}
+    params = sum(p.numel() for p in plans[2].model.parameters())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in plans[2].model.modules())
+    script = ("from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as e\n"
+              "from deepspeed.runtime.zero.config import DeepSpeedZeroConfig as C\n"
+              f"print(e({params}, {largest}, num_gpus_per_node=2, cpu_offload=False, cpu_offload_params=False)[1:])\n"
+              "c = C(); print([c.reduce_bucket_size, c.prefetch_bucket_size, c.param_persistence_threshold, "
+              "c.max_live_parameters])")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")
+    gpu_bytes, largest_layer = eval(out[-3])
+    assert list(DEEPSPEED_DEFAULTS.values()) == eval(out[-2])
+    rank = plans[2].zero3_rank
+    assert rank.sharded_weights + rank.persistent_weights + rank.trained_state == gpu_bytes - largest_layer
+    assert rank.persistent_weights == 0 and rank.gathered == 2 * largest + int(0.9 * 64 * 64) * 2
+    assert Zero3Settings.read(str(ROOT / "configs/ds_zero3.json"), 64, 2).persistence_threshold == 640  # auto
+    defaults = Zero3Settings.read(zero3_config(tmp_path), 64, 2)
+    assert (defaults.reduce_bucket, defaults.prefetch_bucket) == (int(5e8), int(5e7))
+    steps = {world: plan.step(1024) for world, plan in plans.items()}
+    held = {world: plan.zero3_rank.held for world, plan in plans.items()}
+    assert steps[1].peak - steps[2].peak == held[1] - held[2] > 0  # the same activations on every rank
+    assert steps[2].gradients + steps[2].optimizer_state == rank.trained_state
+
+
+def test_zero3_with_sequence_parallelism_plans_one_rank_and_leaves_zero3_loading_off(tmp_path, capsys):
+    model_dir = config_dir(tmp_path / "model")
+    flags = ["--model_name_or_path", model_dir, "--packing", "true", "--quantization_bit", "4",
+             "--deepspeed", str(ROOT / "configs/ds_zero3.json")]
+    main([*flags, "--sequence_parallel_size", "2", "--world_size", "4", "--plan_tokens", "2000"])
+    out = capsys.readouterr().out
+    assert "zero3_world_size: 4\n" in out and "tokens_per_rank: 1000\n" in out
+    assert "checkpointing on" in out  # QLoRA's GPU default under DeepSpeed, whose forwards no budget sizes
+    # transformers' arguments with a ZeRO-3 config switch ZeRO-3 loading on for the process
+    # (is_deepspeed_zero3_enabled): every later from_pretrained in it would start DeepSpeed
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
     assert not is_deepspeed_zero3_enabled()
+    for extra, message in ((["--world_size", "3", "--sequence_parallel_size", "2"], "not a multiple of it"),
+                           (["--bf16", "false"], "leave out --bf16 false")):
+        with pytest.raises(SystemExit) as stop:
+            main([*flags, *extra])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and err.strip().count("\n") == 0, err
+    with pytest.raises(SystemExit):
+        main(["--model_name_or_path", model_dir, "--packing", "true", "--world_size", "2"])
+    assert "under ZeRO-3 only; add --deepspeed configs/ds_zero3.json" in capsys.readouterr().err
