@@ -237,39 +237,92 @@ def zero3_config(tmp_path, **zero) -> str:
     return str(path)
 
 
-def test_zero3_shards_deepspeeds_model_states_over_the_world_size(tmp_path, monkeypatch):
-    """A rank's weights and trained state are DeepSpeed's own estimate (estimate_zero3_model_states_mem_needs: 18 bytes
-    a trained parameter over the GPUs, the largest layer apart), its buckets DeepSpeed 0.19.8's defaults where the
-    config leaves them out and transformers' hidden-size values where it says auto; the activations stay one rank's."""
-    from tunesmith.plan.zero3 import DEEPSPEED_DEFAULTS, Zero3Settings
-
+def zero3_plans(tmp_path, monkeypatch, *worlds: int) -> dict[int, PlannedModel]:
+    """Full fine-tuning of the test shape under ZeRO-3 without persistent parameters, one plan per world size, counted
+    in bytes (no allocator blocks: DeepSpeed's shards are views of flat buffers)."""
     monkeypatch.setattr(fake_device, "ALLOCATOR_BLOCK", 1)
     monkeypatch.setattr("tunesmith.plan.step.ALLOCATOR_BLOCK", 1)
     model_dir = config_dir(tmp_path / "model")
-    no_persistence = zero3_config(tmp_path, stage3_param_persistence_threshold=0, reduce_bucket_size="auto",
-                                  stage3_prefetch_bucket_size="auto")
-    full = ["--finetuning_type", "full", "--gradient_checkpointing", "true", "--deepspeed", no_persistence]
-    plans = {world: planned(model_dir, *full, "--world_size", str(world)) for world in (1, 2)}
+    config = zero3_config(tmp_path, stage3_param_persistence_threshold=0, reduce_bucket_size="auto",
+                          stage3_prefetch_bucket_size="auto")
+    full = ["--finetuning_type", "full", "--gradient_checkpointing", "true", "--deepspeed", config]
+    return {world: planned(model_dir, *full, "--world_size", str(world)) for world in worlds}
+
+
+def test_zero3_shards_the_model_states_over_the_world_size_with_deepspeeds_buckets(tmp_path, monkeypatch):
+    """A rank holds 1/N of every weight in bf16 and of 14 bytes a trained parameter (gradient shard in bf16, fp32
+    master copy and Adam moments), 4 more at the optimizer step (the gradient shard's fp32 copy); the buckets are
+    DeepSpeed 0.19.8's defaults where the config leaves them out, transformers' hidden-size values where it says auto;
+    the activations are one rank's whatever N."""
+    from tunesmith.plan.zero3 import DEEPSPEED_DEFAULTS, Zero3Settings
+
+    plans = zero3_plans(tmp_path, monkeypatch, 1, 2)
     params = sum(p.numel() for p in plans[2].model.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in plans[2].model.modules())
-    script = ("from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as e\n"
-              "from deepspeed.runtime.zero.config import DeepSpeedZeroConfig as C\n"
-              f"print(e({params}, {largest}, num_gpus_per_node=2, cpu_offload=False, cpu_offload_params=False)[1:])\n"
-              "c = C(); print([c.reduce_bucket_size, c.prefetch_bucket_size, c.param_persistence_threshold, "
-              "c.max_live_parameters])")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")
-    gpu_bytes, largest_layer = eval(out[-3])
-    assert list(DEEPSPEED_DEFAULTS.values()) == eval(out[-2])
     rank = plans[2].zero3_rank
-    assert rank.sharded_weights + rank.persistent_weights + rank.trained_state == gpu_bytes - largest_layer
+    assert (rank.sharded_weights, rank.gradient_shards, rank.optimizer_state, rank.step_gradients) == \
+        (params, params, 6 * params, 2 * params)  # 2, 2, 12 and 4 bytes a parameter over 2 ranks
     assert rank.persistent_weights == 0 and rank.gathered == 2 * largest + int(0.9 * 64 * 64) * 2
+    assert rank.reduce_bucket == 2 * 64 * 64
+    script = ("from deepspeed.runtime.zero.config import DeepSpeedZeroConfig as C; c = C(); "
+              "print([c.reduce_bucket_size, c.prefetch_bucket_size, c.param_persistence_threshold, "
+              "c.max_live_parameters])")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert list(DEEPSPEED_DEFAULTS.values()) == json.loads(out.strip().splitlines()[-1])
     assert Zero3Settings.read(str(ROOT / "configs/ds_zero3.json"), 64, 2).persistence_threshold == 640  # auto
     defaults = Zero3Settings.read(zero3_config(tmp_path), 64, 2)
     assert (defaults.reduce_bucket, defaults.prefetch_bucket) == (int(5e8), int(5e7))
     steps = {world: plan.step(1024) for world, plan in plans.items()}
     held = {world: plan.zero3_rank.held for world, plan in plans.items()}
     assert steps[1].peak - steps[2].peak == held[1] - held[2] > 0  # the same activations on every rank
-    assert steps[2].gradients + steps[2].optimizer_state == rank.trained_state
+    assert steps[2].gradients_held == steps[2].gradients == rank.gradient_shards
+
+
+ZERO3_TWO_RANKS = """
+import json, os
+import deepspeed, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+deepspeed.init_distributed(dist_backend="gloo")
+model = LlamaForCausalLM(LlamaConfig.from_pretrained(os.environ["MODEL_DIR"]))
+config = json.load(open(os.environ["DS_CONFIG"]))
+config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, bf16={"enabled": True})
+config["zero_optimization"].update(reduce_bucket_size=64 * 64, stage3_prefetch_bucket_size=int(0.9 * 64 * 64))
+engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                                               config=config)
+ids = torch.randint(0, 512, (1, 64))
+engine.backward(engine(input_ids=ids, labels=ids).loss)
+engine.step()
+size = lambda t: t.numel() * t.element_size()
+print("RANK_BYTES", json.dumps({
+    "shards": sum(size(p.ds_tensor) for p in engine.module.parameters()),
+    "gradient_shards": size(optimizer.grad_partitions_flat_buffer),
+    "optimizer_state": sum(size(t) for t in optimizer.fp32_partitioned_groups_flat)
+    + sum(size(v) for s in optimizer.optimizer.state.values() for v in s.values() if v.numel() > 1),
+    "reduce_bucket": sum(size(b.buffer) for b in optimizer.ipg_buckets.values() if b.buffer is not None)}))
+"""
+
+
+def test_zero3_rank_states_are_what_deepspeed_allocates_on_two_cpu_ranks(tmp_path, monkeypatch):
+    """The plan's rank bytes against DeepSpeed 0.19.8's own buffers after a step on two CPU ranks (gloo, torchrun in
+    a subprocess): the bf16 weight shards, the gradient partitions, the fp32 master partition and Adam's moments, and
+    the reduce bucket (about 20 s on 2 cores)."""
+    import os
+
+    plan = zero3_plans(tmp_path, monkeypatch, 2)[2]
+    script = tmp_path / "zero3_two_ranks.py"
+    script.write_text(ZERO3_TWO_RANKS)
+    port = 29500 + os.getpid() % 1000
+    env = {**os.environ, "MODEL_DIR": str(tmp_path / "model"), "DS_CONFIG": plan.args.training.deepspeed,
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(port), str(script)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads(line.split("RANK_BYTES ")[1]) for line in proc.stdout.splitlines() if "RANK_BYTES" in line]
+    rank = plan.zero3_rank
+    assert len(ranks) == 2 and all(r == ranks[0] for r in ranks)
+    assert ranks[0] == {"shards": rank.sharded_weights, "gradient_shards": rank.gradient_shards,
+                        "optimizer_state": rank.optimizer_state, "reduce_bucket": rank.reduce_bucket}
 
 
 def test_zero3_with_sequence_parallelism_plans_one_rank_and_leaves_zero3_loading_off(tmp_path, capsys):

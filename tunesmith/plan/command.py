@@ -3,14 +3,14 @@ the run's own flags (parsed as `tunesmith sft` parses them), by running the step
 
     tunesmith plan --model_name_or_path DIR --quantization_bit 4 --packing true --plan_tokens 16384 32768 --memory_gb 80
 
-Read top to bottom: parse (the SFT flags resolved as on a GPU) -> build the model without weights -> one step per
---plan_tokens row -> the longest conversation that fits --memory_gb. What it leaves out, on purpose for now:
-1. padded batches (--packing false), vision-language models, DeepSpeed and FSDP: refused (sequence parallelism under
-   ZeRO-1/2 is planned per rank);
+Read top to bottom: parse (the SFT flags resolved as on a GPU) -> build the model without weights -> under
+--gradient_checkpointing auto, probe it as the run's forward budget does (plan/auto.py) -> one step per --plan_tokens
+row -> the longest conversation that fits --memory_gb. What it leaves out, on purpose for now:
+1. padded batches (--packing false), vision-language models, FSDP and ZeRO-1/2 on one rank per row: refused
+   (sequence parallelism is planned per rank; ZeRO-3 per rank of --world_size, by arithmetic: plan/zero3.py);
 2. the CUDA context, cuBLAS workspaces and the allocator's fragmentation (torch.cuda.max_memory_allocated does not
    count the first two either);
-3. the forward budget (train/forward_budget.py) that may cut a long packed row of several conversations into
-   forwards: the plan runs a row as one forward, the largest a step can be."""
+3. the forward budget's timings, which fake tensors do not have: plan/auto.py says what it assumes."""
 
 from __future__ import annotations
 

@@ -2,15 +2,19 @@
 
 DeepSpeed cannot run on fake tensors (its engine partitions real storages and all-gathers them through a process
 group), so the fake step runs the model whole, with each gradient freed as soon as it is accumulated (ZeRO-3's
-reduce-scatter hook copies it into its bucket and frees it), and the model states are then counted as DeepSpeed 0.19
-holds them with bf16 on (engine._cast_module_mixed_precision casts every floating parameter to bf16;
-stage3.estimate_zero3_model_states_mem_needs counts the same 18 bytes a trained parameter):
+reduce-scatter hook copies it into its bucket and frees it), and the model states are then counted as DeepSpeed
+0.19.8 allocates them with bf16 on (measured on two CPU ranks by tests/test_plan.py):
 
-- every parameter's bf16 bytes (a 4-bit weight's packed bytes) over the world size, except those of at most
-  stage3_param_persistence_threshold elements, which every rank keeps whole;
-- a trained parameter's fp32 master copy, Adam's two fp32 moments and its fp32 gradient: 16 bytes over the world size;
+- every parameter's bf16 bytes (engine._cast_module_mixed_precision casts floating ones; a 4-bit weight's packed
+  bytes as they are) over the world size, except those of at most stage3_param_persistence_threshold elements, which
+  every rank keeps whole;
+- a trained parameter's gradient shard, in the gradient accumulation dtype (the model's, bf16, unless the config's
+  data_types say otherwise: stage3's grad_partitions_flat_buffer), its fp32 master copy and Adam's two fp32 moments:
+  14 bytes over the world size, held throughout; and at the optimizer step an fp32 copy of the gradient shard
+  (4 bytes over the world size, freed after it). DeepSpeed's estimate_zero3_model_states_mem_needs counts 18 bytes
+  a parameter in all;
 - the gathered working set: the largest module's own parameters whole, plus the prefetch bucket
-  (stage3_prefetch_bucket_size elements of bf16), at most stage3_max_live_parameters elements;
+  (stage3_prefetch_bucket_size elements of bf16), at most stage3_max_live_parameters elements and the whole model;
 - the gradients' reduce bucket (reduce_bucket_size elements of bf16), which stage3.py allocates whole at its start
   with contiguous_gradients (DeepSpeed's default);
 - quantization constants and buffers, whole on every rank (they are not parameters: ZeRO-3 leaves them alone).
@@ -35,7 +39,9 @@ from .step import StepMemory, allocated
 DEEPSPEED_DEFAULTS = {"reduce_bucket_size": int(5e8), "stage3_prefetch_bucket_size": int(5e7),
                       "stage3_param_persistence_threshold": int(1e5), "stage3_max_live_parameters": int(1e9)}
 BF16 = 2  # bytes
-TRAINED_STATE = 16  # bytes a trained parameter besides its bf16 weight: fp32 master, Adam's two moments, fp32 gradient
+GRADIENT_SHARD = BF16  # bytes a trained parameter: its gradient shard, in the accumulation dtype (the model's)
+MASTER_AND_MOMENTS = 12  # bytes a trained parameter: fp32 master copy and Adam's two fp32 moments
+STEP_GRADIENT = 4  # bytes a trained parameter: the fp32 copy of its gradient shard at the optimizer step
 
 
 @dataclass(frozen=True)
@@ -70,15 +76,17 @@ class Zero3Rank:
     sharded_weights: int  # each parameter's 1/N (its bf16 bytes, or its packed 4-bit bytes)
     persistent_weights: int  # parameters under the persistence threshold, whole
     whole_tensors: int  # quantization constants and buffers
-    trained_state: int  # fp32 master copies, Adam's moments and fp32 gradients, 1/N of each
+    gradient_shards: int  # 1/N of each trained parameter's gradient, in bf16
+    optimizer_state: int  # 1/N of each trained parameter's fp32 master copy and Adam moments
+    step_gradients: int  # the optimizer step's fp32 copy of the gradient shards
     gathered: int  # the largest module's parameters whole and the prefetch bucket
     reduce_bucket: int
 
     @property
     def held(self) -> int:
         """What a rank holds through a step besides its activations."""
-        return (self.sharded_weights + self.persistent_weights + self.whole_tensors + self.trained_state
-                + self.gathered + self.reduce_bucket)
+        return (self.sharded_weights + self.persistent_weights + self.whole_tensors + self.gradient_shards
+                + self.optimizer_state + self.gathered + self.reduce_bucket)
 
 
 def parameter_bytes(param: nn.Parameter) -> int:
@@ -89,31 +97,33 @@ def parameter_bytes(param: nn.Parameter) -> int:
 
 def zero3_rank(model: nn.Module, settings: Zero3Settings) -> Zero3Rank:
     world = settings.world_size
-    sharded = persistent = trained = 0
+    sharded = persistent = 0
     for param in model.parameters():
         size = parameter_bytes(param)
         if param.numel() <= settings.persistence_threshold:
             persistent += allocated_bytes(size)
         else:
             sharded += allocated_bytes(-(-size // world))
-        if param.requires_grad:
-            trained += allocated_bytes(-(-param.numel() * TRAINED_STATE // world))
+    # each trained parameter's 1/N (padded to a multiple of N), in DeepSpeed's flat buffers of every shard together
+    trained = sum(-(-p.numel() // world) for p in model.parameters() if p.requires_grad)
     largest = max(sum(parameter_bytes(p) for p in m.parameters(recurse=False)) for m in model.modules())
     everything = sum(parameter_bytes(p) for p in model.parameters())  # a prefetch gathers no more than the model
     gathered = min(settings.max_live * BF16, largest + settings.prefetch_bucket * BF16, everything)
     whole = sum(allocated(t) for t in [*quant_state_tensors(model), *model.buffers()])
     # stage3.py allocates it at init with contiguous_gradients, in the gradients' bf16
     reduce_bucket = allocated_bytes(settings.reduce_bucket * BF16) if trained and settings.contiguous_gradients else 0
-    return Zero3Rank(sharded, persistent, whole, trained, gathered, reduce_bucket)
+    return Zero3Rank(sharded, persistent, whole, allocated_bytes(trained * GRADIENT_SHARD),
+                     allocated_bytes(trained * MASTER_AND_MOMENTS), allocated_bytes(trained * STEP_GRADIENT), gathered,
+                     reduce_bucket)
 
 
 def rank_step(step: StepMemory, rank: Zero3Rank) -> StepMemory:
     """`step` (metered with every gradient freed as it was accumulated) as one ZeRO-3 rank runs it: its activations,
     and the rank's model states in place of the whole model's weights, gradients and optimizer state."""
-    gradients = rank.trained_state // 4  # of 16 bytes a trained parameter, its fp32 gradient's 4
-    state = rank.trained_state - gradients
-    return dataclasses.replace(step, resident=rank.held - rank.trained_state, gradients=gradients,
-                               optimizer_state=state, optimizer_peak=state, gradients_held=gradients)
+    return dataclasses.replace(step, resident=rank.held - rank.gradient_shards - rank.optimizer_state,
+                               gradients=rank.gradient_shards, optimizer_state=rank.optimizer_state,
+                               optimizer_peak=rank.optimizer_state + rank.step_gradients,
+                               gradients_held=rank.gradient_shards)
 
 
 def allocated_bytes(size: int) -> int:
@@ -126,14 +136,15 @@ def rank_lines(rank: Zero3Rank, settings: Zero3Settings) -> list[str]:
     return [f"zero3_world_size: {settings.world_size}",
             f"zero3_sharded_weights_mb: {mb(rank.sharded_weights)}",
             f"zero3_persistent_weights_mb: {mb(rank.persistent_weights)}",
-            f"zero3_trained_state_mb: {mb(rank.trained_state)}",
+            f"zero3_gradient_shards_mb: {mb(rank.gradient_shards)}",
+            f"zero3_optimizer_state_mb: {mb(rank.optimizer_state)}",
             f"zero3_gathered_mb: {mb(rank.gathered)}",
             f"zero3_reduce_bucket_mb: {mb(rank.reduce_bucket)}"]
 
 
 def describe(settings: Zero3Settings) -> str:
     return (f"zero3: one rank of {settings.world_size}, by arithmetic on the one-rank step (DeepSpeed does not run on "
-            "fake tensors): weights in bf16, trained ones' fp32 master, Adam moments and gradients sharded over the "
-            f"ranks; parameters of at most {settings.persistence_threshold} elements whole; gathered: the largest "
+            "fake tensors): weights and gradients in bf16, trained ones' fp32 master and Adam moments sharded over the "
+            f"ranks (an fp32 copy of the gradient shards at the optimizer step); parameters of at most {settings.persistence_threshold} elements whole; gathered: the largest "
             f"module whole and a prefetch bucket of {settings.prefetch_bucket} elements; reduce bucket "
-            f"{settings.reduce_bucket} elements; the optimizer step's temporaries on the fp32 shards are not counted")
+            f"{settings.reduce_bucket} elements; the optimizer's own temporaries on the fp32 shards are not counted")
