@@ -212,6 +212,12 @@ def test_auto_chooses_layer_modes_by_the_forward_budget_and_the_metered_step_agr
         else:
             assert metered == pytest.approx(predicted, rel=0.02)
     assert len(seen) == 4  # every layer kept, some kept, every one recomputed, offloaded
+    # a row of 4 conversations that does not fit keeping every layer: under the plan's timing assumption (a forward's
+    # fixed seconds 0) the budget splits it into forwards of whole conversations that keep every layer
+    step, choice = plan.planned_step(4096, 4)
+    assert choice.forwards == [0, 1024, 2048, 3072, 4096] and choice.modes.kept == layers
+    assert 0 <= choice.predicted_peak - step.peak <= layers * budget.rates.kept_extra * 1024
+    assert step.peak < plan.planned_step(4096)[0].peak  # the same tokens in one forward, layers recomputed
 
 
 def test_auto_finds_the_longest_conversation_where_even_offloading_every_layer_no_longer_fits(tmp_path, capsys):

@@ -26,11 +26,13 @@ keys left out take DeepSpeed 0.19.8's defaults (deepspeed/runtime/zero/config.py
 from __future__ import annotations
 
 import dataclasses
-import json
+import types
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
+from ..hparams.rules import deepspeed_config
 from .model import quant_state_tensors
 from .report import mb
 from .step import StepMemory, allocated
@@ -56,9 +58,9 @@ class Zero3Settings:
     contiguous_gradients: bool = True  # DeepSpeed's default: the reduce bucket is allocated once, whole
 
     @classmethod
-    def read(cls, path: str, hidden_size: int, world_size: int) -> Zero3Settings:
-        with open(path) as f:
-            zero = json.load(f).get("zero_optimization", {})
+    def read(cls, deepspeed: Any, hidden_size: int, world_size: int) -> Zero3Settings:
+        """From --deepspeed (a config file's path, or the config itself), as hparams.rules reads it."""
+        zero = deepspeed_config(types.SimpleNamespace(deepspeed=deepspeed)).get("zero_optimization", {})
         auto = {"reduce_bucket_size": hidden_size * hidden_size,
                 "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
                 "stage3_param_persistence_threshold": 10 * hidden_size}
