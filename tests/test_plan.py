@@ -216,6 +216,8 @@ def test_auto_chooses_layer_modes_by_the_forward_budget_and_the_metered_step_agr
     # fixed seconds 0) the budget splits it into forwards of whole conversations that keep every layer
     step, choice = plan.planned_step(4096, 4)
     assert choice.forwards == [0, 1024, 2048, 3072, 4096] and choice.modes.kept == layers
+    assert "forwards 4 of at most 1024 tokens (chosen by the assumed timings: a forward's fixed seconds 0)" \
+        in choice.line()
     assert 0 <= choice.predicted_peak - step.peak <= layers * budget.rates.kept_extra * 1024
     assert step.peak < plan.planned_step(4096)[0].peak  # the same tokens in one forward, layers recomputed
 

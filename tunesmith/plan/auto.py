@@ -41,11 +41,14 @@ class AutoChoice:
     forwards: list[int]
     modes: LayerModes
     predicted_peak: int
+    timed: bool = False  # the budget weighed splits by their seconds: the plan's ASSUMED_SECONDS decided
+
 
     def line(self) -> str:
         sizes = [b - a for a, b in zip(self.forwards, self.forwards[1:])]
         m = self.modes
-        return (f"  auto: forwards {len(sizes)} of at most {max(sizes)} tokens; layers kept {m.kept}, recomputed "
+        timed = " (chosen by the assumed timings: a forward's fixed seconds 0)" if self.timed else ""
+        return (f"  auto: forwards {len(sizes)} of at most {max(sizes)} tokens{timed}; layers kept {m.kept}, recomputed "
                 f"{m.recomputed}, offloaded {m.offloaded}{'' if m.fits else ' (over the budget: may not fit)'}; "
                 f"predicted_peak_device_mb {mb(self.predicted_peak)}")
 
@@ -90,7 +93,11 @@ class AutoPlanner:
         modes = choose_modes(largest, self.budget.available, self.budget.rates, len(self.layers))
         gradients = sum(p.nbytes for p in self.budget.parameters)  # held by the probe's measurement, as by a step
         predicted = held + gradients + self.budget.fixed + estimated_forward_bytes(largest, self.budget.rates, modes)
-        return AutoChoice(forwards, modes, int(predicted))
+        conversations = len(row["cu_seq_lens_q"]) - 1
+        # as ForwardBudget.splits decides: a row that does not fit keeping every layer, of several conversations,
+        # is cut by _fastest_splits, which weighs the options by the probe's seconds
+        timed = conversations > 1 and tokens > self.budget.rates.tokens_kept(self.budget.available, len(self.layers))
+        return AutoChoice(forwards, modes, int(predicted), timed)
 
     def describe(self) -> str:
         rates, kb = self.budget.rates, lambda value: f"{value / 1024:.1f}"
