@@ -217,7 +217,7 @@ def test_auto_chooses_layer_modes_by_the_forward_budget_and_the_metered_step_agr
     step, choice = plan.planned_step(4096, 4)
     assert choice.forwards == [0, 1024, 2048, 3072, 4096] and choice.modes.kept == layers
     assert "forwards 4 of at most 1024 tokens (chosen by the assumed timings: a forward's fixed seconds 0)" \
-        in choice.line()
+        in choice.line(step.peak, plan.auto.memory)
     assert 0 <= choice.predicted_peak - step.peak <= layers * budget.rates.kept_extra * 1024
     assert step.peak < plan.planned_step(4096)[0].peak  # the same tokens in one forward, layers recomputed
 
@@ -355,3 +355,21 @@ def test_zero3_with_sequence_parallelism_plans_one_rank_and_leaves_zero3_loading
     with pytest.raises(SystemExit):
         main(["--model_name_or_path", model_dir, "--packing", "true", "--world_size", "2"])
     assert "under ZeRO-3 only; add --deepspeed configs/ds_zero3.json" in capsys.readouterr().err
+
+
+def test_auto_says_where_the_runs_probe_measures_no_bytes_a_token_and_flags_a_choice_over_the_memory(tmp_path, capsys):
+    """A large vocabulary on a small model: with half the tokens trained, the probe's 1,024-token forward takes the
+    logits' path (512 x 100,000 logits, under the tiled head's 2^26) and its 2,048-token one the tiles, which peak no
+    higher; the run's budget would divide by the zero rate, so the plan says so and plans every layer recomputed."""
+    from tunesmith.plan.auto import AutoChoice
+    from tunesmith.train.layer_modes import LayerModes
+
+    main(["--model_name_or_path", config_dir(tmp_path, vocab_size=100_000), "--packing", "true", "--quantization_bit",
+          "4", "--memory_gb", "1", "--plan_tokens", "4096", "--longest_up_to", "4096"])
+    out = capsys.readouterr().out
+    assert "checkpointing auto, planned with every layer recomputed: the forward budget's probe measured no bytes " \
+           "a token" in out and "  auto: " not in out
+    choice = AutoChoice([0, 4096], LayerModes(1, 1, 0), predicted_peak=900)
+    assert choice.line(metered_peak=1100, memory=1000).endswith(
+        "predicted_peak_device_mb 0.0; the metered peak is over the memory: the run's estimate is low here")
+    assert choice.line(metered_peak=990, memory=1000).endswith("predicted_peak_device_mb 0.0")

@@ -44,13 +44,16 @@ class AutoChoice:
     timed: bool = False  # the budget weighed splits by their seconds: the plan's ASSUMED_SECONDS decided
 
 
-    def line(self) -> str:
+    def line(self, metered_peak: int, memory: int) -> str:
+        """The row's `auto:` line; flagged where the metered step of a choice the budget takes to fit does not."""
         sizes = [b - a for a, b in zip(self.forwards, self.forwards[1:])]
         m = self.modes
         timed = " (chosen by the assumed timings: a forward's fixed seconds 0)" if self.timed else ""
         return (f"  auto: forwards {len(sizes)} of at most {max(sizes)} tokens{timed}; layers kept {m.kept}, recomputed "
                 f"{m.recomputed}, offloaded {m.offloaded}{'' if m.fits else ' (over the budget: may not fit)'}; "
-                f"predicted_peak_device_mb {mb(self.predicted_peak)}")
+                f"predicted_peak_device_mb {mb(self.predicted_peak)}"
+                + ("; the metered peak is over the memory: the run's estimate is low here" if m.fits and
+                   metered_peak > memory else ""))
 
 
 def probe_row(tokens: int, trained_share: float) -> dict[str, Any]:
@@ -98,6 +101,15 @@ class AutoPlanner:
         # is cut by _fastest_splits, which weighs the options by the probe's seconds
         timed = conversations > 1 and tokens > self.budget.rates.tokens_kept(self.budget.available, len(self.layers))
         return AutoChoice(forwards, modes, int(predicted), timed)
+
+    def unusable(self) -> str | None:
+        """Why the run's budget cannot choose from this probe, or None: with no bytes a token measured (the peak of the
+        probe's smaller forward as high as the larger one's: on a model with a large vocabulary the smaller one's loss
+        can take the logits' path and the larger one the tiled head's), ForwardBudget divides by that rate."""
+        if self.budget.rates.recomputed > 0:
+            return None
+        return ("the forward budget's probe measured no bytes a token (its smaller forward peaked as high as its "
+                "larger one), where the run's budget divides by them (train/forward_budget.py) and stops")
 
     def describe(self) -> str:
         rates, kb = self.budget.rates, lambda value: f"{value / 1024:.1f}"
