@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -302,7 +303,8 @@ ids = torch.randint(0, 512, (1, 64))
 engine.backward(engine(input_ids=ids, labels=ids).loss)
 engine.step()
 size = lambda t: t.numel() * t.element_size()
-print("RANK_BYTES", json.dumps({
+# a file each: two processes printing to one pipe can interleave their lines
+open(f"rank{os.environ['RANK']}.json", "w").write(json.dumps({
     "shards": sum(size(p.ds_tensor) for p in engine.module.parameters()),
     "gradient_shards": size(optimizer.grad_partitions_flat_buffer),
     "optimizer_state": sum(size(t) for t in optimizer.fp32_partitioned_groups_flat)
@@ -320,15 +322,17 @@ def test_zero3_rank_states_are_what_deepspeed_allocates_on_two_cpu_ranks(tmp_pat
     plan = zero3_plans(tmp_path, monkeypatch, 2)[2]
     script = tmp_path / "zero3_two_ranks.py"
     script.write_text(ZERO3_TWO_RANKS)
-    port = 29500 + os.getpid() % 1000
+    with socket.socket() as s:  # a free port: other test processes may run torchrun beside this one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     env = {**os.environ, "MODEL_DIR": str(tmp_path / "model"), "DS_CONFIG": plan.args.training.deepspeed,
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                            str(port), str(script)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads(line.split("RANK_BYTES ")[1]) for line in proc.stdout.splitlines() if "RANK_BYTES" in line]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     rank = plan.zero3_rank
-    assert len(ranks) == 2 and all(r == ranks[0] for r in ranks)
+    assert ranks[0] == ranks[1]
     assert ranks[0] == {"shards": rank.sharded_weights, "gradient_shards": rank.gradient_shards,
                         "optimizer_state": rank.optimizer_state, "reduce_bucket": rank.reduce_bucket}
 
