@@ -43,7 +43,6 @@ class AutoChoice:
     predicted_peak: int
     timed: bool = False  # the budget weighed splits by their seconds: the plan's ASSUMED_SECONDS decided
 
-
     def line(self, metered_peak: int, memory: int) -> str:
         """The row's `auto:` line; flagged where the metered step of a choice the budget takes to fit does not."""
         sizes = [b - a for a, b in zip(self.forwards, self.forwards[1:])]

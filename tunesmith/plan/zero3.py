@@ -98,6 +98,7 @@ def parameter_bytes(param: nn.Parameter) -> int:
 
 
 def zero3_rank(model: nn.Module, settings: Zero3Settings) -> Zero3Rank:
+    """The model states one rank of `settings.world_size` holds (the module docstring's list)."""
     world = settings.world_size
     sharded = persistent = 0
     for param in model.parameters():
