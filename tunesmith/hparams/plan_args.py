@@ -29,6 +29,10 @@ class PlanArguments:
                                 "one step. Default: the local GPU's total memory; required where there is none."})
     longest_up_to: int = field(
         default=1 << 21, metadata={"help": "The longest conversation searched for, in tokens."})
+    world_size: int | None = field(
+        default=None, metadata={"help": "Ranks (GPUs) of the launch that --deepspeed configs/ds_zero3.json shards "
+                                "the weights, gradients and optimizer state over. Default: --sequence_parallel_size "
+                                "(one sequence-parallel group)."})
 
     def __post_init__(self) -> None:
         if any(t < 2 for t in self.plan_tokens):
@@ -38,5 +42,7 @@ class PlanArguments:
                               "tokens each in every --plan_tokens row")
         if not 0 < self.trained_share <= 1:
             raise ConfigError(f"--trained_share {self.trained_share}: give a share in (0, 1], e.g. 0.5")
+        if self.world_size is not None and self.world_size < 1:
+            raise ConfigError(f"--world_size {self.world_size}: give the launch's number of GPUs, e.g. 8")
         if self.memory_gb is not None and self.memory_gb <= 0:
             raise ConfigError(f"--memory_gb {self.memory_gb}: give the GPU's memory in GB, e.g. 80")

@@ -138,12 +138,34 @@ def cuda_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inp
     return torch.native_dropout(input, p, True)[0]
 
 
+def real_slice_packed_row(batch: dict[str, Any], start: int, end: int) -> dict[str, Any]:
+    """data/packing.slice_packed_row on the real row the step was given (it indexes by values, which fake tensors
+    do not have); the part's tensors are cloned onto the fake device as the whole row's are."""
+    from ..data.packing import slice_packed_row
+
+    with unset_fake_temporarily():
+        return slice_packed_row(batch, start, end)
+
+
+@contextlib.contextmanager
+def cuda_memory_from(meter: MemoryMeter) -> Iterator[None]:
+    """torch.cuda's allocator statistics, which the forward budget reads (train/forward_budget.py), as `meter` counts:
+    memory_allocated is what it holds on the device, max_memory_allocated its peak since reset_peak_memory_stats."""
+    with mock.patch.object(torch.cuda, "memory_allocated", lambda *args: meter.current[DEVICE]), \
+            mock.patch.object(torch.cuda, "max_memory_allocated", lambda *args: meter.peak[DEVICE]), \
+            mock.patch.object(torch.cuda, "reset_peak_memory_stats", lambda *args: meter.mark()), \
+            mock.patch.object(torch.cuda, "synchronize", lambda *args: None):
+        yield
+
+
 @contextlib.contextmanager
 def cuda_stand_ins(meter: MemoryMeter, position_ids: torch.Tensor) -> Iterator[None]:
     """What a CUDA run does differently from this CPU, where it changes memory (the module docstring); position_ids:
     the real ones of the row the step runs."""
     import transformers.masking_utils as masking
     import transformers.modeling_utils as modeling
+
+    from ..train import forward_budget, layer_modes
 
     real_find_packed = masking.find_packed_sequence_indices
 
@@ -158,5 +180,7 @@ def cuda_stand_ins(meter: MemoryMeter, position_ids: torch.Tensor) -> Iterator[N
         stack.enter_context(mock.patch.object(attention, "_needs_mask_check", lambda *args: False))
         stack.enter_context(mock.patch.object(masking, "find_packed_sequence_indices", find_packed_sequence_indices))
         stack.enter_context(mock.patch.object(modeling, "save_on_cpu", offload_to_host(meter)))
+        stack.enter_context(mock.patch.object(layer_modes, "save_on_cpu", offload_to_host(meter)))  # auto's layers
+        stack.enter_context(mock.patch.object(forward_budget, "slice_packed_row", real_slice_packed_row))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", cuda_dropout))
         yield

@@ -31,6 +31,7 @@ class GpuRun:
     offload: bool
     by_budget: bool = False  # --gradient_checkpointing auto: the forward budget chooses each layer's mode
     ranks: int = 1  # --sequence_parallel_size: the row's tokens are cut over this many ranks
+    zero3_world: int = 0  # ZeRO-3: the ranks its states are sharded over (0: not ZeRO-3)
 
     def training_view(self) -> Any:
         """What the loader reads of the training arguments, as a GPU run has them."""

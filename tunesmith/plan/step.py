@@ -6,6 +6,7 @@ of the run's --optim (transformers' Trainer.get_optimizer_cls_and_kwargs)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from torch import nn
 
 from ..constants import IGNORE_INDEX
 from ..data.collator import PackingCollator
-from .fake_device import ALLOCATOR_BLOCK, DEVICE, HOST, MemoryMeter, cuda_stand_ins
+from .fake_device import ALLOCATOR_BLOCK, DEVICE, HOST, MemoryMeter, cuda_stand_ins, real_slice_packed_row
 from .model import quant_state_tensors
 
 
@@ -39,6 +40,8 @@ class StepMemory:
     optimizer_state: int
     optimizer_peak: int
     host_peak: int
+    passes_peak: int = 0  # every forward and backward's peak above the resident weights, gradients of earlier ones held
+    gradients_held: int = 0  # gradient bytes held through the forwards (ZeRO-3's fp32 gradient shards)
 
     @property
     def forward_peak(self) -> int:
@@ -51,9 +54,10 @@ class StepMemory:
     @property
     def peak(self) -> int:
         """The device's peak in a step after the first, when the optimizer's state is held throughout (the first step
-        creates it in optimizer.step() and peaks no higher)."""
-        held = self.resident + self.optimizer_state
-        return max(held + self.forward_peak, held + self.kept[DEVICE] + self.backward_peak,
+        creates it in optimizer.step() and peaks no higher): the forwards' and backwards' metered peak (the phases'
+        sum above would count the loss's backward, freed before the layers' backward starts, twice) or the optimizer
+        step's."""
+        return max(self.resident + self.optimizer_state + self.gradients_held + self.passes_peak,
                    self.resident + self.gradients + self.optimizer_peak)
 
 
@@ -107,29 +111,59 @@ def make_optimizer(model: nn.Module, training: Any) -> torch.optim.Optimizer:
     return optimizer_cls([p for p in model.parameters() if p.requires_grad], **kwargs)
 
 
-def run_step(model: nn.Module, row: dict[str, Any], training: Any, bf16: bool, fused_head_vocab: int,
-             mode: Any) -> StepMemory:
-    """One step of `row` (the collator's real tensors) on the fake `model`, under FakeTensorMode `mode`."""
+def forward_backward(model: nn.Module, part: dict[str, Any], num_items: int, bf16: bool, fused_head_vocab: int,
+                     between: Callable[[], None] | None = None) -> None:
+    """One forward and backward of a packed row (or part of one), as the Trainer's training_step runs it: its inputs
+    moved to the device, the tiled head where the trainer takes it, bf16 autocast; `between()` after the forward."""
     from ..train.head_loss import FUSED_HEAD, wants_fused_head
 
+    # on the device as the Trainer moves them; the boundaries stay real: the packed attention reads them
+    inputs = {k: v.clone() if torch.is_tensor(v) and not k.startswith("cu_seq_lens") else v for k, v in part.items()}
+    if fused_head_vocab and wants_fused_head(part, fused_head_vocab):
+        inputs[FUSED_HEAD] = True
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # CUDA's autocast: see fake_device
+        loss = model(**inputs, num_items_in_batch=num_items).loss
+    if between is not None:
+        between()
+    loss.backward()
+
+
+def run_step(model: nn.Module, row: dict[str, Any], training: Any, bf16: bool, fused_head_vocab: int,
+             mode: Any, forwards: list[int] | None = None, prepare: Callable[[int], None] | None = None,
+             release_gradients: bool = False) -> StepMemory:
+    """One step of `row` (the collator's real tensors) on the fake `model`, under FakeTensorMode `mode`: one forward,
+    or one per part between the offsets `forwards` (the forward budget's splits), `prepare(tokens)` before each (the
+    budget's layer modes). The phases are the last forward's; `passes_peak` holds every forward's. `release_gradients`:
+    each gradient freed as soon as it is accumulated, as ZeRO-3's reduce-scatter does (plan/zero3.py counts its shard)."""
     num_items = int((row["labels"] != IGNORE_INDEX).sum())  # as the Trainer counts them, before faking
+    forwards = forwards or [0, row["input_ids"].shape[1]]
     meter = MemoryMeter()
     recorder = PhaseRecorder(meter, model.get_decoder())
+    released = [p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+                for p in model.parameters() if p.requires_grad and release_gradients]
+    phases: dict[str, Any] = {}
+
+    def forward_done() -> None:
+        phases["forward_peak"] = meter.peak[DEVICE]
+        phases["head_peak"] = meter.peak[DEVICE] - resident - recorder.backbone_kept
+        phases["kept"] = meter.mark()
+
     try:
         with mode, cuda_stand_ins(meter, row["position_ids"]), meter:
             meter.track([*model.parameters(), *model.buffers(), *quant_state_tensors(model)])
             resident = recorder.resident = meter.mark()[DEVICE]
-            # on the device as the Trainer moves them; the boundaries stay real: the packed attention reads them
-            inputs = {k: v.clone() if torch.is_tensor(v) and not k.startswith("cu_seq_lens") else v
-                      for k, v in row.items()}
-            if fused_head_vocab and wants_fused_head(row, fused_head_vocab):
-                inputs[FUSED_HEAD] = True
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # CUDA's autocast: see fake_device
-                loss = model(**inputs, num_items_in_batch=num_items).loss
-            head_peak = meter.peak[DEVICE] - resident - recorder.backbone_kept
-            kept = meter.mark()
-            loss.backward()
-            del loss, inputs
+            passes_peak = 0
+            for start, end in zip(forwards, forwards[1:]):
+                if prepare is not None:
+                    prepare(end - start)
+                meter.mark()
+                part = row if len(forwards) == 2 else real_slice_packed_row(row, start, end)
+                forward_backward(model, part, num_items, bf16, fused_head_vocab, forward_done)
+                # the recorder marks the meter where the loss's backward ends: the pass's peak is the largest of three
+                passes_peak = max(passes_peak, phases["forward_peak"], recorder.head_backward_peak,
+                                  meter.peak[DEVICE])
+            passes_peak -= resident
+            head_peak, kept = phases["head_peak"], phases["kept"]
             layers_backward_peak = meter.peak[DEVICE] - recorder.layers_backward_from
             trained = [p for p in model.parameters() if p.requires_grad]
             gradients = sum(allocated(p.grad) for p in trained if p.grad is not None)
@@ -145,11 +179,13 @@ def run_step(model: nn.Module, row: dict[str, Any], training: Any, bf16: bool, f
             del optimizer
     finally:
         recorder.handle.remove()
+        for handle in released:
+            handle.remove()
     return StepMemory(tokens=row["input_ids"].shape[1], resident=resident, backbone_kept=recorder.backbone_kept,
                       kept={DEVICE: kept[DEVICE] - resident, HOST: kept[HOST]}, backbone_peak=recorder.backbone_peak,
                       head_peak=head_peak, head_backward_peak=recorder.head_backward_peak - kept[DEVICE],
                       layers_backward_peak=layers_backward_peak, gradients=gradients, optimizer_state=state,
-                      optimizer_peak=optimizer_peak, host_peak=host_peak)
+                      optimizer_peak=optimizer_peak, host_peak=host_peak, passes_peak=passes_peak)
 
 
 def allocated(tensor: torch.Tensor) -> int:

@@ -79,6 +79,12 @@ def choose_modes(tokens: int, budget: float, rates: LayerRates, layers: int) -> 
     return LayerModes(0, layers - offloaded, offloaded)
 
 
+def estimated_forward_bytes(tokens: int, rates: LayerRates, modes: LayerModes) -> float:
+    """The estimate choose_modes keeps under the budget (the module docstring's formula): the bytes a forward and
+    backward of `tokens` tokens with these layer modes holds at its peak, the fixed bytes apart."""
+    return tokens * (rates.recomputed + modes.kept * rates.kept_extra - modes.offloaded * rates.offload_saving)
+
+
 def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers transformers checkpoints (GradientCheckpointingLayer with checkpointing on), in order."""
     from transformers.modeling_layers import GradientCheckpointingLayer
