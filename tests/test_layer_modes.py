@@ -8,7 +8,6 @@ choice fits the memory it was given."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import weakref
 
@@ -18,7 +17,7 @@ from test_memory import llama, loss_and_gradients
 from test_packing import chat_examples
 
 from tunesmith.data.collator import PackingCollator
-from tunesmith.plan.fake_device import DEVICE, MemoryMeter
+from tunesmith.plan.fake_device import DEVICE, HostCopyStreams, MemoryMeter
 from tunesmith.train import forward_budget, layer_modes
 from tunesmith.train.callbacks import OffloadOnSideStream
 from tunesmith.train.forward_budget import HEADROOM, ForwardBudget
@@ -34,32 +33,7 @@ from tunesmith.train.layer_modes import (
 LAYERS = 4
 
 
-def estimate(tokens: int, rates: LayerRates, modes: LayerModes) -> float:
-    # an offloaded layer frees its input, less the one brought back ahead of its layer
-    offloaded = max(modes.offloaded - 1, 0)
-    return tokens * (rates.recomputed + modes.kept * rates.kept_extra - offloaded * rates.offload_saving)
-
-
-class StandInStreams:
-    """train/layer_input_offload.CopyStreams on a CPU: the copies run at once (there is no second stream); the
-    side stream's allocations (the host copies) are counted by `meter` as host memory where one is given, and every
-    copy back is logged by the index of the input it brings."""
-
-    def __init__(self, meter: MemoryMeter | None = None) -> None:
-        self.meter, self.events = meter, 0
-
-    def on_side(self):
-        return self.meter.on_host() if self.meter is not None else contextlib.nullcontext()
-
-    def done_on_side(self) -> int:
-        self.events += 1
-        return self.events
-
-    def wait(self, event: int) -> None:
-        assert isinstance(event, int) and event <= self.events  # an event recorded before, on the side stream
-
-    def keep_until_side_is_done(self, tensor: torch.Tensor) -> None:
-        pass
+estimate = layer_modes.estimated_forward_bytes
 
 
 class RecordingOffload(LayerInputOffload):
@@ -67,7 +41,7 @@ class RecordingOffload(LayerInputOffload):
     device already when backward asked for it)."""
 
     def __init__(self) -> None:
-        super().__init__("cpu", streams=StandInStreams(), pin_memory=False, min_bytes=0)
+        super().__init__("cpu", streams=HostCopyStreams(), pin_memory=False, min_bytes=0)
         self.index: dict[int, int] = {}
         self.log: list[tuple] = []
         self.hosts: list = []  # weak references to every host copy made
@@ -198,7 +172,7 @@ class MeteredDevice:
         monkeypatch.setattr(cuda, "mem_get_info",
                             lambda device=None: (self.capacity - self.meter.current[DEVICE], self.capacity))
         # the offload hooks themselves, their host copies counted as host memory
-        offload = LayerInputOffload("cpu", streams=StandInStreams(self.meter), pin_memory=False, min_bytes=0)
+        offload = LayerInputOffload("cpu", streams=HostCopyStreams(self.meter), pin_memory=False, min_bytes=0)
         monkeypatch.setattr(layer_modes, "offload_hooks", lambda device_type: offload)
 
     def peak_of(self, run) -> int:
@@ -284,6 +258,28 @@ def test_the_probe_reads_the_rate_of_a_long_forward_when_gradients_are_large(mon
     tokens = sum(lengths)
     planned = budget.fixed + gradients + tokens * budget.rates.recomputed
     assert planned >= peak and planned == pytest.approx(peak, rel=0.25), (planned, peak)
+
+
+@pytest.mark.parametrize(("fused_head_vocab", "tiled"), [(0, False), (1000, False), (200_000, True)])
+def test_the_probe_takes_its_rows_loss_path_whatever_its_sizes(tokenizer, row, monkeypatch, fused_head_vocab, tiled):
+    """Each of the probe's forwards asks for the tiled head where the row it is cut from takes it (the row's trained
+    positions x the vocabulary over FUSED_HEAD_ELEMENTS), however few its own logits: a probe straddling that size read
+    a slope of 0 on a large vocabulary. Where the row's logits stay whole, or the model has no tiled head, none asks."""
+    from tunesmith.train.head_loss import FUSED_HEAD
+
+    model = llama(tokenizer, LAYERS, "lora", "plain")
+    device = MeteredDevice(monkeypatch, capacity=0)
+    asked = []
+
+    def run(part):
+        asked.append(part.get(FUSED_HEAD, False))
+        forward_and_backward(model, {k: v for k, v in part.items() if k != FUSED_HEAD})
+
+    budget = ForwardBudget(torch.device("cpu"), checkpointed_layers(model), fused_head_vocab)
+    with device.meter:
+        budget.probe(row, run, model.parameters())
+    assert asked == [tiled] * 3
+    assert budget.rates.recomputed >= LAYERS * budget.rates.offload_saving > 0
 
 
 @pytest.mark.parametrize("fixed_seconds", [0.0, 0.13])

@@ -105,18 +105,27 @@ def test_the_planned_step_peaks_where_the_same_step_on_real_cpu_tensors_does(tmp
     assert planned_peak == pytest.approx(real_step_peak(model_dir, plan, 3000, conversations), abs=24 * 3000 + 1024)
 
 
-def test_offloaded_checkpointing_keeps_each_layers_input_in_host_memory(tmp_path):
+@pytest.mark.parametrize("tokens", [10_000, 1_000])
+def test_offloaded_checkpointing_keeps_each_layers_input_in_host_memory(tmp_path, tokens):
+    """Each layer's input (of at least train/layer_input_offload.MIN_OFFLOADED_BYTES: a smaller copy costs more than
+    it frees, and stays on the device) is planned in pinned host memory, and back on the device in backward."""
+    from tunesmith.train.layer_input_offload import MIN_OFFLOADED_BYTES
+
     plan = planned(config_dir(tmp_path), "--quantization_bit", "4", "--gradient_checkpointing", "offload")
     on_device = planned(config_dir(tmp_path / "again"), "--quantization_bit", "4", "--gradient_checkpointing", "true")
-    offloaded, kept = plan.step(1000), on_device.step(1000)
+    offloaded, kept = plan.step(tokens), on_device.step(tokens)
     layers, hidden, bf16 = 2, 64, 2
-    assert offloaded.kept["host"] == layers * 1000 * hidden * bf16  # each layer's input, pinned on the host
+    layer_input = tokens * hidden * bf16
+    if layer_input < MIN_OFFLOADED_BYTES:
+        assert offloaded.kept == kept.kept and offloaded.peak == kept.peak
+        return
+    assert offloaded.kept["host"] == layers * layer_input  # each layer's input, pinned on the host
     assert kept.kept["host"] == 0
     # every layer input leaves the device but the first: the embeddings' output, made a leaf that requires grad
     # (enable_input_require_grads), which autograd's gradient accumulator holds on to
-    assert kept.kept["device"] - offloaded.kept["device"] == (layers - 1) * blocks(1000 * hidden * bf16)
+    assert kept.kept["device"] - offloaded.kept["device"] == (layers - 1) * blocks(layer_input)
     # and the backward copies each back to the device while its layer recomputes
-    assert offloaded.layers_backward_peak >= kept.layers_backward_peak + blocks(1000 * hidden * bf16)
+    assert offloaded.layers_backward_peak >= kept.layers_backward_peak + blocks(layer_input)
 
 
 def test_the_longest_conversation_grows_with_memory_and_the_next_token_does_not_fit(tmp_path):
@@ -361,18 +370,19 @@ def test_zero3_with_sequence_parallelism_plans_one_rank_and_leaves_zero3_loading
     assert "under ZeRO-3 only; add --deepspeed configs/ds_zero3.json" in capsys.readouterr().err
 
 
-def test_auto_says_where_the_runs_probe_measures_no_bytes_a_token_and_flags_a_choice_over_the_memory(tmp_path, capsys):
-    """A large vocabulary on a small model: with half the tokens trained, the probe's 1,024-token forward takes the
+def test_auto_probes_a_large_vocabulary_on_the_tiled_head_and_flags_a_choice_over_the_memory(tmp_path, capsys):
+    """A large vocabulary on a small model, half the tokens trained: the probe's 1,024-token forward would take the
     logits' path (512 x 100,000 logits, under the tiled head's 2^26) and its 2,048-token one the tiles, which peak no
-    higher; the run's budget would divide by the zero rate, so the plan says so and plans every layer recomputed."""
+    higher, and the slope read 0 (the run's budget then divided by it). The probe now runs both on the tiles, as the
+    long forwards it stands for: the rate is positive, and the planned row's metered peak is within the estimate."""
     from tunesmith.plan.auto import AutoChoice
     from tunesmith.train.layer_modes import LayerModes
 
     main(["--model_name_or_path", config_dir(tmp_path, vocab_size=100_000), "--packing", "true", "--quantization_bit",
           "4", "--memory_gb", "1", "--plan_tokens", "4096", "--longest_up_to", "4096"])
     out = capsys.readouterr().out
-    assert "checkpointing auto, planned with every layer recomputed: the forward budget's probe measured no bytes " \
-           "a token" in out and "  auto: " not in out
+    assert "checkpointing auto, chosen per row by the forward budget" in out and "  auto: " in out
+    assert "the run's estimate is low here" not in out
     choice = AutoChoice([0, 4096], LayerModes(1, 1, 0), predicted_peak=900)
     assert choice.line(metered_peak=1100, memory=1000).endswith(
         "predicted_peak_device_mb 0.0; the metered peak is over the memory: the run's estimate is low here")

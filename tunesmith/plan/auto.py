@@ -73,7 +73,7 @@ class AutoPlanner:
                  trained_share: float) -> None:
         self.memory = memory
         self.layers = checkpointed_layers(model)
-        self.budget = ForwardBudget(CUDA, self.layers)
+        self.budget = ForwardBudget(CUDA, self.layers, fused_head_vocab)
         row = probe_row(PROBE_TOKENS, trained_share)
         num_items = int((row["labels"] != IGNORE_INDEX).sum())
         meter = MemoryMeter()
@@ -100,15 +100,6 @@ class AutoPlanner:
         # is cut by _fastest_splits, which weighs the options by the probe's seconds
         timed = conversations > 1 and tokens > self.budget.rates.tokens_kept(self.budget.available, len(self.layers))
         return AutoChoice(forwards, modes, int(predicted), timed)
-
-    def unusable(self) -> str | None:
-        """Why the run's budget cannot choose from this probe, or None: with no bytes a token measured (the peak of the
-        probe's smaller forward as high as the larger one's: on a model with a large vocabulary the smaller one's loss
-        can take the logits' path and the larger one the tiled head's), ForwardBudget divides by that rate."""
-        if self.budget.rates.recomputed > 0:
-            return None
-        return ("the forward budget's probe measured no bytes a token (its smaller forward peaked as high as its "
-                "larger one), where the run's budget divides by them (train/forward_budget.py) and stops")
 
     def describe(self) -> str:
         rates, kb = self.budget.rates, lambda value: f"{value / 1024:.1f}"

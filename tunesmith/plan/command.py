@@ -34,7 +34,6 @@ from ..models.attention import FLASH_VARLEN, use_varlen_attention
 from ..models.tiled_mlp import use_tiled_mlp
 from ..train.forward_budget import PROBE_TOKENS
 from ..train.head_loss import install_fused_head
-from ..train.layer_modes import LayerModes, checkpointed_layers, set_layer_modes
 from ..train.sequence_parallel import check_heads
 from ..utils.config_facts import text_config
 from .auto import AutoChoice, AutoPlanner
@@ -120,18 +119,13 @@ class PlannedModel:
             self.zero3 = Zero3Settings.read(args.training.deepspeed, text_config(self.config).hidden_size,
                                             gpu.zero3_world)
             self.zero3_rank = zero3_rank(self.model, self.zero3)
-        self.auto = self.held = self.auto_unusable = None
+        self.auto = self.held = None
         if gpu.by_budget and memory:  # never under DeepSpeed (hparams.by_free_memory)
             self.auto = AutoPlanner(self.model, memory, gpu.bf16, self.fused_head_vocab, self.mode,
                                     args.plan.trained_share)
-            self.auto_unusable = self.auto.unusable()
-            if self.auto_unusable:
-                self.auto = None
-                set_layer_modes(checkpointed_layers(self.model), LayerModes(0, len(checkpointed_layers(self.model)),
-                                                                            0), "cuda")
-            else:  # what a step finds allocated before its forwards: the weights and the optimizer's state
-                steady = self._run(planned_row(PROBE_TOKENS, 1, args.plan.trained_share))
-                self.held = steady.resident + steady.optimizer_state
+            # what a step finds allocated before its forwards: the weights and the optimizer's state
+            steady = self._run(planned_row(PROBE_TOKENS, 1, args.plan.trained_share))
+            self.held = steady.resident + steady.optimizer_state
 
     def step(self, tokens: int, conversations: int = 1) -> StepMemory:
         """One step of a packed row of `tokens` tokens; under sequence parallelism, one rank's: its ceil(tokens / N)
@@ -162,8 +156,6 @@ class PlannedModel:
         checkpointing = "offload" if self.gpu.offload else "on" if self.gpu.checkpointing else "off"
         if self.gpu.by_budget and self.auto is not None:
             checkpointing = "auto, chosen per row by the forward budget (each row's auto: line)"
-        elif self.gpu.by_budget and self.auto_unusable:
-            checkpointing = f"auto, planned with every layer recomputed: {self.auto_unusable}"
         elif self.gpu.by_budget:  # train/layer_modes.py: the run keeps what fits, planned here at its most recomputed
             checkpointing = ("auto, planned without --memory_gb with every layer recomputed (the run keeps layers' "
                              "activations where memory allows: --gradient_checkpointing false plans that end)")

@@ -9,8 +9,9 @@ CUDA run does differently is put in its place where it changes memory (`cuda_sta
 
 - a packed row attends with torch's flash-attention varlen kernel, as models/attention.packed_kernel picks on CUDA
   for bf16 inputs (memory O(tokens)); this CPU would run SDPA per example;
-- `--gradient_checkpointing offload` (transformers' save_on_cpu with pinned memory) keeps each saved tensor as a copy
-  in host memory and copies it back to the device for the backward: counted as host and device bytes apart;
+- an offloaded layer (`--gradient_checkpointing offload`, or auto's choice) keeps its input as a copy in pinned host
+  memory and brings it back to the device for the backward, one layer ahead (train/layer_input_offload.py, whose
+  copies run on a side stream): counted as host and device bytes apart;
 - dropout (LoRA's) keeps a one-byte mask, as CUDA's fused kernel (native_dropout) does; torch's CPU dropout
   multiplies by a mask of the input's dtype instead;
 - transformers' packed-row detection reads the real position ids: on a fake tensor it cannot compare values and
@@ -38,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..models import attention
+from ..train.layer_input_offload import LayerInputOffload
 
 DEVICE, HOST = "device", "host"
 ALLOCATOR_BLOCK = 512  # bytes: CUDA's caching allocator rounds every allocation up to a multiple of this
@@ -100,20 +102,35 @@ class MemoryMeter(TorchDispatchMode):
             self._host_depth -= 1
 
 
-def offload_to_host(meter: MemoryMeter) -> type:
-    """transformers' offloaded checkpointing (torch's save_on_cpu with pinned memory), as its memory goes on a GPU:
-    each tensor saved for backward is copied to host memory in the forward (counted by `meter` as host bytes), and
-    back to the device when backward unpacks it."""
+class HostCopyStreams:
+    """train/layer_input_offload.CopyStreams as its memory goes on a GPU, on this CPU: the copies run at once (there
+    is no second stream), and what the side stream allocates (the host copies of the layer inputs) is counted by
+    `meter` as host memory, where one is given. Its events are numbers, checked to be recorded before they are
+    waited on."""
 
-    class OffloadToHost(torch.autograd.graph.saved_tensors_hooks):
-        def __init__(self, pin_memory: bool = True, device_type: str = "cuda") -> None:
-            def pack(tensor: torch.Tensor) -> torch.Tensor:
-                with meter.on_host():
-                    return tensor.clone()
+    def __init__(self, meter: MemoryMeter | None = None) -> None:
+        self.meter, self.events = meter, 0
 
-            super().__init__(pack, torch.Tensor.clone)
+    def on_side(self) -> contextlib.AbstractContextManager:
+        return self.meter.on_host() if self.meter is not None else contextlib.nullcontext()
 
-    return OffloadToHost
+    def done_on_side(self) -> int:
+        self.events += 1
+        return self.events
+
+    def wait(self, event: int) -> None:
+        if not 0 < event <= self.events:
+            raise RuntimeError(f"waited on event {event}, never recorded (last {self.events})")
+
+    def keep_until_side_is_done(self, tensor: torch.Tensor) -> None:
+        pass
+
+
+def offload_to_host(meter: MemoryMeter) -> LayerInputOffload:
+    """The offload hooks a GPU run's offloaded layers use (train/layer_input_offload.py), as their memory goes on a
+    GPU: each layer input copied to host memory in the forward (counted by `meter` as host bytes), and back to the
+    device, one layer ahead, in backward."""
+    return LayerInputOffload("cpu", streams=HostCopyStreams(meter), pin_memory=False)
 
 
 def cuda_packed_kernel(query: torch.Tensor, key: torch.Tensor, window: int | None = None,
@@ -163,7 +180,6 @@ def cuda_stand_ins(meter: MemoryMeter, position_ids: torch.Tensor) -> Iterator[N
     """What a CUDA run does differently from this CPU, where it changes memory (the module docstring); position_ids:
     the real ones of the row the step runs."""
     import transformers.masking_utils as masking
-    import transformers.modeling_utils as modeling
 
     from ..train import forward_budget, layer_modes
 
@@ -179,8 +195,8 @@ def cuda_stand_ins(meter: MemoryMeter, position_ids: torch.Tensor) -> Iterator[N
         stack.enter_context(mock.patch.object(attention, "packed_kernel", cuda_packed_kernel))
         stack.enter_context(mock.patch.object(attention, "_needs_mask_check", lambda *args: False))
         stack.enter_context(mock.patch.object(masking, "find_packed_sequence_indices", find_packed_sequence_indices))
-        stack.enter_context(mock.patch.object(modeling, "save_on_cpu", offload_to_host(meter)))
-        stack.enter_context(mock.patch.object(layer_modes, "save_on_cpu", offload_to_host(meter)))  # auto's layers
+        offload = offload_to_host(meter)  # the hooks of every offloaded layer (--gradient_checkpointing offload, auto's)
+        stack.enter_context(mock.patch.object(layer_modes, "offload_hooks", lambda device_type: offload))
         stack.enter_context(mock.patch.object(forward_budget, "slice_packed_row", real_slice_packed_row))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", cuda_dropout))
         yield

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..constants import IGNORE_INDEX
 from ..data.collator import PackingCollator
+from ..train.layer_modes import LayerModes, checkpointed_layers, set_layer_modes
 from .fake_device import ALLOCATOR_BLOCK, DEVICE, HOST, MemoryMeter, cuda_stand_ins, real_slice_packed_row
 from .model import quant_state_tensors
 
@@ -96,12 +97,16 @@ def planned_row(tokens: int, conversations: int, trained_share: float) -> dict[s
 
 
 def enable_checkpointing(model: nn.Module, training: Any, offload: bool) -> None:
-    """As transformers' Trainer does at the start of train()."""
+    """As transformers' Trainer does at the start of train(); with `offload`, as the Trainer's callback then does
+    (train/callbacks.OffloadOnSideStream: every checkpointed layer's input offloaded by tunesmith's hooks)."""
     kwargs = dict(training.activation_checkpointing_kwargs or training.gradient_checkpointing_kwargs or {})
     every_n_layers = kwargs.pop("every_n_layers", 1)
     kwargs.pop("offload", None)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
-                                          every_n_layers=every_n_layers, offload=offload)
+                                          every_n_layers=every_n_layers)
+    if offload:
+        layers = checkpointed_layers(model)
+        set_layer_modes(layers, LayerModes(0, 0, len(layers)), "cuda")
 
 
 def make_optimizer(model: nn.Module, training: Any) -> torch.optim.Optimizer:

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from ..data.packing import forward_splits, slice_packed_row
+from .head_loss import FUSED_HEAD, wants_fused_head
 from .layer_modes import LayerModes, LayerRates, choose_modes, layer_input_bytes, set_layer_modes
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,9 @@ class ForwardBudget:
     each forward of the first step. Given the model's checkpointed decoder `layers`, it also chooses each forward's
     layer modes: `probe(batch, run, parameters)` before the first step, then `prepare(tokens)` before each forward."""
 
-    def __init__(self, device: torch.device, layers: list[nn.Module] | None = None) -> None:
+    def __init__(self, device: torch.device, layers: list[nn.Module] | None = None, fused_head_vocab: int = 0) -> None:
         self.device = device
+        self.fused_head_vocab = fused_head_vocab  # the model's tiled head's vocabulary (train/head_loss.py); 0: none
         self.bytes_per_token: float | None = None  # the largest of the first step's forwards' rates
         self.limit: int | None = None  # tokens a forward may hold, from the second step on
         self.probing = True
@@ -157,22 +159,37 @@ class ForwardBudget:
         # the first run, with the last layer kept, reads what a kept layer holds (and takes the first call's
         # one-time allocations); the two measured runs recompute every layer
         set_layer_modes(layers, LayerModes(1, len(layers) - 1, 0), self.device.type)
-        _, _, deltas = self._probe_once(slice_packed_row(batch, 0, small), run)
+        _, _, deltas = self._probe_once(self._on_the_rows_head(slice_packed_row(batch, 0, small), batch), run)
         set_layer_modes(layers, LayerModes(0, len(layers), 0), self.device.type)
         peaks, seconds = {}, {}
         for size in (small, large):
-            peaks[size], seconds[size], _ = self._probe_once(slice_packed_row(batch, 0, size), run)
+            part = self._on_the_rows_head(slice_packed_row(batch, 0, size), batch)
+            peaks[size], seconds[size], _ = self._probe_once(part, run)
         for parameter in self.parameters:
             parameter.grad = None
+        offload_saving = deltas["input"] / small
         per_token = (peaks[large] - peaks[small]) / (large - small) if large > small else peaks[large] / large
-        per_token = max(per_token, 0.0)
+        # never less than what a forward with every layer recomputed holds for certain: each layer's input
+        per_token = max(per_token, len(layers) * offload_saving)
         self.fixed = max(0.0, peaks[large] - per_token * large)
         kept_extra = max(0.0, deltas["kept"] - deltas.get("recomputed", deltas["input"])) / small
-        self.rates = LayerRates(recomputed=per_token, kept_extra=kept_extra, offload_saving=deltas["input"] / small)
+        self.rates = LayerRates(recomputed=per_token, kept_extra=kept_extra, offload_saving=offload_saving)
         # the time of a forward and backward, every layer recomputed: fixed (launches, reading every weight) + a token's
         token_seconds = max((seconds[large] - seconds[small]) / max(large - small, 1), 1e-12)
         self.seconds = ForwardSeconds(max(0.0, seconds[small] - token_seconds * small), token_seconds)
         self.probing = False
+
+    def _on_the_rows_head(self, part: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        """A probe's part on the loss path of the row it is cut from: the tiled head wherever the row's logits take it,
+        whatever the part's size. Below FUSED_HEAD_ELEMENTS logits a forward computes them whole, so probes on either
+        side of that size read two paths: on Llama 3's vocabulary (128,256) with half the tokens trained, the
+        1,024-token probe held its full logits and the 2,048-token one went through the tiles, and the slope read
+        148 KB a token where an 8B QLoRA step takes about 570 (on a 1B shape, 0: the budget divided by it; tunesmith
+        plan found both, issue 52). A row whose logits stay whole keeps its parts on that path too."""
+        if (self.fused_head_vocab and wants_fused_head(row, self.fused_head_vocab)
+                and wants_fused_head(part, self.fused_head_vocab, any_size=True)):
+            return {**part, FUSED_HEAD: True}
+        return part
 
     def _probe_once(self, part: dict[str, Any], run: Callable) -> tuple[int, float, dict]:
         """One forward and backward of `part`: its peak above what was held, its seconds, and the memory the last

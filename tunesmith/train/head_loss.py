@@ -104,8 +104,9 @@ def tiled_log_probs(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor
                                         ("log_probs",))[0]
 
 
-def wants_fused_head(batch: dict[str, Any], vocab_size: int) -> bool:
-    """Whether a forward's logits (its kept positions x the vocabulary) are large enough to go through the tiles."""
+def wants_fused_head(batch: dict[str, Any], vocab_size: int, any_size: bool = False) -> bool:
+    """Whether a forward's logits (its kept positions x the vocabulary) are large enough to go through the tiles;
+    `any_size`: whether its loss can go through them at all (a packed row's trained positions)."""
     positions = batch.get("logits_to_keep")
     return (torch.is_tensor(positions) and positions.dim() == 1 and "shift_labels" in batch
-            and positions.numel() * vocab_size > FUSED_HEAD_ELEMENTS)
+            and (any_size or positions.numel() * vocab_size > FUSED_HEAD_ELEMENTS))

@@ -82,7 +82,9 @@ def choose_modes(tokens: int, budget: float, rates: LayerRates, layers: int) -> 
 def estimated_forward_bytes(tokens: int, rates: LayerRates, modes: LayerModes) -> float:
     """The estimate choose_modes keeps under the budget (the module docstring's formula): the bytes a forward and
     backward of `tokens` tokens with these layer modes holds at its peak, the fixed bytes apart."""
-    return tokens * (rates.recomputed + modes.kept * rates.kept_extra - modes.offloaded * rates.offload_saving)
+    # an offloaded layer frees its input, less the one brought back ahead of its layer
+    offloaded = max(modes.offloaded - 1, 0)
+    return tokens * (rates.recomputed + modes.kept * rates.kept_extra - offloaded * rates.offload_saving)
 
 
 def checkpointed_layers(model: nn.Module) -> list[nn.Module]:

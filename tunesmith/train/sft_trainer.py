@@ -238,7 +238,8 @@ class LoraTrainer(Trainer):
         --gradient_checkpointing left out it chooses each forward's layer modes too (train/layer_modes.py)."""
         if self._forward_budget is None and self.args.device.type == "cuda":
             by_budget = getattr(self.args, "checkpointing_by_budget", False)
-            self._forward_budget = ForwardBudget(self.args.device, checkpointed_layers(self.model) if by_budget else None)
+            self._forward_budget = ForwardBudget(self.args.device, checkpointed_layers(self.model) if by_budget else None,
+                                                 self._fused_head_vocab)
         return self._forward_budget
 
     def _layers_without_budget(self) -> None:
