@@ -17,9 +17,9 @@ from tests.vlm_models import TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, write_m
 from tunesmith.data.images import image_part
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
+from tunesmith.families import FAMILIES
 from tunesmith.generation import Engine, SamplingParams
 from tunesmith.models.loader import inference_model_args, load_for_inference
-from tunesmith.models.vision import VISION_FAMILIES
 from tunesmith.recipes.sft import run as sft_main
 
 
@@ -52,7 +52,7 @@ def test_lora_learns_image_conversations_with_the_vision_parts_frozen(family, vl
     curve = losses(trainer)
     first, last = sum(curve[:4]) / 4, sum(curve[-4:]) / 4
     assert last < 0.5 * first, curve
-    parts = VISION_FAMILIES[trainer.model.config.model_type]
+    parts = FAMILIES[trainer.model.config.model_type].vision
     adapted = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
     assert adapted and all("lora_" in name and f"{parts.language}." in name for name in adapted)
     saved = load_file(str(tmp_path / "out" / "adapter_model.safetensors"))
@@ -85,7 +85,7 @@ def test_full_finetuning_freezes_the_tower_and_trains_the_projector_when_asked(v
     from transformers import AutoModelForImageTextToText
 
     model_dir = vlm_dirs["gemma3"]
-    parts = VISION_FAMILIES["gemma3"]
+    parts = FAMILIES["gemma3"].vision
     trainer = run_sft(model_dir, memorise, tmp_path / "out", "--max_steps", "2", "--finetuning_type", "full",
                       "--train_projector", "true")
     before = dict(AutoModelForImageTextToText.from_pretrained(model_dir).named_parameters())
@@ -125,7 +125,7 @@ def test_qlora_quantizes_the_language_model_only(vlm_dirs, memorise, tmp_path):
 
     trainer = run_sft(vlm_dirs["qwen2_vl"], memorise, tmp_path / "out", "--max_steps", "2",
                       "--quantization_bit", "4")
-    parts = VISION_FAMILIES["qwen2_vl"]
+    parts = FAMILIES["qwen2_vl"].vision
     base = trainer.model.get_base_model()
     linears = {name: type(m) for name, m in base.named_modules() if isinstance(m, nn.Linear)}
     tower = [t for name, t in linears.items() if name.startswith(parts.tower + ".")]

@@ -17,8 +17,9 @@ from typing import Any, Literal
 from ..constants import ASSISTANT, LOSS_FLAG, SYSTEM, USER
 from ..data.formats import Message
 from ..data.images import image_part, open_image, resolve_reference
-from ..data.template import PromptTooLong, fit_prompt, reads_images
+from ..data.template import PromptTooLong, fit_prompt
 from ..errors import DataError, PathError
+from ..families import is_vision_language
 from ..generation import Engine, SamplingParams
 from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
@@ -185,7 +186,7 @@ class ChatSession:
     def _with_pictures(self, text: str) -> str | list[dict]:
         """The message's content: its text, or for a vision-language model the pictures given with /image and
         those its words name (existing image files, taken out of the text), then the text."""
-        if not reads_images(self.tokenizer):
+        if not is_vision_language(self.tokenizer):
             return text
         words = text.split()
         named = [w for w in words if w.lower().endswith(IMAGE_SUFFIXES) and os.path.isfile(os.path.expanduser(w))
@@ -204,7 +205,7 @@ class ChatSession:
             return False
 
     def _attach(self, path: str) -> Outcome:
-        if not reads_images(self.tokenizer):
+        if not is_vision_language(self.tokenizer):
             return Outcome("error", "/image: this model reads text only (its folder has no image processor)")
         if not path:
             return Outcome("error", "usage: /image PATH (a picture shown with your next message)")

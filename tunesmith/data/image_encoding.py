@@ -148,9 +148,9 @@ class ImageConversationCollator:
 class ImagePackingCollator:
     """A batch of image-conversation records as one padding-free row (data/collator.PackingCollator: positions from
     0 in each example, `cu_seq_lens_q`, the trained positions' logits only), with the processor's picture inputs for
-    the row's pictures in order: for the families whose packing is exact (utils/vision_families
-    PACKABLE_VISION_TYPES), where each picture is encoded alone and its features replace its tokens. The row runs in
-    one forward (a forward split would split the pictures)."""
+    the row's pictures in order: for the families whose packing is exact (`packable` in families.py), where each
+    picture is encoded alone and its features replace its tokens. The row runs in one forward (a forward split would
+    split the pictures)."""
 
     processor: Any
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS

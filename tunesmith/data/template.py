@@ -35,6 +35,7 @@ from typing import Any
 
 from ..constants import ASSISTANT, IGNORE_INDEX, LOSS_FLAG, SYSTEM, USER
 from ..errors import ConfigError, TemplateError
+from ..families import PROCESSOR_ATTRIBUTE, is_vision_language
 from .formats import Message
 from .images import as_content_parts, content_text, has_images, image_prompt, message_images
 
@@ -74,22 +75,14 @@ def apply_chat_template_override(tokenizer: Any, chat_template: str | None) -> N
         )
 
 
-# Set on the tokenizer of a vision-language model (models/vision.py): its processor, so that every stage holding
-# the tokenizer reaches it; and its template reads every message's content as a list of parts, images among them.
-PROCESSOR_ATTRIBUTE = "tunesmith_processor"
-
-
 def attach_processor(tokenizer: Any, processor: Any) -> None:
     setattr(tokenizer, PROCESSOR_ATTRIBUTE, processor)
 
 
 def processor_of(tokenizer: Any) -> Any | None:
-    """The processor of a vision-language model's tokenizer; None for a text-only model's."""
+    """The processor of a vision-language model's tokenizer; None for a text-only model's. Whether a model is one:
+    families.is_vision_language."""
     return getattr(tokenizer, PROCESSOR_ATTRIBUTE, None)
-
-
-def reads_images(tokenizer: Any) -> bool:
-    return processor_of(tokenizer) is not None
 
 
 def _for_template(messages: list[Message], arguments_as_text: bool = False, empty_content: str | None = None,
@@ -119,7 +112,7 @@ TOOL_CALL_FORMS = ((False, ""), (False, None), (True, None), (True, ""))
 def render_text(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = False,
                 tools: list[dict] | None = None) -> str:
     """The template's text for these messages (and the tools offered)."""
-    parts = reads_images(tokenizer)
+    parts = is_vision_language(tokenizer)  # its template reads every message's content as a list of parts
     if not parts and has_images(messages):
         raise ConfigError(f"{template_name(tokenizer)} is a text-only model's: it cannot show these messages' "
                           "images; use a vision-language model (its folder has a processor: Qwen2.5-VL, Gemma 3, "

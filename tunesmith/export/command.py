@@ -44,6 +44,7 @@ from pathlib import Path
 
 from ..boundary import entry_point
 from ..errors import ExportError
+from ..families import is_vision_language
 from ..hparams import ModelArguments, parse_run
 from ..hparams.run_config import as_saved, merge_record
 from ..models.merging import load_adapted, load_merged
@@ -138,7 +139,7 @@ def export(model_args: ModelArguments, args: ExportArguments) -> ExportResult | 
     started = time.perf_counter()
     model, tokenizer = load_merged(load_args)
     source = load_args.adapter_name_or_path or load_args.model_name_or_path  # the default model's folder when None
-    if getattr(model.config, "vision_config", None) is not None:  # the text GGUF and its mmproj file
+    if is_vision_language(model):  # the text GGUF and its mmproj file
         record = json.dumps(as_saved(merge_record(model_args), args), ensure_ascii=False)
         return export_vision(model, tokenizer, dataclasses.replace(load_args, dtype=dtype), args, tolerance, source,
                              record, started)

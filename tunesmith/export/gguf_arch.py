@@ -14,8 +14,8 @@ pattern; its llama, qwen2 and qwen3 graphs read no window at all (src/models/*.c
 so a Mistral or a Qwen2/Qwen3 with use_sliding_window whose window masks anything is refused by name
 unless --drop_sliding_window accepts a file that attends to the whole context.
 
-A vision-language model's language model is written through the same table (LANGUAGE_MODELS, by model_type; the
-mmproj file beside it is gguf_vision's): Qwen2-VL's as llama.cpp's qwen2vl (qwen2 plus M-RoPE's
+A vision-language model's language model is written through the same table (LANGUAGE_MODELS, by model_type, from
+the llama.cpp architecture its registry entry names, families.py; the mmproj file beside it is gguf_vision's): Qwen2-VL's as llama.cpp's qwen2vl (qwen2 plus M-RoPE's
 `rope.dimension_sections`, padded to four as the converter pads them), Gemma 3's as gemma3, Idefics3's as llama.
 """
 
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, ExportError
+from ..families import FAMILIES, types_where
 from ..utils.config_facts import config_fact, text_config
 
 
@@ -105,14 +106,16 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Gemma2ForCausalLM": Architecture(gguf.MODEL_ARCH.GEMMA2, **_GEMMA),
     "Gemma3ForCausalLM": Architecture(gguf.MODEL_ARCH.GEMMA3, **_GEMMA),
 }
-# The language model of each exportable vision-language model (by model_type), as llama.cpp's converter writes it;
-# transformers' GGUF loader has no qwen2vl.
-LANGUAGE_MODELS: dict[str, Architecture] = {
-    "qwen2_vl": Architecture(gguf.MODEL_ARCH.QWEN2VL, metadata=_mrope_metadata, transformers_reads_back=False),
-    "qwen2_5_vl": Architecture(gguf.MODEL_ARCH.QWEN2VL, metadata=_mrope_metadata, transformers_reads_back=False),
-    "gemma3": ARCHITECTURES["Gemma3ForCausalLM"],
-    "idefics3": _LLAMA,
-}
+# How a vision-language model's language model is written, by the llama.cpp architecture its registry entry names
+# (families.Family.gguf_language), as llama.cpp's converter writes it; transformers' GGUF loader has no qwen2vl.
+_LANGUAGE_WRITERS: dict[str, Architecture] = {a.name: a for a in (
+    Architecture(gguf.MODEL_ARCH.QWEN2VL, metadata=_mrope_metadata, transformers_reads_back=False),
+    ARCHITECTURES["Gemma3ForCausalLM"],
+    _LLAMA,
+)}
+# The language model of each vision-language model whose GGUF files are written, by model_type.
+LANGUAGE_MODELS: dict[str, Architecture] = {t: _LANGUAGE_WRITERS[FAMILIES[t].gguf_language]
+                                            for t in types_where("gguf_language")}
 
 
 def sliding_window(config: Any) -> tuple[int, list[bool]] | None:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, ExportError
-from ..models.vision import VISION_FAMILIES
+from ..families import FAMILIES, types_where
 from ..utils.config_facts import config_fact, text_config
 from .gguf_arch import LANGUAGE_MODELS, Architecture
 from .gguf_model import FILE_TYPES, add_tensor, gguf_file, write_gguf
@@ -56,7 +56,7 @@ class LanguageModel:
         self.display_name = f"{type(model).__name__}'s language model"
         self.config = copy.deepcopy(text_config(model.config))
         self.config.tie_word_embeddings = bool(config_fact(model.config, "tie_word_embeddings", False))
-        prefix = VISION_FAMILIES[model_type].language + "."
+        prefix = FAMILIES[model_type].vision.language + "."
         tensors = model.state_dict() if state_dict is None else state_dict
         self._tensors = {("model." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()
                          if k.startswith(prefix) or k.startswith("lm_head.")}
@@ -174,23 +174,28 @@ def _idefics3_metadata(writer: gguf.GGUFWriter, config: Any, image_processor: An
     writer.add_vision_preproc_image_size(image_processor.size["longest_edge"])
 
 
-PROJECTORS: dict[str, Projector] = {
-    "qwen2_vl": Projector(gguf.VisionProjectorType.QWEN2VL, "quick_gelu", _qwen2_vl_size,
-                          (("model.visual.", "visual."),), _qwen2_vl_metadata, _qwen2_vl_reshape,
-                          f32_always=(".position_embd.",)),
-    "qwen2_5_vl": Projector(gguf.VisionProjectorType.QWEN25VL, "silu", _qwen2_5_vl_size,
-                            (("model.visual.", "visual."),), _qwen2_5_vl_metadata, _qwen2_vl_reshape,
-                            f32_always=(".position_embd.",)),
-    "gemma3": Projector(gguf.VisionProjectorType.GEMMA3, "gelu_pytorch_tanh", _siglip_size,
-                        (("model.vision_tower.", "vision_tower.vision_model."),
-                         ("model.multi_modal_projector.", "multi_modal_projector.")),
-                        _gemma3_metadata, _gemma3_reshape, skip=("vision_tower.vision_model.head.",),
-                        f16_always=("input_projection",), f32_always=(".embeddings.",)),
-    "idefics3": Projector(gguf.VisionProjectorType.IDEFICS3, "gelu_pytorch_tanh", _siglip_size,
-                          (("model.vision_model.", "model.vision_model."), ("model.connector.", "model.connector.")),
-                          _idefics3_metadata, f32_always=(".embeddings.",)),
-}
-# Which of these are exported (Idefics3's files are written but not exported, and why): rules.EXPORTABLE_VISION_TYPES.
+# How each of llama.cpp's projector types is written (the one a family's mmproj file uses is its registry entry's,
+# families.Family.mmproj_projector).
+_WRITERS: tuple[Projector, ...] = (
+    Projector(gguf.VisionProjectorType.QWEN2VL, "quick_gelu", _qwen2_vl_size,
+              (("model.visual.", "visual."),), _qwen2_vl_metadata, _qwen2_vl_reshape,
+              f32_always=(".position_embd.",)),
+    Projector(gguf.VisionProjectorType.QWEN25VL, "silu", _qwen2_5_vl_size,
+              (("model.visual.", "visual."),), _qwen2_5_vl_metadata, _qwen2_vl_reshape,
+              f32_always=(".position_embd.",)),
+    Projector(gguf.VisionProjectorType.GEMMA3, "gelu_pytorch_tanh", _siglip_size,
+              (("model.vision_tower.", "vision_tower.vision_model."),
+               ("model.multi_modal_projector.", "multi_modal_projector.")),
+              _gemma3_metadata, _gemma3_reshape, skip=("vision_tower.vision_model.head.",),
+              f16_always=("input_projection",), f32_always=(".embeddings.",)),
+    Projector(gguf.VisionProjectorType.IDEFICS3, "gelu_pytorch_tanh", _siglip_size,
+              (("model.vision_model.", "model.vision_model."), ("model.connector.", "model.connector.")),
+              _idefics3_metadata, f32_always=(".embeddings.",)),
+)
+# The projector of each vision-language model whose mmproj file is written, by model_type.
+PROJECTORS: dict[str, Projector] = {t: w for w in _WRITERS for t in types_where("mmproj_projector")
+                                    if FAMILIES[t].mmproj_projector == w.projector}
+# Which of these are exported (Idefics3's files are written but not exported, and why): the registry's gguf_exported.
 
 
 def projector(config: Any) -> Projector:

@@ -1,7 +1,8 @@
 """The rows of `tunesmith export`: settings that cannot work, refused in one line after parsing and before any weight
 loads (the parser checks them after the core's rows, hparams/rules.py, for this command only), and the facts they
-read, each stored once: here the k-quants made by llama.cpp's quantizer and the vision-language model types exported
-with an mmproj file; the architectures written are gguf_arch.ARCHITECTURES, the writer's own table."""
+read, each stored once: here the k-quants made by llama.cpp's quantizer; the vision-language model types exported
+with an mmproj file are the model-family registry's (families.py), the architectures written gguf_arch.ARCHITECTURES,
+the writer's own table."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from typing import Any
 
 from ..errors import PathError
+from ..families import types_where
 
 # The core table's helpers that its own rows share with these (private there until the other features' rows move).
 from ..hparams.rules import _NOTHING_TO_MERGE as NOTHING_TO_MERGE
@@ -21,14 +23,9 @@ from .gguf_mtmd import mtmd_library_found
 # The --dtype values llama.cpp's own quantizer makes from an f16 file (gguf_llama_cpp.quantize); the others are
 # written here.
 K_QUANTS = ("q4_k_m", "q5_k_m", "q6_k")
-# The vision-language model types exported as a text GGUF plus llama.cpp's mmproj file (gguf_vision.py writes
-# these and Idefics3's). Idefics3's files are written as llama.cpp's converter writes them, but not exported:
-# llama.cpp cuts every picture into tiles of image_size plus an overview (mtmd-image.cpp,
-# mtmd_image_preprocessor_idefics3), where transformers' processor shows a picture no larger than a tile whole, so
-# the two lay out different prompts and the check cannot pass on such a picture; a check on tiled pictures is not
-# built yet.
-EXPORTABLE_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl", "gemma3")
-
+# The vision-language model types exported as a text GGUF plus llama.cpp's mmproj file (and why Idefics3's, whose
+# files gguf_vision.py writes too, is not): the registry's entries, families.py.
+EXPORTABLE_VISION_TYPES = types_where("gguf_exported")
 
 def _not_exportable(model: Any) -> dict | None:
     """{"arch": ...} when the model (the base, for an adapter) is a local folder of another architecture (an

@@ -21,6 +21,7 @@ import torch
 
 from ..distributed import fsdp_requested, fsdp_setting
 from ..errors import ConfigError, PathError
+from ..families import family, reward_model_types, types_where, vision_model_type
 from ..utils.hardware import trains_on_cpu
 from ..utils.paths import (
     adapter_config,
@@ -32,9 +33,7 @@ from ..utils.paths import (
     problem_with_output_dir,
     prompt_adapter_kind,
     run_config_record,
-    vision_model_type,
 )
-from ..utils.vision_families import PACKABLE_VISION_TYPES, reward_model_types
 from .data_args import SPLIT_STAGES, numbers
 from .finetuning_args import is_known_init, splits_base
 from .tool_args import LOOPBACK_HOSTS
@@ -225,12 +224,12 @@ def _vision_folder(path: str) -> str | None:
     """The model type of a vision-language model folder, or of an adapter's base; None otherwise."""
     if is_adapter_dir(path):
         path = adapter_config(path).get("base_model_name_or_path")
-    return vision_model_type(path) if path else None
+    return vision_model_type(path)
 
 
 def _vision(model: Any) -> dict | None:
     """{"model_type": ...} when the model (the base, for an adapter) is a local vision-language model folder."""
-    model_type = vision_model_type(model.model_name_or_path) if model.model_name_or_path else None
+    model_type = vision_model_type(model.model_name_or_path)
     return {"model_type": model_type} if model_type else None
 
 
@@ -352,9 +351,9 @@ RULES: list[Rule] = [
     # -- vision-language models (models/vision.py)
     Rule("vision_packing", ("model", "data"),
          lambda a: getattr(a.data, "packing", False) and (v := _vision(a.model))
-         and v["model_type"] not in PACKABLE_VISION_TYPES and v,
+         and not family(v["model_type"]).packable and v,
          "--packing with a vision-language model ({model_type}): packed exactly for "
-         + ", ".join(PACKABLE_VISION_TYPES) + " only (Gemma 3's picture tokens attend to each other both ways, "
+         + ", ".join(types_where("packable")) + " only (Gemma 3's picture tokens attend to each other both ways, "
          "which a causal packed row does not compute; Qwen3-VL's positions are not checked); use --packing false."),
     Rule("vision_packing_forward_tokens", ("model", "data"),
          lambda a: getattr(a.data, "max_forward_tokens", None) and getattr(a.data, "packing", False)

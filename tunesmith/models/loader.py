@@ -15,11 +15,12 @@ from torch import nn
 
 from ..data.template import apply_chat_template_override
 from ..errors import PathError
+from ..families import VisionParts, is_vision_language
 from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
 from ..utils.config_facts import fill_pad_token_id
 from ..utils.hardware import native_bf16, trains_on_cpu
-from ..utils.paths import has_processor, vision_model_type
+from ..utils.paths import has_processor
 from .attention import choose_attn_implementation
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
@@ -30,7 +31,6 @@ from .output_head import contiguous_head_inputs
 from .prompt_learning import load_encoder, prompt_learning_config
 from .scoring import cast_head_inputs_to_its_dtype
 from .vision import (
-    VisionParts,
     load_processor,
     lora_target_pattern,
     quantization_skipped,
@@ -89,7 +89,7 @@ def load_tokenizer(model_args: ModelArguments, source: str | None = None) -> Any
     # transformers says ValueError ("Couldn't instantiate the backend tokenizer ...") for a folder
     # without tokenizer files.
     with _path_errors(source, (OSError, ValueError)):
-        if vision_model_type(path):
+        if is_vision_language(path):
             tokenizer = load_processor(source if has_processor(source) else path, model_args.chat_template,
                                        model_args.trust_remote_code).tokenizer
         else:
@@ -208,7 +208,7 @@ def load_model(
     path = resolve_model_path(model_args)
     check_load_folders(model_args)
     vision = vision_parts(AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)) \
-        if vision_model_type(path) else None
+        if is_vision_language(path) else None
     dtype = resolve_dtype(model_args, training_args, trains_base=is_trainable and finetuning_args.finetuning_type == "full")
     kwargs: dict[str, Any] = {
         "dtype": dtype,

@@ -45,16 +45,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
+from ..families import types_where
 from ..utils.config_facts import config_fact
 from .moe import EXPERT_COUNT_FIELDS, causal_lm
 
 logger = logging.getLogger(__name__)
 
-# Model types whose decoder layers' `mlp` computes each token on its own: a gated or plain MLP and nothing else.
-TILED_MLP_TYPES = frozenset({
-    "llama", "mistral", "ministral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "olmo3",
-    "smollm3", "granite", "cohere", "cohere2", "starcoder2",
-})
+# Model types whose decoder layers' `mlp` computes each token on its own: a gated or plain MLP and nothing else (the
+# registry's `position_wise_mlp`, families.py).
+TILED_MLP_TYPES = frozenset(types_where("position_wise_mlp"))
 
 
 def tiled_mlp_problem(config: Any) -> str | None:

@@ -3,8 +3,9 @@ the projector and the language model, so that LoRA adapts the language model onl
 frozen unless asked (--train_vision_tower, --train_projector).
 
 A folder is a vision-language model when its config has a `vision_config` and it ships a processor
-(preprocessor_config.json): Gemma 3 4B and up are both, Gemma 3 1B (gemma3_text) neither. The parts' names
-are transformers 5's, per model type (utils/vision_families.py); a vision model of another type is refused by name."""
+(preprocessor_config.json): Gemma 3 4B and up are both, Gemma 3 1B (gemma3_text) neither (families.is_vision_language).
+The parts' names are transformers 5's, per model type (the registry, families.py); a vision model of another type is
+refused by name."""
 
 from __future__ import annotations
 
@@ -18,19 +19,19 @@ from torch import nn
 
 from ..data.template import apply_chat_template_override, attach_processor
 from ..errors import ConfigError
+from ..families import VisionParts, family, is_vision_language, vision_language_types
 from ..utils.paths import PROCESSOR_FILES
-from ..utils.vision_families import MROPE_VISION_TYPES, VISION_FAMILIES, VisionParts
 
 
 def vision_parts(config: Any) -> VisionParts | None:
     """The parts of a vision-language model's config; None for a text-only model. A vision model tunesmith does
     not know is refused (its parts' names would be a guess)."""
-    if getattr(config, "vision_config", None) is None:
+    if not is_vision_language(config):
         return None
-    parts = VISION_FAMILIES.get(config.model_type)
+    parts = family(config.model_type).vision
     if parts is None:
         raise ConfigError(f"model type {config.model_type!r} is a vision-language model tunesmith does not know; "
-                          f"known: {', '.join(sorted(VISION_FAMILIES))}")
+                          f"known: {', '.join(sorted(vision_language_types()))}")
     return parts
 
 
@@ -95,9 +96,9 @@ def _parameters_under(model: nn.Module, prefix: str) -> list[nn.Parameter]:
 
 def mrope_index(model: nn.Module) -> Callable | None:
     """The model's own M-RoPE position function (get_rope_index) for a packed row's examples, where its family has
-    one (utils/vision_families.MROPE_VISION_TYPES); None for plain positions."""
+    one (its registry entry's `mrope`); None for plain positions."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if base.config.model_type not in MROPE_VISION_TYPES:
+    if not family(base.config.model_type).mrope:
         return None
     return base.model.get_rope_index
 

@@ -41,14 +41,15 @@ import torch
 from ..boundary import entry_point
 from ..constants import ASSISTANT, USER
 from ..data.images import image_part, probe_picture
-from ..data.template import encode_conversation, encode_prompt, processor_of, reads_images
+from ..data.template import encode_conversation, encode_prompt, processor_of
+from ..families import is_vision_language
 from ..hparams import MERGE_RELATIVE_TOLERANCES, MergeArguments, ModelArguments, parse_run, save_run_config
 from ..hparams.run_config import merge_record
 from ..models.loader import load_tokenizer
 from ..models.merging import MergeError, adapter_task, load_adapted
 from ..models.model_merge import merge_configuration, run_mergekit
 from ..utils.io import atomic_directory
-from ..utils.paths import adapter_base_model, is_adapter_dir, vision_model_type
+from ..utils.paths import adapter_base_model, is_adapter_dir
 
 PROBE = [
     {"role": USER, "content": "What is the capital of France? Answer in one word."},
@@ -66,7 +67,7 @@ class MergeResult:
 def probe_logits(model: Any, tokenizer: Any) -> torch.Tensor:
     """The logits of a probe conversation; a vision-language model's shows it a picture too, so that the check
     covers its vision tower and projector (a trained projector merges in as well)."""
-    if reads_images(tokenizer):
+    if is_vision_language(tokenizer):
         prompt = encode_prompt(tokenizer, [{"role": USER, "content": [image_part(probe_picture()),
                                                                      {"type": "text", "text": PROBE[0]["content"]}]}])
         inputs = {"input_ids": torch.tensor([list(prompt)]), **prompt.vision}
@@ -84,7 +85,7 @@ def _load_saved(path: str, task: str, dtype: str) -> Any:
     )
 
     auto = AutoModelForSequenceClassification if task == "reward" else \
-        AutoModelForImageTextToText if vision_model_type(path) else AutoModelForCausalLM
+        AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
     return auto.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
 
 

@@ -23,6 +23,7 @@ from ..data.image_encoding import processed_batch
 from ..data.images import DEFAULT_MAX_IMAGE_PIXELS
 from ..data.preference import PreferencePair, encode_pair, encode_pair_record, is_pair_row, pair_from_row
 from ..data.template import processor_of
+from ..families import is_vision_language
 from ..hparams import DataArguments, ScoreArguments, parse_run
 from ..models.loader import load_for_inference
 from ..models.scoring import score_sequences, sequence_scores
@@ -76,7 +77,7 @@ def score_image_rows(model: Any, tokenizer: Any, rows: list[Row], max_length: in
 def score_file(model: Any, tokenizer: Any, data: DataArguments, score: ScoreArguments) -> list[dict]:
     """One dict per row of the data files (the first --max_samples rows, or all), in order."""
     rows, _ = load_items(data.data_path, lambda row: row, data.max_samples, max_row_bytes=data.max_row_bytes)
-    if processor_of(tokenizer) is not None:
+    if is_vision_language(tokenizer):
         per_row = score_image_rows(model, tokenizer, rows, data.max_seq_length, score.batch_size)
         scores = iter(value for values in per_row if values for value in values)
     else:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..families import types_where
 from ..models.moe import causal_lm
 
 FUSED_HEAD = "fused_head"  # the forward's keyword that asks for the loss from the hidden states
@@ -37,11 +38,9 @@ FUSED_HEAD_ELEMENTS = 1 << 26
 VOCAB_CHUNK = 4096
 
 # Model types whose causal-LM forward turns the head's output into logits with at most a final soft-cap
-# (`final_logit_softcapping`) and a scale (`logit_scale`, or 1 / `logits_scaling`), read from the config.
-PLAIN_HEAD_TYPES = frozenset({
-    "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "gemma", "gemma2", "gemma3_text",
-    "phi3", "olmo2", "smollm3", "granite", "cohere", "cohere2", "gpt_oss", "starcoder2", "olmo3", "ministral",
-})
+# (`final_logit_softcapping`) and a scale (`logit_scale`, or 1 / `logits_scaling`), read from the config: the
+# registry's `plain_head` (families.py).
+PLAIN_HEAD_TYPES = frozenset(types_where("plain_head"))
 
 
 def head_transform(config: Any) -> tuple[float | None, float]:

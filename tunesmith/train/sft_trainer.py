@@ -441,7 +441,7 @@ def sft_collator(model: torch.nn.Module, tokenizer: Any, data_args: Any, trainin
         return PaddingCollator(tokenizer.pad_token_id)
     use_varlen_attention(model)
     full_logits = training_args.use_liger_kernel or training_args.label_smoothing_factor != 0
-    if processor is not None:  # the families the rules let pack (utils/vision_families.PACKABLE_VISION_TYPES)
+    if processor is not None:  # the families the rules let pack (families.py: the entries `packable`)
         return ImagePackingCollator(processor, data_args.max_image_pixels, trained_logits_only=not full_logits,
                                     rope_index=mrope_index(model))
     max_forward_tokens = data_args.max_forward_tokens

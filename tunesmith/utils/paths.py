@@ -78,15 +78,6 @@ def has_processor(path: str | None) -> bool:
     return any(os.path.isfile(os.path.join(str(path), name)) for name in PROCESSOR_FILES)
 
 
-def vision_model_type(path: str | None) -> str | None:
-    """The model type of a local vision-language model directory (its config has a `vision_config` and the
-    folder ships a processor), else None: text-only models, and Gemma 3 weights saved without a processor."""
-    config = model_config(path)
-    if not config.get("vision_config") or not has_processor(path):
-        return None
-    return config.get("model_type")
-
-
 def model_architecture(path: str | None) -> str | None:
     """The class name a local model directory's config.json records (e.g. LlamaForCausalLM), or None when
     there is no readable config.json there."""
