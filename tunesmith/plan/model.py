@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, PathError
+from ..families import is_vision_language
 from ..models.loader import attach_adapter, quantization_config, resolve_attn_implementation, resolve_dtype
 from ..utils.config_facts import text_config
 
@@ -67,7 +68,7 @@ def build_on_meta(config: Any, model_args: Any, finetuning_args: Any, gpu: GpuRu
     from transformers import AutoModelForCausalLM
     from transformers.quantizers.auto import AutoHfQuantizer
 
-    if getattr(config, "vision_config", None) is not None or text_config(config) is not config:
+    if is_vision_language(config) or text_config(config) is not config:
         raise ConfigError(f"tunesmith plan: {config.model_type} is a vision-language model; the plan covers causal "
                           "language models so far")
     view = gpu.training_view()
