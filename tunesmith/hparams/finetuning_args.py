@@ -78,6 +78,13 @@ class FinetuningArguments:
                   "when --lora_dropout is 0: PEFT's LoRA on a parameter takes no dropout, so with one they stay "
                   "untrained and the log names them."},
     )
+    lora_modules_to_save: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Modules a LoRA run trains whole beside the adapter and saves with it (PEFT's "
+                  "modules_to_save), e.g. embed_tokens,lm_head when continued pre-training teaches a new language "
+                  "whose tokens the frozen embeddings represent poorly. Costs their full size in gradients and "
+                  "optimizer state, and in the adapter file."},
+    )
     router_aux_loss_coef: float | None = field(
         default=None,
         metadata={"help": "SFT of a mixture-of-experts model (Qwen3-MoE, Mixtral, gpt-oss, OLMoE, ...): the weight of "
