@@ -42,7 +42,7 @@ def pt_args(*flags):
 
 
 def test_txt_documents_by_blank_line_by_separator_line_and_whole_file(tmp_path):
-    from tunesmith.pretrain.documents import read_text_rows
+    from tunesmith.data.text_documents import read_text_rows
 
     path = write_txt(tmp_path / "c.txt", ["one\nstill one", "two", "", "three"])
     rows = list(read_text_rows(path, separator="blank_line"))
@@ -83,7 +83,7 @@ def test_jsonl_and_parquet_text_rows_give_the_same_pieces(tmp_path, tokenizer):
 
 
 def test_long_document_cut_with_stride_trains_each_token_once():
-    from tunesmith.pretrain.documents import cut_into_pieces
+    from tunesmith.data.text_documents import cut_into_pieces
 
     ids = list(range(100, 125))
     plain = cut_into_pieces(ids, 10)
@@ -199,3 +199,28 @@ def test_lora_modules_to_save_trains_the_embeddings_whole(tmp_path, tiny_model_d
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert any("embed_tokens.modules_to_save" in n for n in trainable)
     assert "embed_tokens" in json.loads((tmp_path / "out" / "adapter_config.json").read_text())["modules_to_save"]
+
+
+def test_inspect_shows_the_pieces_of_a_text_corpus(tmp_path, tiny_model_dir, tokenizer, capsys):
+    from tunesmith.recipes.inspect import run
+
+    txt = write_txt(tmp_path / "c.txt", DOCS)
+    records = run(["--model_name_or_path", tiny_model_dir, "--data_path", txt, "--document_separator", "blank_line",
+                   "--max_seq_length", "16", "--color", "never", "--show", "-1"])
+    assert [(r["line"], r.get("example")) for r in records][:3] == [(1, [1, 2]), (1, [2, 2]), (3, [1, 2])]
+    assert all(r["labels"] == r["input_ids"] for r in records)
+    ids = [t for r in records for t in r["input_ids"]]
+    assert ids == [t for d in DOCS for t in tokenizer(d)["input_ids"] + [tokenizer.eos_token_id]]
+    out = capsys.readouterr().out
+    assert f"=== {txt}:1 example 1/2  16/16 tokens trained" in out and "4 rows, 0 bad" in out
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text(json.dumps({"text": DOCS[0]}) + "\n", encoding="utf-8")
+    records = run(["--model_name_or_path", tiny_model_dir, "--data_path", str(jsonl), "--color", "never"])
+    assert len(records) == 1 and records[0]["labels"] == records[0]["input_ids"]
+
+
+def test_sft_points_text_rows_to_pt(tmp_path):
+    from tunesmith.data.formats import Row, detect_format
+
+    with pytest.raises(DataError, match=r"unknown format \(keys: \['text'\]\).*train on them with `tunesmith pt`"):
+        detect_format(Row("c.jsonl", 1, {"text": "x"}))

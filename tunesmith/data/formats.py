@@ -171,6 +171,8 @@ def detect_format(row: Row) -> str:
     raise row.error(
         f"unknown format (keys: {sorted(row.data)}); expected `messages` (OpenAI), `conversations` (ShareGPT) "
         "or `instruction`/`output` (Alpaca), or `chosen` as an HH transcript (\"\\n\\nHuman: ...\\n\\nAssistant: ...\")"
+        + ("; rows of raw `text` are a pre-training corpus: train on them with `tunesmith pt`" if "text" in row.data
+           else "")
     )
 
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..data.text_documents import WHOLE_FILE
 from ..hparams.data_args import TrainDataArguments
 from ..hparams.finetuning_args import FinetuningArguments
 from ..hparams.model_args import ModelArguments
 from ..hparams.training_args import SFTTrainingArguments
-
-# --document_separator's two named ways to cut a .txt file; any other value is a line that stands between documents.
-WHOLE_FILE = "file"
-BLANK_LINE = "blank_line"
 
 
 @dataclass

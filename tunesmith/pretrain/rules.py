@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from ..data.text_documents import BLANK_LINE, WHOLE_FILE
 from ..hparams.rules import Rule
-from .args import BLANK_LINE, WHOLE_FILE
 
 RULES: list[Rule] = [
     Rule("pt_stride", ("data",), lambda a: not 0 <= a.data.stride < a.data.max_seq_length,
