@@ -224,3 +224,55 @@ def test_sft_points_text_rows_to_pt(tmp_path):
 
     with pytest.raises(DataError, match=r"unknown format \(keys: \['text'\]\).*train on them with `tunesmith pt`"):
         detect_format(Row("c.jsonl", 1, {"text": "x"}))
+
+
+def test_full_and_qlora_train_on_text(tmp_path, tiny_model_dir):
+    import math
+
+    import bitsandbytes as bnb
+    from safetensors.torch import load_file
+
+    txt = write_txt(tmp_path / "c.txt", DOCS)
+    base = load_file(f"{tiny_model_dir}/model.safetensors")
+    full = run_pt(tiny_model_dir, txt, tmp_path / "full", "--max_steps", "1", "--finetuning_type", "full",
+                  "--document_separator", "blank_line")
+    state = full.model.state_dict()
+    assert all(not torch.equal(state[k], base[k]) for k in base)
+    qlora = run_pt(tiny_model_dir, txt, tmp_path / "qlora", "--max_steps", "2", "--quantization_bit", "4",
+                   "--learning_rate", "1e-2")
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in qlora.model.modules())
+    assert all(math.isfinite(r["loss"]) for r in qlora.state.log_history if "loss" in r)
+    assert all(v.abs().sum() > 0 for k, v in qlora.model.state_dict().items() if "lora_B" in k)
+
+
+@pytest.mark.distributed
+@pytest.mark.heavy  # about 180 s on 2 shared cores: the opt-in tier, as SFT's ZeRO-2 torchrun run
+def test_two_rank_zero3_pt_saves_a_complete_adapter(tmp_path, tiny_model_dir):
+    """`tunesmith pt` under torchrun with DeepSpeed ZeRO-3 on two CPU ranks (gloo), as SFT's distributed tests run."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from tunesmith.train.checkpoints import empty_tensors
+
+    root = Path(__file__).resolve().parents[1]
+    txt = write_txt(tmp_path / "c.txt", DOCS * 2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+         str(root / "pt" / "train.py"), "--model_name_or_path", tiny_model_dir, "--data_path", txt,
+         "--document_separator", "blank_line", "--output_dir", str(out), "--max_steps", "2",
+         "--per_device_train_batch_size", "2", "--save_strategy", "no", "--plot_loss", "false",
+         "--deepspeed", str(root / "configs" / "ds_zero3.json")],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert empty_tensors(str(out)) == []
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
