@@ -192,13 +192,26 @@ def test_resume_and_held_out_perplexity(tmp_path, tiny_model_dir, caplog):
     assert held and not held & {(r["source"], r["line"]) for r in straight.train_dataset}
 
 
-def test_lora_modules_to_save_trains_the_embeddings_whole(tmp_path, tiny_model_dir):
+def test_lora_modules_to_save_trains_the_embeddings_whole_and_keeps_a_tied_head_tied(tmp_path, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
     txt = write_txt(tmp_path / "c.txt", DOCS)
-    trainer = run_pt(tiny_model_dir, txt, tmp_path / "out", "--max_steps", "1", "--lora_modules_to_save",
-                     "embed_tokens")
+    trainer = run_pt(tiny_model_dir, txt, tmp_path / "out", "--max_steps", "2", "--learning_rate", "1e-2",
+                     "--lora_modules_to_save", "embed_tokens,lm_head")
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert any("embed_tokens.modules_to_save" in n for n in trainable)
-    assert "embed_tokens" in json.loads((tmp_path / "out" / "adapter_config.json").read_text())["modules_to_save"]
+    base = trainer.model.get_base_model()
+    embedding = base.get_input_embeddings().modules_to_save["default"].weight
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir).get_input_embeddings().weight
+    assert not torch.equal(embedding, original)  # trained
+    # the tiny model ties its head to its embeddings, as SmolLM2 does: the head is the trained matrix too
+    assert torch.equal(base.get_output_embeddings().modules_to_save["default"].weight, embedding)
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(tmp_path / "out"))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.allclose(reloaded.eval()(input_ids=ids).logits, trainer.model.eval()(input_ids=ids).logits,
+                              atol=1e-5)
 
 
 def test_inspect_shows_the_pieces_of_a_text_corpus(tmp_path, tiny_model_dir, tokenizer, capsys):

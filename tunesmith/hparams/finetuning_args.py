@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from .data_args import comma_list
+
 
 @dataclass
 class FinetuningArguments:
@@ -115,6 +117,9 @@ class FinetuningArguments:
                   "embeddings."},
     )
     plot_loss: bool = field(default=True, metadata={"help": "Write loss.png in output_dir at the end."})
+
+    def __post_init__(self) -> None:
+        self.lora_modules_to_save = comma_list(self.lora_modules_to_save)  # embed_tokens,lm_head as two names
 
     @property
     def prompt_learning(self) -> bool:
