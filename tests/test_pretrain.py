@@ -126,6 +126,12 @@ def test_packed_documents_train_as_each_alone_and_cross_document_as_one_row(tmp_
     with torch.no_grad():
         total, count = loss_alone(eager, pieces)
     assert first_loss(packed) == pytest.approx(total / count, rel=1e-5)
+    # the packed row trains every token but each piece's first, which nothing in its piece predicts
+    row = packed.data_collator(list(packed.train_dataset))
+    starts = row["cu_seq_lens_q"][:-1].long()
+    ignored = (row["labels"][0] == IGNORE_INDEX).nonzero()[:, 0]
+    trained = row["labels"][0] != IGNORE_INDEX
+    assert torch.equal(ignored, starts) and torch.equal(row["labels"][0][trained], row["input_ids"][0][trained])
 
     batches = []  # the order the sampler gave the pieces in, which decides what each attends to
     original = OneSequenceCollator.__call__
