@@ -17,6 +17,17 @@ class PretrainDataArguments(TrainDataArguments):
     """Raw text for continued pre-training: .txt files, or JSON/JSONL/Parquet rows with a text column. No chat
     template: each document is tokenized as it is, with the BOS/EOS the tokenizer adds, and every token trains."""
 
+    data_path: list[str] = field(
+        default_factory=list,
+        metadata={"help": "One or more .txt files (cut into documents by --document_separator), or JSON/JSONL/Parquet "
+                  "files, saved-dataset folders or folders of such shards with one document per row in "
+                  "--text_column (space- or comma-separated: a.txt,b.jsonl; mixed by --data_weights)."},
+    )
+    max_seq_length: int = field(
+        default=1024,
+        metadata={"help": "Longest piece in tokens: a longer document is cut into pieces of at most this many "
+                  "(--stride), none dropped."},
+    )
     text_column: str = field(
         default="text",
         metadata={"help": "The field of a JSON/JSONL/Parquet row that holds its document (one document per row)."},
