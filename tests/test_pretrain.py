@@ -171,6 +171,8 @@ def test_bad_rows_name_file_line_and_field_and_can_be_skipped(tmp_path, tiny_mod
     (("--stride", "64", "--max_seq_length", "64"), "--stride 64: give a number of tokens from 0 to --max_seq_length"),
     (("--cross_document_attention", "true", "--packing", "false"), "--cross_document_attention joins a packed batch"),
     (("--data_split", "2,4,4"), "--data_split shares one dataset among SFT"),
+    (("--lora_modules_to_save", "embed_tokens", "--finetuning_type", "full"),
+     "--lora_modules_to_save trains modules whole beside a LoRA adapter, and --finetuning_type full"),
 ])
 def test_settings_that_cannot_work_are_refused_in_one_line(tmp_path, flags, message):
     txt = write_txt(tmp_path / "c.txt", DOCS)
