@@ -297,3 +297,19 @@ def test_two_rank_zero3_pt_saves_a_complete_adapter(tmp_path, tiny_model_dir):
     assert empty_tensors(str(out)) == []
     saved = load_file(str(out / "adapter_model.safetensors"))
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
+
+
+def test_text_files_mix_by_data_weights(tmp_path, tokenizer):
+    from tunesmith.data.dataset import build_dataset
+    from tunesmith.data.mix import RowSelection
+    from tunesmith.pretrain.documents import text_kind
+
+    a = write_txt(tmp_path / "a.txt", [f"Alpha document {i}." for i in range(4)])
+    b = tmp_path / "b.jsonl"
+    b.write_text("".join(json.dumps({"text": f"Beta document {i}."}) + "\n" for i in range(4)), encoding="utf-8")
+    args = pt_args("--data_path", f"{a},{b}", "--data_weights", "1,3", "--max_samples", "8",
+                   "--document_separator", "blank_line", "--overwrite_cache")
+    data = build_dataset(text_kind(args), tokenizer, args.data_path, args, max_samples=8,
+                         selection=RowSelection.of(args, 0))
+    sources = [s.rsplit("/", 1)[1] for s in data["source"]]
+    assert sources.count("a.txt") == 2 and sources.count("b.jsonl") == 6
