@@ -32,7 +32,8 @@ def test_every_command_has_a_recipe_with_a_summary_and_a_run_kind():
     for name, module in COMMANDS.items():
         line = next(line for line in proc.stdout.splitlines() if line.strip().startswith(name + " "))
         assert len(line.split(None, 1)[1]) > 20, f"{name}: no summary"
-        assert module.removesuffix(".command").rsplit(".", 1)[1] in RUN_ARGUMENTS  # a recipe's, or a feature's name
+        # a recipe's name, a feature's, or the command's own (`pt`, the feature tunesmith.pretrain)
+        assert {module.removesuffix(".command").rsplit(".", 1)[1], name} & set(RUN_ARGUMENTS)
     bad = tunesmith("fine-tune")
     assert bad.returncode == 2 and "unknown command 'fine-tune'" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -18,6 +18,7 @@ from . import __version__
 # sub-command -> recipe module (each has run(argv) and main = entry_point(run))
 COMMANDS = {
     "sft": "tunesmith.recipes.sft",
+    "pt": "tunesmith.pretrain.command",
     "reward": "tunesmith.recipes.reward",
     "dpo": "tunesmith.recipes.dpo",
     "score": "tunesmith.recipes.score",

@@ -78,6 +78,8 @@ class DataKind:
     dropped_because: str  # why encode_one gives None
     report_line: str  # formatted with `name`, `dropped_because` and the EncodeStats fields
     nothing_kept: str  # the error when no record is kept, formatted with the settings
+    # (path, strict, max_row_bytes) -> the rows of one file; None: formats.read_rows (JSON, JSONL, Parquet, ...)
+    read_rows: Callable[..., Any] | None = None
 
     def report(self, name: str, stats: EncodeStats) -> str:
         return self.report_line.format(name=name, dropped_because=self.dropped_because, **asdict(stats))
@@ -191,7 +193,7 @@ def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_arg
     cache_dir = cache_root() / "datasets" / kind.name / key
     if not (cache_dir.is_dir() and not data_args.overwrite_cache):
         items, bad = load_items(paths, kind.from_row, max_samples, skip_bad_rows, selection,
-                                getattr(data_args, "max_row_bytes", DEFAULT_MAX_ROW_BYTES))
+                                getattr(data_args, "max_row_bytes", DEFAULT_MAX_ROW_BYTES), kind.read_rows)
         records, stats, bad_encodings = encode_items(kind, tokenizer, items, skip_bad_rows, **settings)
         bad += bad_encodings
         stats.bad = len(bad)

@@ -171,6 +171,8 @@ def detect_format(row: Row) -> str:
     raise row.error(
         f"unknown format (keys: {sorted(row.data)}); expected `messages` (OpenAI), `conversations` (ShareGPT) "
         "or `instruction`/`output` (Alpaca), or `chosen` as an HH transcript (\"\\n\\nHuman: ...\\n\\nAssistant: ...\")"
+        + ("; rows of raw `text` are a pre-training corpus: train on them with `tunesmith pt`" if "text" in row.data
+           else "")
     )
 
 
@@ -572,18 +574,20 @@ def link_tool_results(messages: list[Message]) -> None:
 
 def load_items(paths: Sequence[str], from_row: Callable[[Row], T], max_samples: int | None = None,
                skip_bad_rows: bool = False, selection: RowSelection | None = None,
-               max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> tuple[list[T], list[str]]:
+               max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+               reader: Callable[..., Iterable[Row | DataError]] | None = None) -> tuple[list[T], list[str]]:
     """(from_row of every good row of the given files, in order, stopping after max_samples good ones;
     the problems of the bad rows). Every row is checked before anything stops: bad rows raise one
     BadRows error listing them all, or with skip_bad_rows are left out and returned. A selection
     (--data_split, --data_weights; mix.py) first keeps each file's part of the split, then draws the
     rows by weight, max_samples of them in all when given. A row longer than max_row_bytes (--max_row_bytes)
-    is a bad row, refused as it is read."""
+    is a bad row, refused as it is read. `reader` reads one file as read_rows does (its default): a kind of data
+    with files of its own (continued pre-training's .txt documents) passes its own."""
     per_file: list[list[T]] = []
     problems: list[str] = []
     cap = None if selection and selection.weights else max_samples  # weights draw from every good row
     for path in paths:
-        rows: Iterable[Row | DataError] = read_rows(path, strict=False, max_row_bytes=max_row_bytes)
+        rows: Iterable[Row | DataError] = (reader or read_rows)(path, strict=False, max_row_bytes=max_row_bytes)
         if selection:
             rows = selection.part_of(path, list(rows))
         items: list[T] = []

@@ -12,13 +12,16 @@ from ..constants import IGNORE_INDEX
 from ..errors import UserError
 from ..hparams import SFTDataArguments
 from .dataset import fit_example
-from .formats import BadRows, conversation_from_row, load_items
+from .formats import BadRows, conversation_from_row, load_items, read_rows
 from .images import message_images
 from .mix import RowSelection
 from .template import Encoded, encode_examples, processor_of, trained_token_count
+from .text_documents import cut_into_pieces, document_from_row, document_ids, is_text_file, read_text_rows
 
 logger = logging.getLogger(__name__)
 
+# The fields that make a row a conversation (formats.detect_format), not a text corpus's document.
+CONVERSATION_KEYS = {"messages", "conversations", "instruction", "chosen", "prompt"}
 TRAINED_ON, TRAINED_OFF = "\x1b[42;30m", "\x1b[0m"
 PLAIN_ON, PLAIN_OFF = "⟦", "⟧"
 
@@ -108,3 +111,40 @@ def _error_record(problem: str) -> dict:
         return {"source": "", "line": 0, "error": problem}
     record = {"source": where[1], "line": int(where[2]), "error": problem}
     return {**record, "row": int(where[3])} if where[3] else record
+
+
+def is_text_corpus(paths: list[str], column: str, max_row_bytes: int) -> bool:
+    """A continued pre-training corpus: a .txt file, or rows whose first has the text column and no conversation."""
+    if any(is_text_file(p) for p in paths):
+        return True
+    try:
+        first = next(iter(read_rows(paths[0], strict=False, max_row_bytes=max_row_bytes)), None)
+    except UserError:
+        return False
+    data = getattr(first, "data", {})
+    return column in data and not set(data) & CONVERSATION_KEYS
+
+
+def inspect_text_pieces(tokenizer: Any, data_args: SFTDataArguments, column: str, separator: str,
+                        seed: int = 42) -> list[dict]:
+    """One record per piece, in input order, as `tunesmith pt` cuts a corpus (no stride): source, line (where the
+    document starts), `"example": [k, n]` for the k-th of n pieces of a document, input_ids and labels (every token
+    trains); one record with `"error"` per bad row."""
+    def reader(path: str, strict: bool = True, max_row_bytes: int = data_args.max_row_bytes):
+        return read_text_rows(path, strict, max_row_bytes, separator=separator, column=column)
+
+    try:
+        documents, problems = load_items(data_args.data_path, lambda row: document_from_row(row, column),
+                                         data_args.max_samples, skip_bad_rows=True,
+                                         selection=RowSelection.of(data_args, seed),
+                                         max_row_bytes=data_args.max_row_bytes, reader=reader)
+    except BadRows as e:
+        documents, problems = [], e.problems
+    records: list[dict] = [_error_record(problem) for problem in problems]
+    for document in documents:
+        where = {"source": document.row.path, "line": document.row.line,
+                 **({"row": document.row.index} if document.row.index else {})}
+        pieces = cut_into_pieces(document_ids(tokenizer, document.text), data_args.max_seq_length)
+        for k, piece in enumerate(pieces):
+            records.append({**where, **({"example": [k + 1, len(pieces)]} if len(pieces) > 1 else {}), **piece})
+    return sorted(records, key=lambda r: (r["source"], r["line"], r.get("row") or 0))

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from .data_args import comma_list
+
 
 @dataclass
 class FinetuningArguments:
@@ -78,6 +80,13 @@ class FinetuningArguments:
                   "when --lora_dropout is 0: PEFT's LoRA on a parameter takes no dropout, so with one they stay "
                   "untrained and the log names them."},
     )
+    lora_modules_to_save: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Modules a LoRA run trains whole beside the adapter and saves with it (PEFT's "
+                  "modules_to_save), e.g. embed_tokens,lm_head when continued pre-training teaches a new language "
+                  "whose tokens the frozen embeddings represent poorly. Costs their full size in gradients and "
+                  "optimizer state, and in the adapter file."},
+    )
     router_aux_loss_coef: float | None = field(
         default=None,
         metadata={"help": "SFT of a mixture-of-experts model (Qwen3-MoE, Mixtral, gpt-oss, OLMoE, ...): the weight of "
@@ -108,6 +117,9 @@ class FinetuningArguments:
                   "embeddings."},
     )
     plot_loss: bool = field(default=True, metadata={"help": "Write loss.png in output_dir at the end."})
+
+    def __post_init__(self) -> None:
+        self.lora_modules_to_save = comma_list(self.lora_modules_to_save)  # embed_tokens,lm_head as two names
 
     @property
     def prompt_learning(self) -> bool:

@@ -533,6 +533,11 @@ RULES: list[Rule] = [
          lambda a: a.finetuning.lora_learning_rate is not None and a.finetuning.finetuning_type != "lora",
          "--lora_learning_rate sets the rate of LoRA's matrices, and --finetuning_type {finetuning.finetuning_type} "
          "trains none: drop it, or use --finetuning_type lora."),
+    Rule("lora_modules_to_save_without_lora", ("finetuning",),
+         lambda a: a.finetuning.lora_modules_to_save and a.finetuning.finetuning_type != "lora",
+         "--lora_modules_to_save trains modules whole beside a LoRA adapter, and --finetuning_type "
+         "{finetuning.finetuning_type} trains none (full trains every module already): drop it, or use "
+         "--finetuning_type lora."),
     Rule("lora_learning_rate", ("finetuning",),
          lambda a: a.finetuning.lora_learning_rate is not None and not a.finetuning.lora_learning_rate > 0,
          "--lora_learning_rate must be > 0 (got {finetuning.lora_learning_rate})."),

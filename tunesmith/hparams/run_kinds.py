@@ -49,6 +49,7 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
 # what lists every kind (the CLI reference, the web UI's checks) loads them all.
 FEATURE_RUNS: dict[str, str] = {
     "export": "tunesmith.export",
+    "pt": "tunesmith.pretrain",
 }
 
 

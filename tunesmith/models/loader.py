@@ -326,8 +326,12 @@ def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_arg
         lora_alpha=finetuning_args.lora_alpha,
         lora_dropout=finetuning_args.lora_dropout,
         target_modules=lora_target_pattern(vision, targets) if vision else targets,
-        modules_to_save=trained_vision_modules(vision, finetuning_args.train_vision_tower,
-                                               finetuning_args.train_projector) or None if vision else None,
+        modules_to_save=[*(trained_vision_modules(vision, finetuning_args.train_vision_tower,
+                                                  finetuning_args.train_projector) if vision else []),
+                         *finetuning_args.lora_modules_to_save] or None,
+        # a model whose head is its embedding matrix (SmolLM2, Gemma, Qwen's small ones) keeps one matrix: PEFT
+        # otherwise trains a copy of the embeddings and leaves the head as it was, untied
+        ensure_weight_tying=bool(finetuning_args.lora_modules_to_save),
         target_parameters=parameters or None,
         task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
         # DoRA, rsLoRA, the initialisation (models/lora_variants.py); `tunesmith plan` builds the model without

@@ -1,8 +1,10 @@
 """Show which tokens of each example are trained: the rendered conversation with the trained text
-highlighted (green in a terminal, wrapped in ⟦…⟧ otherwise), and the counts.
+highlighted (green in a terminal, wrapped in ⟦…⟧ otherwise), and the counts. A text corpus (a .txt file, or rows
+with a `text` field and no conversation: continued pre-training, `tunesmith pt`) is shown as its pieces.
 
     tunesmith inspect --data_path data/demo/sft.jsonl --max_samples 3
     tunesmith inspect --data_path F --max_seq_length 256 --output_file encoded.jsonl
+    tunesmith inspect --data_path corpus.txt --document_separator blank_line --max_seq_length 256
 
 --output_file writes one JSON line per input row, in input order: its source, input_ids and labels
 (IGNORE_INDEX = -100 where nothing is trained), or `"dropped": true` when nothing trainable fits.
@@ -14,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from ..boundary import entry_point
-from ..data.inspect import highlight_trained, inspect_rows
+from ..data.inspect import highlight_trained, inspect_rows, inspect_text_pieces, is_text_corpus
 from ..data.template import trained_token_count
 from ..hparams import parse_run
 from ..models.loader import load_tokenizer
@@ -24,11 +26,15 @@ from ..utils.io import atomic_write_jsonl
 def run(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_run("inspect", argv, __doc__)
     tokenizer = load_tokenizer(args.model)
-    records = inspect_rows(tokenizer, args.data, args.inspect.seed)
+    if is_text_corpus(args.data.data_path, args.inspect.text_column, args.data.max_row_bytes):
+        records = inspect_text_pieces(tokenizer, args.data, args.inspect.text_column,
+                                      args.inspect.document_separator, args.inspect.seed)
+    else:
+        records = inspect_rows(tokenizer, args.data, args.inspect.seed)
     color = args.inspect.color == "always" or (args.inspect.color == "auto" and sys.stdout.isatty())
     shown = records if args.inspect.show < 0 else records[: args.inspect.show]
     for r in shown:
-        example = " example {}/{}".format(*r["example"]) if "example" in r else ""
+        example = " example {}/{}".format(*r["example"]) if "example" in r else ""  # a piece, for a text corpus
         print(f"=== {r['source']}:{r['line']}{example}  {_status(r)}")
         if "error" not in r:
             print(highlight_trained(tokenizer, r["input_ids"], r["labels"], color))
