@@ -19,6 +19,7 @@ import pytest
 from tunesmith import cli
 from tunesmith.cli_reference import (
     MARKER,
+    RUN_KINDS,
     all_spellings,
     default_text,
     inline_markdown,
@@ -26,7 +27,6 @@ from tunesmith.cli_reference import (
     reference_flags,
     reference_markdown,
 )
-from tunesmith.hparams import RUN_ARGUMENTS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -95,14 +95,14 @@ def test_the_reference_lists_exactly_the_flags_of_the_commands_help(invocation, 
 
 def test_every_command_and_every_kind_of_run_is_documented():
     assert {i.command for i in invocations()} == set(cli.COMMANDS)
-    assert sorted(i.kind for i in invocations()) == sorted(RUN_ARGUMENTS)
+    assert sorted(i.kind for i in invocations()) == sorted(RUN_KINDS)
 
 
 @pytest.mark.parametrize("invocation", invocations(), ids=lambda i: i.anchor)
 def test_each_flag_carries_its_fields_help_text_and_default(invocation, reference):
     by_name = {name: flag for flag in reference_flags(invocation) for name in flag.names}
     checked = 0
-    for dtype in RUN_ARGUMENTS[invocation.kind]:
+    for dtype in RUN_KINDS[invocation.kind]:
         for field in dataclasses.fields(dtype):
             help_text = field.metadata.get("help")
             if not field.init or not help_text or field.name == "debug":  # --debug is the boundary's own

@@ -20,7 +20,9 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"generation"},
     {"ppo"},
-    {"chat", "serve", "evaluation", "ui", "plan"},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end; plan: the memory plan
+    # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end; plan: the memory plan;
+    # distill: knowledge distillation
+    {"chat", "serve", "evaluation", "ui", "plan", "distill"},
     {"recipes"},
     {"cli", "cli_reference", "__main__"},  # cli_reference: the docs' CLI reference, generated from the parser
 ]

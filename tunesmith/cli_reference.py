@@ -1,5 +1,6 @@
 """The CLI reference of the documentation site (docs/cli.md), generated: every command of `cli.COMMANDS`, and
-for each the flags of the very `Parser` its recipe parses with (the dataclasses of `hparams.RUN_ARGUMENTS`),
+for each the flags of the very `Parser` its recipe parses with (the dataclasses of `RUN_KINDS`: the core's
+`hparams.RUN_ARGUMENTS` and the features' own lists),
 grouped as `--help` groups them, each with its type, default and help text. The MkDocs hook
 (docs/hooks/cli_reference.py) puts it into the page whenever the site is built, so a new flag or command is
 documented by its help text alone and no generated file is committed that could go stale.
@@ -23,8 +24,13 @@ from typing import Any
 from transformers.hf_argparser import string_to_bool
 
 from .cli import COMMANDS, HIDDEN_COMMANDS, summary
+from .distill.args import DISTILL_ARGUMENTS
 from .hparams import RUN_ARGUMENTS
 from .hparams.parser import DEPRECATED_FLAGS, DEPRECATED_UNTIL, MEANING_MOVED, Parser
+
+# Every kind of run a command parses: the core's, and those of the features, whose argument dataclasses live in the
+# feature (which the core's table may not import).
+RUN_KINDS: dict[str, tuple[type, ...]] = {**RUN_ARGUMENTS, "distill": DISTILL_ARGUMENTS}
 
 # Where docs/cli.md wants the generated reference.
 MARKER = "<!-- cli-reference -->"
@@ -60,7 +66,7 @@ class Invocation:
     """One way a command parses its flags: `tunesmith eval`, or `tunesmith eval --policy P`."""
 
     command: str
-    kind: str  # the key of hparams.RUN_ARGUMENTS
+    kind: str  # the key of RUN_KINDS
     selector: tuple[str, ...] = ()  # the arguments that choose this run over the command's other one
 
     @property
@@ -86,7 +92,7 @@ def invocations() -> list[Invocation]:
 
 def parser_of(invocation: Invocation) -> Parser:
     """The parser `hparams.parse_run(kind)` builds (its recipe's description aside, which adds no flag)."""
-    return Parser(RUN_ARGUMENTS[invocation.kind], prog=invocation.title)
+    return Parser(RUN_KINDS[invocation.kind], prog=invocation.title)
 
 
 def flag_groups(parser: argparse.ArgumentParser) -> list[FlagGroup]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed import start_single_process_world
-from ..hparams import ParsedRun, parse_run
+from ..hparams import ParsedRun, parse_args, parse_run
 from ..models.loader import resolve_model_path
 from ..models.lora_variants import save_as_plain_lora
 from ..utils.io import publish_files, stop_when_disk_fills
@@ -26,9 +26,11 @@ from .checkpoints import (
 from .finished_run import stop_if_finished
 
 
-def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str | None) -> tuple[ParsedRun, str | None]:
-    """(the parsed run, the checkpoint to resume from or None)."""
-    args = parse_run(kind, argv, description)
+def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str | None,
+                         dataclass_types: Sequence[type] | None = None) -> tuple[ParsedRun, str | None]:
+    """(the parsed run, the checkpoint to resume from or None). dataclass_types: a feature's own list (a
+    feature's arguments are not in the core's hparams.RUN_ARGUMENTS); else RUN_ARGUMENTS[kind]."""
+    args = parse_args(dataclass_types, argv, description) if dataclass_types else parse_run(kind, argv, description)
     if args.finetuning.disable_dropout is None:  # auto: the RL stages compare forwards, so no dropout noise there
         args.finetuning.disable_dropout = kind == "ppo"
     resolve_model_path(args.model)
