@@ -283,3 +283,31 @@ def test_an_adapter_folder_as_the_teacher_is_that_adapter_on_its_base(tiny_model
     run = parse("--model_name_or_path", tiny_model_dir, "--teacher_model_name_or_path", adapter, "--data_path", data,
                 "--output_dir", str(tmp_path / "o"))
     assert (run.distill.teacher_model_name_or_path, run.distill.teacher_adapter_name_or_path) == (teacher_dir, adapter)
+
+
+# -- two CPU ranks
+
+
+# heavy tier, as test_distributed.py's ZeRO-2 torchrun run: 214 s for the two launches on the shared 2-core machine
+@pytest.mark.distributed
+@pytest.mark.heavy
+def test_two_ranks_under_zero2_follow_one_rank(tiny_model_dir, teacher_dir, data, tmp_path):
+    """Two ranks (torchrun, gloo, DeepSpeed ZeRO-2) at the one-rank run's global batch: the same losses, the same
+    held-out KL to the teacher (summed over both ranks' shares of the set), and a complete adapter."""
+    from test_distributed import launch
+
+    from tunesmith.train.checkpoints import empty_tensors
+
+    results = {}
+    for ranks, batch in ((1, "4"), (2, "2")):
+        out = tmp_path / f"ranks{ranks}"
+        launch("distill/train.py", ranks, *flags(tiny_model_dir, teacher_dir, data, out, "--max_steps", "2",
+                                                 "--per_device_train_batch_size", batch, "--logging_steps", "1",
+                                                 "--val_size", "0.25", "--distill_loss", "jsd",
+                                                 "--deepspeed", "configs/ds_zero2.json", "--lr_scheduler_type",
+                                                 "constant"))
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        results[ranks] = ([r["loss"] for r in history if "loss" in r], history[-1]["eval_kl"])
+        assert not empty_tensors(str(out)) and (out / "adapter_model.safetensors").exists()
+    assert results[2][0] == pytest.approx(results[1][0], rel=2e-3) and len(results[2][0]) == 2
+    assert results[2][1] == pytest.approx(results[1][1], rel=1e-3)
