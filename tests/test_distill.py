@@ -199,6 +199,59 @@ def test_resume_continues_the_same_trajectory(tiny_model_dir, teacher_dir, data,
     assert len(losses_of(resumed)) == 4
 
 
+# -- on-policy steps (GKD's lambda)
+
+
+def test_on_policy_steps_train_on_the_students_replies_sampled_by_the_engine(tiny_model_dir, teacher_dir, data,
+                                                                            tmp_path, monkeypatch):
+    from tunesmith.generation import Engine
+
+    calls = []
+    generate = Engine.generate
+
+    def recorded(engine, prompts, params, *args, **kwargs):
+        completions = generate(engine, prompts, params, *args, **kwargs)
+        calls.append((engine.model, [list(p) for p in prompts], params, [c[0] for c in completions]))
+        return completions
+
+    monkeypatch.setattr(Engine, "generate", recorded)
+    trainer = distill_main(flags(tiny_model_dir, teacher_dir, data, tmp_path / "out", "--lmbda", "1",
+                                 "--on_policy_max_new_tokens", "5", "--packing", "true", "--logging_steps", "1"))
+    assert trainer.on_policy_steps == 2 and len(calls) == 2
+    tokenizer = trainer.processing_class
+    replies = 0
+    for model, prompts, params, completions in calls:
+        assert model is trainer.model and params.max_new_tokens == 5 and len(prompts) == 3
+        # the conversation up to its last reply, whose header opens the student's turn
+        assert all(tokenizer.decode(p).endswith("<|im_start|>assistant\n") and "You're welcome" not in
+                   tokenizer.decode(p) for p in prompts)
+        replies += sum(len(c.token_ids) + (c.stop_token_id is not None) for c in completions)
+    # exactly the sampled replies trained (the tiny student never ends its turn within 5 tokens)
+    assert trainer.state.log_history[1]["trained_tokens"] == replies == 2 * 3 * 5
+
+
+def test_the_on_policy_coin_follows_the_seed_and_the_step(untrained):
+    untrained.lmbda = 0.5
+    try:
+        draws = [untrained.on_policy_step(step) for step in range(40)]
+        assert draws == [untrained.on_policy_step(step) for step in range(40)]  # a resumed run draws the same
+        assert 10 < sum(draws) < 30
+    finally:
+        untrained.lmbda = 0.0
+
+
+def test_a_packed_row_gives_back_the_examples_of_the_padded_batch(untrained):
+    from tunesmith.data.collator import PackingCollator
+    from tunesmith.distill.on_policy import examples_of, last_reply_start
+
+    features = [untrained.train_dataset[i] for i in range(3)]
+    padded = examples_of(PaddingCollator(untrained.processing_class.pad_token_id)(features))
+    packed = examples_of(PackingCollator()(features))
+    assert [e["input_ids"] for e in packed] == [e["input_ids"] for e in padded] == [list(f["input_ids"]) for f in features]
+    # the packed row's labels lose each example's first token, never trained
+    assert [last_reply_start(e["labels"]) for e in packed] == [last_reply_start(e["labels"]) for e in padded]
+
+
 # -- refusals, one line each, before any weight loads
 
 
@@ -254,7 +307,9 @@ def test_the_default_student_is_checked_once_its_folder_is_known(other_vocabular
     (("--beta", "0.2"), ConfigError, r"--beta 0.2 is read by --distill_loss jsd only \(got --distill_loss forward_kl"),
     (("--distill_temperature", "0"), ConfigError, r"--distill_temperature must be > 0 \(got 0.0\)"),
     (("--sft_weight", "-1"), ConfigError, r"--sft_weight must be >= 0 \(got -1.0\)"),
-    (("--lmbda", "0.5"), ConfigError, r"--lmbda 0.5: on-policy distillation .* is not built yet"),
+    (("--lmbda", "1.5"), ConfigError, r"--lmbda must be in \[0, 1\] \(got 1.5\)"),
+    (("--lmbda", "0.5", "--on_policy_max_new_tokens", "0"), ConfigError,
+     r"--on_policy_max_new_tokens must be at least 1 \(got 0\) with --lmbda 0.5"),
     (("--finetuning_type", "prompt_tuning"), ConfigError,
      r"--finetuning_type prompt_tuning cannot be distilled into"),
     (("--deepspeed", "configs/ds_zero3.json"), ConfigError,
@@ -262,7 +317,7 @@ def test_the_default_student_is_checked_once_its_folder_is_known(other_vocabular
     (("--sequence_parallel_size", "2", "--deepspeed", "configs/ds_zero2.json", "--packing", "true"), ConfigError,
      r"--sequence_parallel_size 2: tunesmith distill does not cut rows across ranks"),
 ], ids=["teacher-given", "teacher-path", "teacher-adapter-path", "teacher-bits", "beta-range", "beta-unread",
-        "temperature", "sft-weight", "lmbda", "prompt-tuning", "zero3", "sequence-parallel"])
+        "temperature", "sft-weight", "lmbda", "on-policy-tokens", "prompt-tuning", "zero3", "sequence-parallel"])
 def test_settings_that_cannot_work_are_refused_in_one_line(tiny_model_dir, teacher_dir, data, tmp_path, extra,
                                                            error, message, monkeypatch):
     monkeypatch.setattr(rules, "_world_size", lambda: 2)  # as under torchrun's two ranks, which can cut rows in two

@@ -50,9 +50,13 @@ class DistillArguments:
     )
     lmbda: float = field(
         default=0.0,
-        metadata={"help": "GKD's on-policy share: the student's own sampled replies scored by the teacher. Only 0 "
-                  "(the data's replies) is built so far."},
+        metadata={"help": "GKD's on-policy share, in [0, 1]: the chance that an optimizer step trains on the "
+                  "student's own replies (each example's last reply sampled again by the student, through the "
+                  "generation engine, at --distill_temperature) instead of the data's; the teacher scores them "
+                  "alike. 0: the data's replies only."},
     )
+    on_policy_max_new_tokens: int = field(
+        default=128, metadata={"help": "With --lmbda: the longest reply the student samples, in tokens."})
     sft_weight: float = field(
         default=0.0,
         metadata={"help": "Weight of the SFT loss (cross-entropy of the data's reply tokens) added to the "

@@ -8,7 +8,8 @@ plus the SFT loss. The data is SFT's: rendered, masked (only the replies train) 
 
 Read top to bottom: parse (SFT's flags and the distillation's) -> the student's tokenizer and data -> the student
 -> the teacher (eval mode, no gradients) -> train -> save. What it leaves out, for now:
-1. on-policy distillation (GKD's lambda: the student's own samples scored by the teacher): --lmbda must be 0;
+1. on-policy steps sample the student's replies one batch at a time, in the training process (TRL can hand them to
+   vLLM); a sampled reply replaces an example's last reply only;
 2. offline KD (teacher logits precomputed to disk, as axolotl's kd plugin): the teacher runs per forward, see
    distill/trainer.py for why;
 3. vision-language models, prompt-based adapters, ZeRO-3, FSDP and sequence parallelism: refused in one line

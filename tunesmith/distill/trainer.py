@@ -6,20 +6,25 @@ ids and sequence boundaries, so its attention too stays within each conversation
 as axolotl's offline KD does: a dense [tokens x vocab] distribution is 49152 floats a token for the default model
 (about 200 kB, a whole dataset's worth of which outgrows a disk fast), and the top-k logits that make offline KD
 fit change the loss, which would no longer equal TRL's; a teacher forward without gradients costs about a third
-of the student's step. Offline KD to disk is left out."""
+of the student's step. Offline KD to disk is left out. With --lmbda, a step's batches may hold the student's own
+replies instead of the data's (GKD's on-policy mix, distill/on_policy.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 from typing import Any
 
 import torch
 
 from ..constants import IGNORE_INDEX
 from ..data.packing import FORWARD_SPLITS
+from ..generation import SamplingParams
 from ..train.sft_trainer import LoraTrainer
 from .args import DistillArguments
 from .losses import cross_entropy, generalized_jsd
+from .on_policy import on_policy_batch
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +52,29 @@ class DistillTrainer(LoraTrainer):
         self.beta = distill.loss_beta
         self.temperature = distill.distill_temperature
         self.sft_weight = distill.sft_weight
+        self.lmbda = distill.lmbda
+        # the student's own distribution, at the loss's temperature (as TRL's DistillationTrainer samples)
+        self.sampling = SamplingParams(temperature=distill.distill_temperature, top_k=0, top_p=1.0, min_p=0.0,
+                                       repetition_penalty=1.0, max_new_tokens=distill.on_policy_max_new_tokens)
+        self.on_policy_steps = 0  # of this train() call
         self._eval_divergences = torch.zeros(2, dtype=torch.float64)  # this evaluation: summed KL, summed divergence
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The step's batches; on an on-policy step (probability --lmbda, drawn from the seed and the step, so every
+        rank and a resumed run draw the same) with the student's replies (distill/on_policy.py), and the step's
+        reply tokens counted on those."""
+        batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if batches and self.lmbda and self.on_policy_step(self.state.global_step):
+            params = dataclasses.replace(self.sampling, seed=self.args.seed + self.state.global_step)
+            batches = [on_policy_batch(self.model, self.processing_class, batch, params, self.data_collator)
+                       for batch in batches]
+            num_items_in_batch = self._get_num_items_in_batch(batches, device)
+            self.on_policy_steps += 1
+        return batches, num_items_in_batch
+
+    def on_policy_step(self, step: int) -> bool:
+        """Whether optimizer step `step` (0-based) trains on the student's samples: GKD's coin of weight lambda."""
+        return random.Random(self.args.seed * 1_000_003 + step).random() < self.lmbda
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs.pop(FORWARD_SPLITS, None)

@@ -906,9 +906,12 @@ RULES: list[Rule] = [
     Rule("distill_sft_weight", ("distill",), lambda a: not 0.0 <= a.distill.sft_weight < float("inf"),
          "--sft_weight must be >= 0 (got {distill.sft_weight}): the weight of the SFT loss added to the divergence "
          "(0: distillation alone)."),
-    Rule("distill_on_policy", ("distill",), lambda a: a.distill.lmbda != 0,
-         "--lmbda {distill.lmbda}: on-policy distillation (the student's own samples scored by the teacher) is not "
-         "built yet; leave --lmbda out (0: the data's replies)."),
+    Rule("distill_lmbda", ("distill",), lambda a: not 0.0 <= a.distill.lmbda <= 1.0,
+         "--lmbda must be in [0, 1] (got {distill.lmbda}): the chance that a step trains on the student's own "
+         "replies (0: the data's replies only, 1: always the student's)."),
+    Rule("distill_on_policy_tokens", ("distill",), lambda a: a.distill.lmbda > 0 and a.distill.on_policy_max_new_tokens < 1,
+         "--on_policy_max_new_tokens must be at least 1 (got {distill.on_policy_max_new_tokens}) with --lmbda "
+         "{distill.lmbda}: the longest reply the student samples."),
     Rule("distill_prompt_learning", ("distill", "finetuning"), _prompt_method,
          "--finetuning_type {kind} cannot be distilled into: the student's logits would include the virtual tokens "
          "the teacher never sees; use --finetuning_type lora or full."),
