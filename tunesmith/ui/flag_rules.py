@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..data.template import BUILTIN_TEMPLATES
+from ..distill.args import DISTILL_ARGUMENTS
 from ..errors import ConfigError
 from ..hparams import RUN_ARGUMENTS
 from ..hparams.parser import parse_namespace
@@ -33,14 +34,17 @@ OUTPUT_FIELD = re.compile(r"^output_")
 # `package.module:function`, the form utils/imports.import_function imports (a bare name is one tunesmith ships).
 IMPORT_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 TRUSTS_REMOTE_CODE = "trust_remote_code"
+# The page's commands and the dataclasses each parses: the core's, and distillation's (a feature's own list, which the
+# core's RUN_ARGUMENTS may not import).
+RUN_KINDS: dict[str, tuple[type, ...]] = {**RUN_ARGUMENTS, "distill": DISTILL_ARGUMENTS}
 PUBLISHES = ("push_to_hub",)
 
 
 def check_run(command: str, flags: Sequence[str], confinement: Confinement, allow_code: bool = False) -> None:
     """Refuse, in one line, a `tunesmith COMMAND FLAGS` whose resolved settings reach outside the UI's folders or
     run code that is not tunesmith's (unless allow_code)."""
-    namespace = vars(parse_namespace(RUN_ARGUMENTS[command], list(flags)))
-    for dtype in RUN_ARGUMENTS[command]:
+    namespace = vars(parse_namespace(RUN_KINDS[command], list(flags)))
+    for dtype in RUN_KINDS[command]:
         for field in dataclasses.fields(dtype):
             if field.init and field.name in namespace and namespace[field.name] != _default(field):
                 _check_value(field.name, namespace[field.name], confinement, allow_code)
