@@ -159,6 +159,17 @@ def test_the_student_learns_the_teacher_and_the_teacher_stays(tiny_model_dir, te
     assert record["DistillArguments"]["teacher_model_name_or_path"] == teacher_dir
 
 
+def test_a_teacher_loaded_in_4_bits_teaches(tiny_model_dir, chatty_model_dir, data, tmp_path):
+    import bitsandbytes as bnb
+
+    # a teacher of hidden size 64 (bitsandbytes' CPU kernels refuse the 96-wide teacher's shapes)
+    trainer = distill_main(flags(tiny_model_dir, chatty_model_dir, data, tmp_path / "out",
+                                 "--teacher_quantization_bit", "4"))
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in trainer.teacher.modules())
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in trainer.model.modules())  # the student as asked
+    assert all(math.isfinite(x) for x in losses_of(trainer)) and len(losses_of(trainer)) == 2
+
+
 def test_eval_kl_is_the_forward_kl_of_the_training_loss(tiny_model_dir, teacher_dir, data, tmp_path):
     trainer = distill_main(flags(tiny_model_dir, teacher_dir, data, tmp_path / "out", "--max_steps", "1",
                                  "--val_size", "0.25"))
@@ -314,10 +325,12 @@ def test_the_default_student_is_checked_once_its_folder_is_known(other_vocabular
      r"--finetuning_type prompt_tuning cannot be distilled into"),
     (("--deepspeed", "configs/ds_zero3.json"), ConfigError,
      r"--deepspeed configs/ds_zero3.json is ZeRO-3, .* use ZeRO-2"),
+    (("--label_smoothing_factor", "0.1"), ConfigError,
+     r"--label_smoothing_factor 0.1 would do nothing in tunesmith distill"),
     (("--sequence_parallel_size", "2", "--deepspeed", "configs/ds_zero2.json", "--packing", "true"), ConfigError,
      r"--sequence_parallel_size 2: tunesmith distill does not cut rows across ranks"),
 ], ids=["teacher-given", "teacher-path", "teacher-adapter-path", "teacher-bits", "beta-range", "beta-unread",
-        "temperature", "sft-weight", "lmbda", "on-policy-tokens", "prompt-tuning", "zero3", "sequence-parallel"])
+        "temperature", "sft-weight", "lmbda", "on-policy-tokens", "prompt-tuning", "zero3", "label-smoothing", "sequence-parallel"])
 def test_settings_that_cannot_work_are_refused_in_one_line(tiny_model_dir, teacher_dir, data, tmp_path, extra,
                                                            error, message, monkeypatch):
     monkeypatch.setattr(rules, "_world_size", lambda: 2)  # as under torchrun's two ranks, which can cut rows in two

@@ -926,6 +926,9 @@ RULES: list[Rule] = [
     Rule("distill_fsdp", ("distill", "training"), lambda a: fsdp_requested(a.training),
          "tunesmith distill does not run under FSDP (the teacher would stay whole beside a sharded student); use "
          "DeepSpeed ZeRO-2 (--deepspeed configs/ds_zero2.json)."),
+    Rule("distill_label_smoothing", ("distill", "training"), lambda a: a.training.label_smoothing_factor != 0,
+         "--label_smoothing_factor {training.label_smoothing_factor} would do nothing in tunesmith distill, whose "
+         "targets are the teacher's distributions (already soft); leave it out, or raise --distill_temperature."),
     Rule("distill_sequence_parallel", ("distill", "training"), lambda a: _sequence_parallel(a) > 1,
          "--sequence_parallel_size {training.sequence_parallel_size}: tunesmith distill does not cut rows across "
          "ranks (the teacher would need the same cut); leave it at 1."),
