@@ -24,7 +24,8 @@ def parse_sft(*argv: str) -> dict:
 
 def stage(config: Path) -> str:
     """The kind of run a config belongs to (its file name says which; GRPO is a run of the RL stage, ppo)."""
-    kind = next((kind for kind in ("reward", "ppo", "dpo", "grpo", "pt_") if config.name.startswith(kind)), "sft")
+    kind = next((kind for kind in ("reward", "ppo", "dpo", "grpo", "pt_", "distill") if config.name.startswith(kind)),
+                "sft")
     kind = kind.rstrip("_")  # pt_: continued pre-training (a config named pt... of another stage would be misread)
     return "ppo" if kind == "grpo" else kind
 

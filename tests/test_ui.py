@@ -65,7 +65,7 @@ def test_the_form_becomes_the_cli_argument_list():
     assert train_flags(TrainForm(method="full", config="c.yaml"))[1] == ["c.yaml", "--finetuning_type", "full"]
     with pytest.raises(ConfigError, match="not a --flag"):
         advanced_flags("oops --x 1")
-    with pytest.raises(ConfigError, match="Stage 'kto' is not one of sft, reward, dpo, ppo, grpo"):
+    with pytest.raises(ConfigError, match="Stage 'kto' is not one of sft, reward, dpo, ppo, grpo, distill"):
         train_flags(TrainForm(stage="kto"))
 
 
@@ -165,6 +165,8 @@ def test_advanced_flags_and_run_configs_are_held_to_the_forms_rules(tmp_path):
                                                  f"may use ({bench.confinement.describe()}); move it there or start "
                                                  "`tunesmith ui` with --root / --data_dir naming its folder")
     assert refusal(f"--ptx_data_path {outside}", stage="ppo").startswith(f"tunesmith: path error: --ptx_data_path {outside}")
+    assert refusal(f"--teacher_model_name_or_path {tmp_path}", stage="distill").startswith(
+        f"tunesmith: path error: --teacher_model_name_or_path {tmp_path}: outside the folders this UI may use")
     assert refusal(output_dir="/elsewhere").startswith("tunesmith: path error: output folder /elsewhere: outside --root")
     config = tmp_path / "data" / "run.yaml"  # a run config the form names: the CLI reads its paths too
     config.write_text(f"data_path: {outside}\n")
@@ -468,3 +470,4 @@ def test_runs_are_read_from_metrics_or_the_trainer_state(tmp_path):
     (old / "trainer_state.json").write_text(json.dumps({"log_history": [{"loss": 2.0, "step": 1}]}))
     [run] = runs.find_runs(str(tmp_path))
     assert run.stage == "grpo" and runs.row(run)[4:6] == [1, 2.0] and runs.status(run) == "incomplete"
+    assert runs.stage_of({"SFTDataArguments": {}, "DistillArguments": {}}) == "distill"

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from . import __version__
 
-# sub-command -> recipe module (each has run(argv) and main = entry_point(run))
+# sub-command -> recipe module, or a feature's command module (each has run(argv) and main = entry_point(run))
 COMMANDS = {
     "sft": "tunesmith.recipes.sft",
     "pt": "tunesmith.pretrain.command",
+    "distill": "tunesmith.distill.command",
     "reward": "tunesmith.recipes.reward",
     "dpo": "tunesmith.recipes.dpo",
     "score": "tunesmith.recipes.score",

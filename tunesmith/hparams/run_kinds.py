@@ -50,6 +50,7 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
 FEATURE_RUNS: dict[str, str] = {
     "export": "tunesmith.export",
     "pt": "tunesmith.pretrain",
+    "distill": "tunesmith.distill",
 }
 
 

@@ -24,6 +24,7 @@ STAGES = {
     "dpo": ("dpo", ()),
     "ppo": ("ppo", ()),
     "grpo": ("ppo", ("--advantage", "grpo")),
+    "distill": ("distill", ()),  # the teacher in the advanced flags: --teacher_model_name_or_path DIR
 }
 METHODS = ("lora", "qlora", "full")
 # The flags the form writes, by the box that writes them (--advantage: the Stage grpo).

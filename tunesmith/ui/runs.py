@@ -54,11 +54,12 @@ class Run:
 
 
 def stage_of(config: dict[str, Any]) -> str:
-    """sft, reward, dpo, ppo, grpo (or rloo), merge, or ? from the dataclasses a run recorded."""
+    """sft, distill, reward, dpo, ppo, grpo (or rloo), merge, or ? from the dataclasses a run recorded."""
     if "PPOArguments" in config:
         advantage = config["PPOArguments"].get("advantage", "gae")
         return "ppo" if advantage == "gae" else advantage
-    for key, stage in (("DPOArguments", "dpo"), ("RewardArguments", "reward"), ("SFTDataArguments", "sft"),
+    for key, stage in (("DPOArguments", "dpo"), ("RewardArguments", "reward"), ("DistillArguments", "distill"),
+                       ("SFTDataArguments", "sft"),
                        ("MergeArguments", "merge")):
         if key in config:
             return stage
