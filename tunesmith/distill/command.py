@@ -28,8 +28,7 @@ from ..data.dataset import build_sft_datasets
 from ..hparams import FinetuningArguments, ModelArguments, check
 from ..models.attention import use_varlen_attention
 from ..models.loader import load_model, load_tokenizer
-from ..train.callbacks import LossPlotCallback
-from ..train.run_setup import prepare_training_run, train_save_evaluate
+from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
 from ..train.sft_trainer import sft_collator
 from .args import DistillArguments
 from .rules import RULES
@@ -62,10 +61,7 @@ def run(argv: Sequence[str] | None = None) -> DistillTrainer:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         data_collator=collator,
-        callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
-        run_configs=args.configs,
-        lora_learning_rate=args.finetuning.lora_learning_rate,
-        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
+        **trainer_options(args),  # the loss plot, the run configs, LoRA's learning rates
     )
     train_save_evaluate(trainer, resume)
     return trainer

@@ -22,8 +22,7 @@ from transformers import set_seed
 from ..boundary import entry_point
 from ..data.dataset import build_datasets
 from ..models.loader import load_model, load_tokenizer
-from ..train.callbacks import LossPlotCallback
-from ..train.run_setup import prepare_training_run, train_save_evaluate
+from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
 from ..train.sft_trainer import LoraTrainer
 from .collator import pretrain_collator
 from .documents import text_kind
@@ -46,10 +45,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         data_collator=pretrain_collator(model, tokenizer, args.data, args.training),
-        callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
-        run_configs=args.configs,
-        lora_learning_rate=args.finetuning.lora_learning_rate,
-        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
+        **trainer_options(args),  # the loss plot, the run configs, LoRA's learning rates
         router_aux_loss_coef=args.finetuning.router_aux_loss_coef,
     )
     train_save_evaluate(trainer, resume)

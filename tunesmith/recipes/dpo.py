@@ -31,10 +31,9 @@ from ..data.template import processor_of
 from ..data.unpaired import build_kto_datasets
 from ..models.attention import use_varlen_attention
 from ..models.loader import load_model, load_tokenizer
-from ..train.callbacks import LossPlotCallback
 from ..train.dpo_trainer import DPOTrainer, add_reference_adapter
 from ..train.kto_trainer import KTOTrainer
-from ..train.run_setup import prepare_training_run, train_save_evaluate
+from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
 
 
 def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | None]:
@@ -70,10 +69,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | 
         eval_dataset=eval_dataset,
         processing_class=processor or tokenizer,  # a vision-language model's processor is saved whole
         data_collator=pair_collator(processor, args.data, kto),
-        callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
-        run_configs=args.configs,
-        lora_learning_rate=args.finetuning.lora_learning_rate,
-        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
+        **trainer_options(args),  # the loss plot, the run configs, LoRA's learning rates
         dpo_args=args.dpo,
         reference_model=reference_model,
     )

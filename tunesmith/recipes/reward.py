@@ -21,9 +21,8 @@ from ..data.image_encoding import ImagePairCollator
 from ..data.preference import build_preference_datasets
 from ..data.template import processor_of
 from ..models.loader import load_model, load_tokenizer
-from ..train.callbacks import LossPlotCallback
 from ..train.reward_trainer import RewardTrainer
-from ..train.run_setup import prepare_training_run, train_save_evaluate
+from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
 
 
 def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str | None]:
@@ -47,10 +46,7 @@ def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str
         processing_class=processor or tokenizer,  # a vision-language model's processor is saved whole
         data_collator=ImagePairCollator(processor, args.data.max_image_pixels) if processor is not None
         else DataCollatorForPreference(tokenizer.pad_token_id),
-        callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
-        run_configs=args.configs,
-        lora_learning_rate=args.finetuning.lora_learning_rate,
-        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
+        **trainer_options(args),  # the loss plot, the run configs, LoRA's learning rates
         center_rewards_coefficient=args.reward.center_rewards_coefficient,
     )
     return trainer, resume

@@ -20,8 +20,7 @@ from ..data.dataset import build_sft_datasets
 from ..data.streaming import streamed_sft_datasets
 from ..data.template import processor_of
 from ..models.loader import load_model, load_tokenizer
-from ..train.callbacks import LossPlotCallback
-from ..train.run_setup import prepare_training_run, train_save_evaluate
+from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
 from ..train.sft_trainer import LoraTrainer, sft_collator
 
 
@@ -47,10 +46,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
         eval_dataset=eval_dataset,
         processing_class=processor_of(tokenizer) or tokenizer,  # a vision-language model's processor is saved whole
         data_collator=sft_collator(model, tokenizer, args.data, args.training),
-        callbacks=[LossPlotCallback()] if args.finetuning.plot_loss else [],
-        run_configs=args.configs,
-        lora_learning_rate=args.finetuning.lora_learning_rate,
-        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
+        **trainer_options(args),  # the loss plot, the run configs, LoRA's learning rates
         router_aux_loss_coef=args.finetuning.router_aux_loss_coef,
     )
     train_save_evaluate(trainer, resume)

@@ -15,6 +15,7 @@ from ..hparams import ParsedRun, parse_run
 from ..models.loader import resolve_model_path
 from ..models.lora_variants import save_as_plain_lora
 from ..utils.io import publish_files, stop_when_disk_fills
+from .callbacks import LossPlotCallback
 from .checkpoints import (
     checkpoints,
     guard_output_dir,
@@ -37,6 +38,15 @@ def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str
     stop_if_finished(kind, args.training, resume)  # a rerun of a finished run leaves its outputs alone
     start_single_process_world(args.training)
     return args, resume
+
+
+def trainer_options(args: ParsedRun) -> dict[str, Any]:
+    """The keyword arguments every Trainer stage (train/sft_trainer.LoraTrainer and its subclasses) takes from the
+    parsed run as they are: the loss plot's callback, the run configs saved beside each save, and the learning rates
+    of LoRA's matrices (--lora_learning_rate, --loraplus_lr_ratio)."""
+    return {"callbacks": [LossPlotCallback()] if args.finetuning.plot_loss else [], "run_configs": args.configs,
+            "lora_learning_rate": args.finetuning.lora_learning_rate,
+            "loraplus_lr_ratio": args.finetuning.loraplus_lr_ratio}
 
 
 def train_save_evaluate(trainer: Any, resume: str | None) -> None:
