@@ -4,6 +4,7 @@ Log, Message, Send."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
@@ -243,19 +244,25 @@ def _export_tab(bench: Workbench) -> None:
     log = gr.Textbox(label="Export log", lines=10, max_lines=10, interactive=False)
 
     def export(source, action, dtype):
-        try:
-            argv = bench.export_argv(action, source or "", dtype)
-        except UserError as e:
-            yield pd.DataFrame(), "", f"tunesmith: {e.kind}: {e}"
-            return
-        for text in bench.follow("export", argv):
-            yield gr.skip(), gr.skip(), text
-        text = bench.jobs["export"].log(200000)
-        yield pd.DataFrame(bench.produced_files(argv), columns=["file", "MB"]), check_lines(text), text[-20000:]
+        yield from _follow_export_job(bench, lambda: bench.export_argv(action, source or "", dtype))
 
     run.click(export, [source, action, dtype], [files, checks, log])
     source.focus(lambda: gr.update(choices=bench.adapters() + bench.models_under_root()), None, source)
     _merge_form(bench, files, checks, log)
+
+
+def _follow_export_job(bench: Workbench, build_argv: Any) -> Iterator[tuple]:
+    """Run the command build_argv() gives in the Export tab's job, its log shown as it grows, then the files it
+    wrote and its checks' lines; a refused form is one line."""
+    try:
+        argv = build_argv()
+    except UserError as e:
+        yield pd.DataFrame(), "", f"tunesmith: {e.kind}: {e}"
+        return
+    for text in bench.follow("export", argv):
+        yield gr.skip(), gr.skip(), text
+    text = bench.jobs["export"].log(200000)
+    yield pd.DataFrame(bench.produced_files(argv), columns=["file", "MB"]), check_lines(text), text[-20000:]
 
 
 def _merge_form(bench: Workbench, files: Any, checks: Any, log: Any) -> None:
@@ -276,15 +283,8 @@ def _merge_form(bench: Workbench, files: Any, checks: Any, log: Any) -> None:
         run = gr.Button("Merge", variant="primary")
 
     def merge(models, method, base, weights, density, slerp_t, name):
-        try:
-            argv = bench.merge_argv(method, models or [], base or "", weights or "", density, slerp_t, name or "")
-        except UserError as e:
-            yield pd.DataFrame(), "", f"tunesmith: {e.kind}: {e}"
-            return
-        for text in bench.follow("export", argv):
-            yield gr.skip(), gr.skip(), text
-        text = bench.jobs["export"].log(200000)
-        yield pd.DataFrame(bench.produced_files(argv), columns=["file", "MB"]), check_lines(text), text[-20000:]
+        yield from _follow_export_job(bench, lambda: bench.merge_argv(method, models or [], base or "", weights or "",
+                                                                      density, slerp_t, name or ""))
 
     run.click(merge, [models, method, base, weights, density, slerp_t, name], [files, checks, log])
     models.focus(lambda: gr.update(choices=bench.adapters() + bench.models_under_root()), None, models)
