@@ -11,7 +11,6 @@ from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .plan_args import PlanArguments
-from .ppo_args import PPOArguments
 from .rules import Rule
 from .tool_args import (
     CompareArguments,
@@ -30,7 +29,6 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
-    "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, ToolUseArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),
     "serve": (ModelArguments, ServeArguments, GenerationArguments),
@@ -49,6 +47,7 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
 # what lists every kind (the CLI reference, the web UI's checks) loads them all.
 FEATURE_RUNS: dict[str, str] = {
     "export": "tunesmith.export",
+    "ppo": "tunesmith.rl",
 }
 
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from .ppo_args import RewardSourceArguments
+from .reward_source_args import RewardSourceArguments
 
 # Merging changes the order of float operations (W x + B A x vs (W + B A) x) and, in half precision,
 # rounds the merged weight once more; the error that adds up through the layers scales with the

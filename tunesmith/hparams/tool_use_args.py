@@ -1,6 +1,6 @@
 """Tools in rollouts: the functions a policy may call while it answers, and the limits of that loop. One
 dataclass shared by the RL stage (ppo/train.py) and the policy evaluation (`tunesmith eval --policy`), so the
-two read the same flags with the same words (the loop itself: tunesmith/ppo/tool_rollout.py)."""
+two read the same flags with the same words (the loop itself: tunesmith/rl/tool_rollout.py)."""
 
 from __future__ import annotations
 

@@ -1,43 +1,19 @@
 """The RL stage's own settings (PPO, GRPO, RLOO: one loop, --advantage picks the estimator). The rest comes
 from the shared dataclasses: the prompts from PromptDataArguments, the policy from ModelArguments and
 FinetuningArguments, and output_dir, learning_rate, seed, logging/save steps, max_steps, bf16 and deepspeed
-from TrainingArguments. The checks on their combinations are rows of hparams/rules.py."""
+from TrainingArguments. The checks on their combinations are rows of rules.py beside it (and the core's, hparams/rules.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-# Where a --reward_funcs name without a module is looked up (the functions tunesmith ships).
-SHIPPED_REWARD_FUNCS_MODULE = "tunesmith.ppo.reward_funcs"
-
-
-@dataclass
-class RewardSourceArguments:
-    """What scores a reply, in training (ppo/train.py) and in evaluation (eval-policy): a reward model, Python
-    functions, or both, each with a weight; the reward is the weighted sum."""
-
-    reward_model: str | None = field(
-        default=None,
-        metadata={"help": "The reward model from reward/train.py: a merged model directory, or an adapter directory "
-                  "(its base model is read from adapter_config.json)."},
-    )
-    reward_funcs: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Reward functions, each `package.module:function` (or the bare name of one tunesmith ships "
-                  "in tunesmith/ppo/reward_funcs.py: exact_answer, final_number, answer_format, length_penalty). Each is called "
-                  "as f(prompts, replies, **fields) on a batch: prompts are the conversations (lists of {role, "
-                  "content}), replies the decoded reply texts, and every other field of the data rows (e.g. "
-                  "`answer`) comes as a keyword argument, one value per reply (None where a row lacks it); it "
-                  "returns one float per reply."},
-    )
-    reward_weights: list[float] = field(
-        default_factory=list,
-        metadata={"help": "One weight per --reward_funcs entry, in order (default: 1.0 each)."},
-    )
-    reward_model_weight: float = field(
-        default=1.0, metadata={"help": "Weight of the reward model's score in the reward (with --reward_funcs)."}
-    )
+from ..hparams.data_args import PromptDataArguments
+from ..hparams.finetuning_args import FinetuningArguments
+from ..hparams.model_args import ModelArguments
+from ..hparams.reward_source_args import RewardSourceArguments
+from ..hparams.tool_use_args import ToolUseArguments
+from ..hparams.training_args import TrainingArguments
 
 
 @dataclass
@@ -105,7 +81,7 @@ class PPOArguments(RewardSourceArguments):
                   "split into this many shuffled mini-batches; each may be split further by "
                   "gradient_accumulation_steps."},
     )
-    # The GRPO loss family (the maths: ppo/core.py; TRL 1.16's GRPOConfig has the same names).
+    # The GRPO loss family (the maths: rl/losses/; TRL 1.16's GRPOConfig has the same names).
     loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"] = field(
         default="dapo",
         metadata={"help": "The policy loss, for every --advantage. dapo (DAPO, Yu et al. 2025, arXiv 2503.14476; TRL's "
@@ -256,3 +232,7 @@ class PPOArguments(RewardSourceArguments):
     def uses_value_model(self) -> bool:
         return self.advantage == "gae"
 
+
+# The dataclasses `tunesmith ppo` parses, in the order tunesmith_config.json records them.
+ARGUMENTS: tuple[type, ...] = (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, ToolUseArguments,
+                               TrainingArguments)
