@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 from test_ppo_trainer import TIME_KEYS, WORDS, build_even_token_model, even_share, ppo_settings
-from tunesmith.rl.losses import group_advantages, truncate_after_eos
 
 import tunesmith.rl.trainer as ppo_trainer
 from tunesmith.data.formats import Row
@@ -29,7 +28,9 @@ from tunesmith.errors import ConfigError, DataError, UserError
 from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArguments, check
 from tunesmith.rl import PPOTrainer, build_actor_critic
 from tunesmith.rl.args import PPOArguments
+from tunesmith.rl.losses import group_advantages, truncate_after_eos
 from tunesmith.rl.rewards import Rewards, load_reward_function
+from tunesmith.rl.rules import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -262,12 +263,12 @@ def test_reward_functions_returning_the_wrong_thing_are_named(prompts, name, mat
 ])
 def test_bad_grpo_settings_say_what_to_change(overrides, match):
     with pytest.raises(UserError, match=match):
-        check(check_paths=False, **ppo_settings(**overrides))
+        check(check_paths=False, feature_rules=RULES, **ppo_settings(**overrides))
 
 
 def test_reward_functions_alone_are_enough_and_kl_in_loss_defaults_to_k3():
-    check(check_paths=False, **ppo_settings(reward_model=None, reward_funcs=["exact_answer"], advantage="grpo",
-                                            samples_per_prompt=4, vf_coef=0.1))
+    check(check_paths=False, feature_rules=RULES, **ppo_settings(reward_model=None, reward_funcs=["exact_answer"],
+                                                                 advantage="grpo", samples_per_prompt=4, vf_coef=0.1))
     assert PPOArguments(kl_in_loss=True).kl_estimator == "k3" and PPOArguments().kl_estimator == "k1"
 
 

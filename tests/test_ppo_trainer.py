@@ -14,7 +14,6 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir
 from torch import nn
-from tunesmith.rl.losses import logprobs_from_logits
 
 from tunesmith.data.formats import Row
 from tunesmith.data.prompts import Prompt, encode_prompts, left_pad
@@ -31,7 +30,9 @@ from tunesmith.models.loader import inference_model_args, load_for_inference
 from tunesmith.models.scoring import sequence_scores
 from tunesmith.rl import PPOTrainer, RewardModelScorer, build_actor_critic
 from tunesmith.rl.args import PPOArguments
+from tunesmith.rl.losses import logprobs_from_logits
 from tunesmith.rl.rollout import sequence_inputs
+from tunesmith.rl.rules import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["cat", "blue sky", "seven", "a long walk home", "tea", "why not", "rivers and lakes", "ok"]
@@ -374,7 +375,7 @@ def ppo_settings(**overrides):
 ])
 def test_bad_ppo_settings_say_what_to_change(overrides, match):
     with pytest.raises(UserError, match=match):
-        check(check_paths=True, **ppo_settings(**overrides))
+        check(check_paths=True, feature_rules=RULES, **ppo_settings(**overrides))
 
 
 def test_trainer_needs_exactly_one_reward(tmp_path, tokenizer, prompts):

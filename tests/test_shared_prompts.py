@@ -1,4 +1,4 @@
-"""GRPO's forwards run each distinct prompt once (ppo/shared_prompts.py): the same logits and gradients as
+"""GRPO's forwards run each distinct prompt once (rl/shared_prompts.py): the same logits and gradients as
 one forward over every prompt + reply row, for fewer tokens."""
 
 from __future__ import annotations
