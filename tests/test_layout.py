@@ -11,6 +11,8 @@ import ast
 from collections.abc import Collection
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "tunesmith"
 
 # The core, bottom to top; a package or module of tunesmith/ by its first name under tunesmith/.
@@ -244,3 +246,21 @@ def test_no_two_modules_import_each_other_in_a_circle():
         if name not in done:
             visit(name, [name])
     assert not circles, "import circles:\n" + "\n".join(sorted(set(circles)))
+
+
+def test_the_rl_rows_are_the_features_and_the_parser_checks_them_for_its_command():
+    """The PPO/GRPO/RLOO rows and bounds sit in tunesmith/rl/rules.py alone, and `parse_run("ppo")` still applies them."""
+    from tunesmith.errors import ConfigError
+    from tunesmith.hparams import parse_run
+    from tunesmith.hparams.rules import RULES as CORE_RULES
+    from tunesmith.hparams.run_kinds import feature_rules
+    from tunesmith.hparams.value_bounds import BOUNDS
+    from tunesmith.rl.rules import RULES
+
+    assert [r.name for r in CORE_RULES if "ppo" in r.roles] == [] and [b for b in BOUNDS if b.role == "ppo"] == []
+    assert feature_rules("ppo") == tuple(RULES) and feature_rules("sft") == ()
+    flags = ["--data_path", "prompts.jsonl", "--reward_funcs", "exact_answer", "--output_dir", "out"]
+    for bad, says in ((["--temperature", "0"], "--temperature must be positive"),
+                      (["--cliprange", "0"], r"--cliprange must be > 0 \(got 0.0\)")):
+        with pytest.raises(ConfigError, match=says):
+            parse_run("ppo", [*flags, *bad], check_paths=False)
