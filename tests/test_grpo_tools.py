@@ -17,7 +17,7 @@ from test_tool_rollout import HEADER, ScriptedLM, answer_from_result, call, prom
 
 from tunesmith.data.tool_calls import ToolCall
 from tunesmith.generation import Engine
-from tunesmith.hparams import ToolUseArguments
+from tunesmith.rl.args import ToolUseArguments
 from tunesmith.rl.tool_funcs import calculate
 from tunesmith.rl.tools import Toolbox, load_tool
 

@@ -154,15 +154,18 @@ from ..serve.app import build_app
 
 def test_each_feature_is_one_folder_with_its_arguments_rules_and_command():
     """A newcomer opens one folder per feature: its flags (args.ARGUMENTS), its refusals (rules.RULES, which the
-    parser checks for its command after the core's), its command (`tunesmith NAME` runs FEATURE.command)."""
-    from tunesmith.cli import COMMANDS
+    parser checks for its commands after the core's), its command (`tunesmith NAME` runs FEATURE.command); a feature
+    of several kinds of run (rl: ppo, eval_policy) has each one's command in its folder."""
+    from tunesmith.cli import COMMANDS, HIDDEN_COMMANDS
     from tunesmith.hparams.run_kinds import FEATURE_RUNS
 
-    assert sorted(FEATURE_RUNS.values()) == sorted(f"tunesmith.{name}" for name in FEATURES)
+    assert set(FEATURE_RUNS.values()) == {f"tunesmith.{name}" for name in FEATURES}
     for kind, package in FEATURE_RUNS.items():
         folder = PACKAGE / package.removeprefix("tunesmith.")
         assert {"args.py", "rules.py", "command.py"} <= {p.name for p in folder.glob("*.py")}, folder
-        assert COMMANDS[kind.replace("_", "-")] == f"{package}.command"
+        assert f"{package}.command" in COMMANDS.values()
+        name = kind.replace("_", "-")
+        assert (COMMANDS.get(name) or HIDDEN_COMMANDS[name]).startswith(f"{package}."), kind
 
 
 def test_the_check_sees_relative_absolute_and_function_imports_but_not_the_main_guard():
@@ -257,8 +260,9 @@ def test_the_rl_rows_are_the_features_and_the_parser_checks_them_for_its_command
     from tunesmith.hparams.value_bounds import BOUNDS
     from tunesmith.rl.rules import RULES
 
-    assert [r.name for r in CORE_RULES if "ppo" in r.roles] == [] and [b for b in BOUNDS if b.role == "ppo"] == []
-    assert feature_rules("ppo") == tuple(RULES) and feature_rules("sft") == ()
+    assert [r.name for r in CORE_RULES if {"ppo", "evaluation"} & set(r.roles)] == []
+    assert [b for b in BOUNDS if b.role in ("ppo", "evaluation")] == []
+    assert feature_rules("ppo") == feature_rules("eval_policy") == tuple(RULES) and feature_rules("sft") == ()
     flags = ["--data_path", "prompts.jsonl", "--reward_funcs", "exact_answer", "--output_dir", "out"]
     for bad, says in ((["--temperature", "0"], "--temperature must be positive"),
                       (["--cliprange", "0"], r"--cliprange must be > 0 \(got 0.0\)")):

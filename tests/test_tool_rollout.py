@@ -433,7 +433,8 @@ def saw_noon(prompts, replies, **fields) -> list[float]:
 
 
 def test_the_tool_flags_parse_split_and_check():
-    from tunesmith.hparams import ToolUseArguments, parse_run
+    from tunesmith.hparams import parse_run
+    from tunesmith.rl.args import ToolUseArguments
 
     base = ["--policy", "p", "--baseline", "b", "--data_path", "q.jsonl", "--reward_funcs", "m:f"]
     tools = parse_run("eval_policy", [*base, "--tool_funcs", "m:a,m:b", "n:c"], check_paths=False).tool_use

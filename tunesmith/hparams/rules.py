@@ -788,16 +788,6 @@ RULES: list[Rule] = [
     # -- score and evaluation
     Rule("score_output_given", ("score",), lambda a: not a.score.output_file,
          "--output_file is required: where to write one line of scores per input row."),
-    Rule("eval_models_given", ("evaluation",),
-         lambda a: not (a.evaluation.policy and (a.evaluation.baseline or is_adapter_dir(a.evaluation.policy))
-                        and (a.evaluation.reward_model or a.evaluation.reward_funcs)),
-         "--policy, --baseline and --reward_model (or --reward_funcs) are required: e.g. the PPO, GRPO or DPO policy, "
-         "the SFT policy (left out, an adapter's base) and the reward model (output directories of ppo/ or "
-         "dpo/train.py, sft/train.py and reward/train.py)."),
-    Rule("eval_reward_weights", ("evaluation",),
-         lambda a: a.evaluation.reward_weights and len(a.evaluation.reward_weights) != len(a.evaluation.reward_funcs)
-         and {"weights": len(a.evaluation.reward_weights), "funcs": len(a.evaluation.reward_funcs)},
-         "--reward_weights has {weights} values for {funcs} --reward_funcs: give one weight per function, in order."),
     Rule("harness_tasks_given", ("harness",), lambda a: not (a.harness.tasks or "").strip(", "),
          "--tasks is required: lm-eval task or group names, comma-separated, e.g. --tasks tunesmith_knowledge "
          "(shipped offline: tunesmith_identity, tunesmith_arithmetic, tunesmith_tool_calls, tunesmith_knowledge)."),
@@ -825,16 +815,7 @@ RULES: list[Rule] = [
     Rule("harness_multiturn", ("harness",),
          lambda a: a.harness.fewshot_as_multiturn and not a.harness.apply_chat_template,
          "--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat turns)."),
-    Rule("eval_model_paths", ("evaluation",),
-         lambda a: _first([p for p in (a.evaluation.baseline, a.evaluation.policy, a.evaluation.reward_model) if p],
-                          _missing_dir_problem),
-         "{path}: {problem} (--baseline, --policy and --reward_model take output directories).", PathError),
 ]
-
-
-def _missing_dir_problem(path: str) -> str | None:
-    found = _missing_dir(path)
-    return found["problem"] if found else None
 
 
 def check(check_paths: bool = True, feature_rules: Sequence[Rule] = (), **roles: Any) -> None:

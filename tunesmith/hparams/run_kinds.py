@@ -14,14 +14,12 @@ from .plan_args import PlanArguments
 from .rules import Rule
 from .tool_args import (
     CompareArguments,
-    EvalArguments,
     HarnessArguments,
     InspectArguments,
     MergeArguments,
     ScoreArguments,
     UIArguments,
 )
-from .tool_use_args import ToolUseArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
@@ -35,7 +33,6 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "score": (ModelArguments, DataArguments, ScoreArguments),
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
-    "eval_policy": (PromptDataArguments, EvalArguments, ToolUseArguments),
     "eval": (ModelArguments, HarnessArguments),
     "ui": (UIArguments,),
     "plan": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments, PlanArguments),
@@ -48,6 +45,7 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
 FEATURE_RUNS: dict[str, str] = {
     "export": "tunesmith.export",
     "ppo": "tunesmith.rl",
+    "eval_policy": "tunesmith.rl",  # the policy evaluation: `tunesmith eval --policy`
 }
 
 
@@ -65,7 +63,8 @@ class RunArguments(Mapping[str, tuple[type, ...]]):
 
     def __getitem__(self, kind: str) -> tuple[type, ...]:
         if kind in FEATURE_RUNS:
-            return tuple(_feature_module(kind, "args").ARGUMENTS)
+            args = _feature_module(kind, "args")  # a feature of several commands names each one's (rl: ARGUMENTS_BY_KIND)
+            return tuple(getattr(args, "ARGUMENTS_BY_KIND", {}).get(kind, args.ARGUMENTS))
         return CORE_RUN_ARGUMENTS[kind]
 
     def __iter__(self) -> Iterator[str]:

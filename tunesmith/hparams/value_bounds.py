@@ -3,7 +3,7 @@ learning rate, a LoRA rank of 0), with the values it takes and what to do. Witho
 fails late and far away: torch's optimizer raises on a negative learning rate, the Trainer divides by
 --gradient_accumulation_steps, PEFT builds a LoRA of rank 0. rules.py turns each bound into one Rule.
 A role's dataclass that lacks the field (a stage that does not read it), or a value of None (the stage's
-default decides), passes. (The tool-use limits are checked by their own dataclass, tool_use_args.py.)"""
+default decides), passes. (The tool-use limits are checked by their own dataclass, rl/args.py's ToolUseArguments.)"""
 
 from __future__ import annotations
 
@@ -83,7 +83,5 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("score", "batch_size", at_least(1), "at least 1"),
     Bound("compare", "max_new_tokens", at_least(1), "at least 1"),
     Bound("compare", "width", at_least(8), "at least 8 terminal cells"),
-    Bound("evaluation", "batch_size", at_least(1), "at least 1"),
-    Bound("evaluation", "max_new_tokens", at_least(1), "at least 1"),
     Bound("inspect", "show", at_least(-1), "-1 or more", "-1 shows every example, 0 none"),
 )

@@ -11,8 +11,8 @@ from torch import nn
 
 from ..data.prompts import Prompt, left_pad
 from ..generation import Engine
-from ..hparams import EvalArguments, ToolUseArguments
 from ..utils.stats import paired_change
+from .args import EvalArguments, ToolUseArguments
 from .losses import logprobs_from_logits
 from .models import response_logits
 from .rollout import generate_responses, pad_replies, reply_tokens, rollout_sampling, sequence_inputs

@@ -14,8 +14,8 @@ import torch
 
 from ..data.prompts import Prompt
 from ..errors import ConfigError, DataError
-from ..hparams import SHIPPED_REWARD_FUNCS_MODULE, RewardSourceArguments
 from ..utils.imports import import_function
+from .args import SHIPPED_REWARD_FUNCS_MODULE, RewardSourceArguments
 from .rollout import RewardModelScorer
 
 # Row fields that hold the prompt itself; every other field is passed to the reward functions.

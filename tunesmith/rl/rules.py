@@ -1,6 +1,6 @@
-"""The rows of `tunesmith ppo` (PPO, GRPO, RLOO): settings that cannot work, refused in one line after parsing and
-before any weight loads. The parser checks them after the core's rows (hparams/rules.py) for this command only, so
-each may read the roles the command always has (ppo, data, finetuning, training) without a guard; the trainer checks
+"""The rows of `tunesmith ppo` (PPO, GRPO, RLOO) and of the policy evaluation: settings that cannot work, refused in
+one line after parsing and before any weight loads. The parser checks them after the core's rows (hparams/rules.py)
+for these commands only, so each may read the roles its command always has without a guard; the trainer checks
 the rows it needs itself when it is built without the command (tests, scripts)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..hparams.rules import (
     zero_stage,
 )
 from ..hparams.value_bounds import Bound, at_least, in_range, positive
-from ..utils.paths import problem_with_data_file
+from ..utils.paths import is_adapter_dir, problem_with_data_file
 
 # Settings only the value model of --advantage gae reads; under grpo/rloo a value other than the default was
 # set on purpose and would silently do nothing.
@@ -42,6 +42,11 @@ def _value_only_flags_set(ppo: Any) -> dict | None:
     return None
 
 
+def _missing_dir_problem(path: str) -> str | None:
+    found = _missing_dir(path)
+    return found["problem"] if found else None
+
+
 # The values' bounds: `--FIELD must be NEED (got VALUE); ADVICE.` (hparams/value_bounds.py's form).
 BOUNDS: tuple[Bound, ...] = (
     Bound("ppo", "top_k", at_least(0), ">= 0", "0 turns it off"),
@@ -56,6 +61,8 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("ppo", "lam", in_range(0, 1, high_included=True), "in [0, 1]", "0.95 is usual"),
     Bound("ppo", "vf_coef", at_least(0), ">= 0"),
     Bound("ppo", "rollout_log_samples", at_least(0), ">= 0", "0 prints none"),
+    Bound("evaluation", "batch_size", at_least(1), "at least 1"),
+    Bound("evaluation", "max_new_tokens", at_least(1), "at least 1"),
 )
 
 RULES: list[Rule] = [
@@ -183,4 +190,19 @@ RULES: list[Rule] = [
          lambda a: min(a.ppo.sapo_temperature_pos, a.ppo.sapo_temperature_neg) <= 0,
          "--sapo_temperature_pos and --sapo_temperature_neg must be positive (got {ppo.sapo_temperature_pos}, "
          "{ppo.sapo_temperature_neg})."),
+    # -- the policy evaluation (`tunesmith eval --policy`)
+    Rule("eval_models_given", ("evaluation",),
+         lambda a: not (a.evaluation.policy and (a.evaluation.baseline or is_adapter_dir(a.evaluation.policy))
+                        and (a.evaluation.reward_model or a.evaluation.reward_funcs)),
+         "--policy, --baseline and --reward_model (or --reward_funcs) are required: e.g. the PPO, GRPO or DPO policy, "
+         "the SFT policy (left out, an adapter's base) and the reward model (output directories of ppo/ or "
+         "dpo/train.py, sft/train.py and reward/train.py)."),
+    Rule("eval_reward_weights", ("evaluation",),
+         lambda a: a.evaluation.reward_weights and len(a.evaluation.reward_weights) != len(a.evaluation.reward_funcs)
+         and {"weights": len(a.evaluation.reward_weights), "funcs": len(a.evaluation.reward_funcs)},
+         "--reward_weights has {weights} values for {funcs} --reward_funcs: give one weight per function, in order."),
+    Rule("eval_model_paths", ("evaluation",),
+         lambda a: _first([p for p in (a.evaluation.baseline, a.evaluation.policy, a.evaluation.reward_model) if p],
+                          _missing_dir_problem),
+         "{path}: {problem} (--baseline, --policy and --reward_model take output directories).", PathError),
 ]

@@ -32,7 +32,7 @@ from ..data.template import PromptTooLong, encode_prompt, fit_prompt, render_tex
 from ..data.tool_calls import ToolCall, parse_calls, tool_names
 from ..errors import TemplateError
 from ..generation import Completion, Engine, SamplingParams
-from ..hparams.tool_use_args import RESULT_TOKENS
+from .args import RESULT_TOKENS
 from .tools import Toolbox
 
 logger = logging.getLogger(__name__)

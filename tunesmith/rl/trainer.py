@@ -29,7 +29,7 @@ from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
 from ..errors import PathError
 from ..generation import Engine
-from ..hparams import ToolUseArguments, check, save_run_config, zero_stage
+from ..hparams import check, save_run_config, zero_stage
 from ..train.callbacks import MetricsFileCallback, plot_loss
 from ..train.checkpoints import (
     STATE_FILE,
@@ -45,7 +45,7 @@ from ..train.checkpoints import (
 from ..train.ema import WeightAverage
 from ..train.param_groups import split_lora_groups
 from ..utils.io import atomic_write_json, folder_bytes, publish_files, stop_when_disk_fills
-from .args import PPOArguments
+from .args import PPOArguments, ToolUseArguments
 from .losses import (
     AdaptiveKLController,
     FixedKLController,
