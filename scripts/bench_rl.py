@@ -14,7 +14,7 @@ Two workloads, each tunesmith's (`grpo_*`) against TRL's (`trl_*`), each a demo 
   rewards each with exact_answer, and takes 2 AdamW steps of 8 replies, KL 0.04 (k3) to the LoRA-free model in the
   loss, clip 0.2.
 - tools (grpo_tools_bf16 / trl_tools_bf16): configs/grpo_tools_demo.yaml. Multiplications of a 3-digit by a 2-digit
-  number (data/demo/grpo_tools_train.jsonl), its tool offered (tunesmith.ppo.tool_funcs:multiply, the same function
+  number (data/demo/grpo_tools_train.jsonl), its tool offered (tunesmith.rl.tool_funcs:multiply, the same function
   on both sides), at most 1 call a trajectory, rewarded by final_number (the last line states the product), 2
   prompts x 8 trajectories at temperature 0.8, learning rate 2e-4, the rest as above. The policy starts from
   --adapter (default the config's, outputs/sft_tools_demo, the tool-calling LoRA scripts/tool_demo.sh trains, when it
@@ -163,7 +163,7 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
 def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
     import yaml
 
-    from tunesmith.recipes.ppo import run
+    from tunesmith.rl.command import run
 
     config = workdir / f"{args.worker}.yaml"
     config.write_text(yaml.safe_dump(workload(args)))
@@ -200,8 +200,8 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tunesmith.ppo.rewards import load_reward_function
-    from tunesmith.ppo.tools import load_tool
+    from tunesmith.rl.rewards import load_reward_function
+    from tunesmith.rl.tools import load_tool
 
     work = workload(args)
     tools = is_tools(args.worker)

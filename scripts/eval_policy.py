@@ -1,7 +1,7 @@
-"""The `tunesmith eval-policy` command as a script: the recipe, its flags and its examples are in
-tunesmith/recipes/eval_policy.py (`python scripts/eval_policy.py --help`)."""
+"""The policy evaluation (`tunesmith eval --policy ...`) as a script: the command, its flags and its examples are in
+tunesmith/rl/evaluate_command.py (`python scripts/eval_policy.py --help`)."""
 
-from tunesmith.recipes.eval_policy import main
+from tunesmith.rl.evaluate_command import main
 
 if __name__ == "__main__":
     main()

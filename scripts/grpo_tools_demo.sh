@@ -11,7 +11,7 @@ bash scripts/setup.sh
 PY=.venv/bin/python
 SFT="${SFT:-outputs/sft_tools_demo}"
 OUT="${OUT:-outputs/grpo_tools_demo}"
-TOOLS=tunesmith.ppo.tool_funcs:multiply
+TOOLS=tunesmith.rl.tool_funcs:multiply
 if [ ! -f "$SFT/adapter_model.safetensors" ]; then
     echo "== 0/2 the tool-calling SFT adapter -> $SFT"
     "$PY" sft/train.py configs/sft_tools_demo.yaml --output_dir "$SFT"
@@ -19,5 +19,5 @@ fi
 echo "== 1/2 GRPO with the calculator in the rollouts -> $OUT"
 time "$PY" ppo/train.py configs/grpo_tools_demo.yaml --adapter_name_or_path "$SFT" --output_dir "$OUT" "$@"
 echo "== 2/2 held-out multiplications, answered as agents: the SFT adapter, then the GRPO policy"
-"$PY" scripts/eval_rl.py --baseline "$SFT" --policy "$OUT" --data_path data/demo/grpo_tools_eval.jsonl \
+"$PY" scripts/eval_policy.py --baseline "$SFT" --policy "$OUT" --data_path data/demo/grpo_tools_eval.jsonl \
     --reward_funcs final_number --tool_funcs "$TOOLS" --max_new_tokens 40 --show 3

@@ -6,7 +6,7 @@ no question of it is in the training file). Deterministic and offline: the same 
     python scripts/make_grpo_demo.py --out /tmp/demo
 
 Rows: {"messages": [{"role": "user", "content": "Add 7 and 5. ..."}], "answer": "12"} -- the shape
-`--reward_funcs exact_answer answer_format` reads (tunesmith/ppo/reward_funcs.py).
+`--reward_funcs exact_answer answer_format` reads (tunesmith/data/reward_funcs.py).
 Why this task: SmolLM2-135M-Instruct mostly knows these sums but rarely states them in the asked
 format, and it gets some right in that format from the start, so GRPO's groups hold both rewarded and
 unrewarded replies and a few minutes on a CPU can move the held-out accuracy.

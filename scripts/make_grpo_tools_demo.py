@@ -7,8 +7,8 @@ the training file). Deterministic and offline: the same files on every run.
     python scripts/make_grpo_tools_demo.py --out /tmp/demo
 
 Rows: {"messages": [{"role": "user", "content": "What is 347 times 29?"}], "answer": "10063"}, read by
-`--reward_funcs final_number` (tunesmith/ppo/reward_funcs.py) with `--tool_funcs
-tunesmith.ppo.tool_funcs:calculate` offering the calculator (configs/grpo_tools_demo.yaml).
+`--reward_funcs final_number` (tunesmith/data/reward_funcs.py) with `--tool_funcs
+tunesmith.rl.tool_funcs:calculate` offering the calculator (configs/grpo_tools_demo.yaml).
 """
 
 from __future__ import annotations

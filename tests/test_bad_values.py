@@ -21,6 +21,7 @@ from tunesmith.data.formats import BadRows, load_items, read_rows  # noqa: E402
 from tunesmith.errors import ConfigError, DataError  # noqa: E402
 from tunesmith.hparams import RUN_ARGUMENTS, parse_run  # noqa: E402
 from tunesmith.hparams.value_bounds import BOUNDS  # noqa: E402
+from tunesmith.rl.rules import BOUNDS as RL_BOUNDS  # noqa: E402
 
 TRAINING_STAGES = ("sft", "reward", "dpo", "ppo")
 
@@ -82,7 +83,7 @@ def test_every_bound_names_a_field_of_its_role():
     for dataclasses in RUN_ARGUMENTS.values():
         for dtype in dataclasses:
             fields.setdefault(dtype.role, set()).update(dtype.__dataclass_fields__)
-    assert [(b.role, b.field) for b in BOUNDS if b.field not in fields.get(b.role, ())] == []
+    assert [(b.role, b.field) for b in (*BOUNDS, *RL_BOUNDS) if b.field not in fields.get(b.role, ())] == []
 
 
 # -- nulls in a run config
@@ -243,7 +244,7 @@ def test_training_data_and_inspect_take_the_flag(tiny_model_dir, tokenizer, tmp_
 
 def test_rerunning_a_finished_grpo_run_leaves_its_outputs_alone(tiny_model_dir, tmp_path):
     """PPO's own trainer writes no trainer_state.json in output_dir: its final save is its run config there."""
-    from tunesmith.recipes.ppo import run
+    from tunesmith.rl.command import run
 
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Say {w}.", "answer": w}) + "\n" for w in "abcd"))

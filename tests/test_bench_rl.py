@@ -44,8 +44,8 @@ def test_trl_reads_the_calls_of_chatml_tools_and_inserts_the_results_as_tunesmit
     from tunesmith.data.tool_calls import parse_calls
     from tunesmith.hparams import ModelArguments
     from tunesmith.models.loader import load_tokenizer
-    from tunesmith.ppo.tool_funcs import multiply
-    from tunesmith.ppo.tool_rollout import continuation_ids
+    from tunesmith.rl.tool_funcs import multiply
+    from tunesmith.rl.tool_rollout import continuation_ids
 
     ours = load_tokenizer(ModelArguments(model_name_or_path=default_model_path, chat_template="chatml_tools"))
     trl = bench_rl.trl_tokenizer(SimpleNamespace(model=default_model_path))

@@ -224,13 +224,13 @@ def test_a_real_full_disk_stops_each_save_in_one_line_and_keeps_the_last_complet
 
 def test_a_full_disk_during_a_ppo_checkpoint_keeps_the_one_before(tmp_path, policy_dir, tokenizer, prompts,  # noqa: F811
                                                                    monkeypatch):
-    import tunesmith.ppo.trainer
+    import tunesmith.rl.trainer
 
     out = tmp_path / "ppo"
     trainer = make_trainer(out, policy_dir, tokenizer, prompts,
                            training={"max_steps": 2, "save_strategy": "steps", "save_steps": 1})
     # A checkpoint's torch files: optimizer, random state, scheduler; the disk fills in checkpoint-2's first.
-    simulated_full_disk(monkeypatch, tunesmith.ppo.trainer.torch, "save", after=3)
+    simulated_full_disk(monkeypatch, tunesmith.rl.trainer.torch, "save", after=3)
     staging = out / ".checkpoint-2.tmp"
     with pytest.raises(PathError, match=rf"^{staging}: the disk filled up while saving \(the save needs about "):
         trainer.train()
@@ -247,7 +247,7 @@ class RunsCode:
 
 
 def test_a_crafted_zero_optimizer_file_is_refused_without_running_it(tmp_path):
-    from tunesmith.ppo.trainer import load_zero_optimizer_state
+    from tunesmith.rl.trainer import load_zero_optimizer_state
 
     marker = tmp_path / "ran"
     payload = RunsCode()

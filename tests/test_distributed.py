@@ -284,7 +284,7 @@ def ppo_log(out: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def one_rank_first_step(tiny_model_dir, ppo_data, tmp_path_factory) -> dict:
     """Step 1 of a one-process run over rollout batches of 4 prompts."""
-    from tunesmith.recipes.ppo import run
+    from tunesmith.rl.command import run
 
     out = tmp_path_factory.mktemp("ppo-one-rank")
     run(ppo_flags(tiny_model_dir, ppo_data, out, 4, 1))

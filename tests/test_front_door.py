@@ -16,6 +16,7 @@ from tunesmith.boundary import EXIT_USER_ERROR, entry_point
 from tunesmith.cli import COMMANDS
 from tunesmith.errors import ConfigError, DataError
 from tunesmith.hparams import RUN_ARGUMENTS, parse_run
+from tunesmith.hparams.run_kinds import FEATURE_RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
@@ -32,8 +33,9 @@ def test_every_command_has_a_recipe_with_a_summary_and_a_run_kind():
     for name, module in COMMANDS.items():
         line = next(line for line in proc.stdout.splitlines() if line.strip().startswith(name + " "))
         assert len(line.split(None, 1)[1]) > 20, f"{name}: no summary"
-        # a recipe's name, a feature's, or the command's own (`pt`, the feature tunesmith.pretrain)
-        assert {module.removesuffix(".command").rsplit(".", 1)[1], name} & set(RUN_ARGUMENTS)
+        # a recipe's name, or the kind whose feature package holds the command (tunesmith ppo: tunesmith.rl)
+        features = {f"{package}.command": kind for kind, package in FEATURE_RUNS.items()}
+        assert features.get(module, module.rsplit(".", 1)[1]) in RUN_ARGUMENTS
     bad = tunesmith("fine-tune")
     assert bad.returncode == 2 and "unknown command 'fine-tune'" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -14,21 +14,23 @@ import pytest
 import torch
 from test_ppo_trainer import TIME_KEYS, WORDS, build_even_token_model, even_share, ppo_settings
 
-import tunesmith.ppo.trainer as ppo_trainer
+import tunesmith.rl.trainer as ppo_trainer
 from tunesmith.data.formats import Row
 from tunesmith.data.prompts import Prompt, encode_prompts, left_pad
-from tunesmith.errors import ConfigError, DataError, UserError
-from tunesmith.hparams import FinetuningArguments, ModelArguments, PPOArguments, TrainingArguments, check
-from tunesmith.ppo import PPOTrainer, build_actor_critic
-from tunesmith.ppo.core import group_advantages, truncate_after_eos
-from tunesmith.ppo.reward_funcs import (
+from tunesmith.data.reward_funcs import (
     answer_format,
     exact_answer,
     extract_answer,
     final_number,
     length_penalty,
 )
-from tunesmith.ppo.rewards import Rewards, load_reward_function
+from tunesmith.errors import ConfigError, DataError, UserError
+from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArguments, check
+from tunesmith.rl import PPOTrainer, build_actor_critic
+from tunesmith.rl.args import PPOArguments
+from tunesmith.rl.losses import group_advantages, truncate_after_eos
+from tunesmith.rl.rewards import Rewards, load_reward_function
+from tunesmith.rl.rules import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -221,10 +223,10 @@ def test_reward_function_errors_name_the_function_and_the_row(prompts):
 
 @pytest.mark.parametrize("spec, match", [
     ("no_such_module:f", r"--reward_funcs no_such_module:f: cannot import no_such_module"),
-    ("tunesmith.ppo.reward_funcs:nope", r"has no function 'nope' \(it has: answer_format, exact_answer, "),
-    ("nope", r"tunesmith.ppo.reward_funcs has no function 'nope'"),
-    ("tunesmith.ppo.reward_funcs:LENGTH_BUDGET", r"is a int, not a function"),
-    ("tunesmith.ppo.reward_funcs:last_line", r"must accept \(prompts, replies, \*\*fields\)"),
+    ("tunesmith.data.reward_funcs:nope", r"has no function 'nope' \(it has: answer_format, exact_answer, "),
+    ("nope", r"tunesmith.data.reward_funcs has no function 'nope'"),
+    ("tunesmith.data.reward_funcs:LENGTH_BUDGET", r"is a int, not a function"),
+    ("tunesmith.data.reward_funcs:last_line", r"must accept \(prompts, replies, \*\*fields\)"),
 ])
 def test_reward_functions_that_cannot_load_are_config_errors(spec, match):
     with pytest.raises(ConfigError, match=match):
@@ -261,12 +263,12 @@ def test_reward_functions_returning_the_wrong_thing_are_named(prompts, name, mat
 ])
 def test_bad_grpo_settings_say_what_to_change(overrides, match):
     with pytest.raises(UserError, match=match):
-        check(check_paths=False, **ppo_settings(**overrides))
+        check(check_paths=False, feature_rules=RULES, **ppo_settings(**overrides))
 
 
 def test_reward_functions_alone_are_enough_and_kl_in_loss_defaults_to_k3():
-    check(check_paths=False, **ppo_settings(reward_model=None, reward_funcs=["exact_answer"], advantage="grpo",
-                                            samples_per_prompt=4, vf_coef=0.1))
+    check(check_paths=False, feature_rules=RULES, **ppo_settings(reward_model=None, reward_funcs=["exact_answer"],
+                                                                 advantage="grpo", samples_per_prompt=4, vf_coef=0.1))
     assert PPOArguments(kl_in_loss=True).kl_estimator == "k3" and PPOArguments().kl_estimator == "k1"
 
 

@@ -13,7 +13,7 @@ import test_grpo
 import torch
 from test_grpo import make_grpo_trainer
 
-from tunesmith.ppo.core import LOSS_TYPES, scaled_group_advantages
+from tunesmith.rl.losses import LOSS_TYPES, scaled_group_advantages
 
 one_thread, policy_dir, prompts = test_grpo.one_thread, test_grpo.policy_dir, test_grpo.prompts  # its fixtures
 

@@ -1,4 +1,4 @@
-"""The GRPO loss family of ppo/core.py, each checked against values worked out by hand on a tiny batch (the
+"""The GRPO loss family of rl/losses/, each checked against values worked out by hand on a tiny batch (the
 arithmetic is in the comments and in plain `math`, not in the code under test): the eight loss types, clip-higher,
 the two-sided clip, sequence-level ratios (GSPO), DAPO's token normaliser across accumulation, the entropy
 filter, the overlong punishment, dynamic sampling's filter and the three reward scalings and GDPO."""
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from tunesmith.ppo.core import (
+from tunesmith.rl.losses import (
     LOSS_TYPES,
     PolicyLossSpec,
     decoupled_group_advantages,

@@ -17,9 +17,9 @@ from test_tool_rollout import HEADER, ScriptedLM, answer_from_result, call, prom
 
 from tunesmith.data.tool_calls import ToolCall
 from tunesmith.generation import Engine
-from tunesmith.hparams import ToolUseArguments
-from tunesmith.ppo.tool_funcs import calculate
-from tunesmith.ppo.tools import Toolbox, load_tool
+from tunesmith.rl.args import ToolUseArguments
+from tunesmith.rl.tool_funcs import calculate
+from tunesmith.rl.tools import Toolbox, load_tool
 
 one_thread, policy_dir = test_grpo.one_thread, test_grpo.policy_dir  # their fixtures
 tools_tokenizer = test_tool_rollout.tools_tokenizer
@@ -89,7 +89,7 @@ def test_a_step_with_tool_calls_trains_and_logs_the_calls(tmp_path, policy_dir, 
 def test_the_shipped_calculator_is_exact_and_runs_no_code():
     assert [calculate(e) for e in ("347 * 29", "(12 + 7) / 4", "10 / 2", "-3 ** 2", "7 // 2")] == [
         "10063", "4.75", "5", "-9", "3"]
-    toolbox = Toolbox([load_tool("tunesmith.ppo.tool_funcs:calculate")])
+    toolbox = Toolbox([load_tool("tunesmith.rl.tool_funcs:calculate")])
     assert toolbox.schemas[0]["function"]["parameters"]["required"] == ["expression"]
     calls = [ToolCall("calculate", '{"expression": "__import__(\\"os\\").getcwd()"}'),
              ToolCall("calculate", '{"expression": "2 ** 100000"}')]

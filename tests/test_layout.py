@@ -11,6 +11,8 @@ import ast
 from collections.abc import Collection
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "tunesmith"
 
 # The core, bottom to top; a package or module of tunesmith/ by its first name under tunesmith/.
@@ -27,11 +29,10 @@ CORE: list[set[str]] = [
 # The feature packages, each a folder of args.py (its dataclasses), rules.py (its rows and the facts they read),
 # its code and command.py (the pipeline); it imports only the core. The packages not yet in that shape (issue #53)
 # keep their layers above the core, and import no feature either.
-FEATURES: set[str] = {"export", "pretrain", "distill"}
+FEATURES: set[str] = {"export", "pretrain", "distill", "rl"}
 TOP = {"cli", "cli_reference", "__main__"}  # cli_reference: the docs' CLI reference, generated from the parser
 LAYERS: list[set[str]] = [
     *CORE,
-    {"ppo"},
     {"chat", "serve", "evaluation", "ui", "plan", *FEATURES},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end; plan: the memory plan
     {"recipes"},
     TOP,
@@ -138,12 +139,12 @@ def test_the_feature_check_sees_a_feature_in_the_core_another_feature_and_a_laye
 from ..models import loader
 from .gguf_arch import ARCHITECTURES
 from ..merge import command
-from ..ppo.core import whiten
+from ..serve.app import build_app
 """
     problems = feature_violations(Path("export/fake.py"), in_a_feature, features={"export", "merge"})
     assert problems == ["tunesmith/export/fake.py:4: `from ..merge import command` imports the feature merge into "
                         "the feature export: only __main__, cli, cli_reference import a feature",
-                        "tunesmith/export/fake.py:5: `from ..ppo.core import whiten` imports ppo into the feature "
+                        "tunesmith/export/fake.py:5: `from ..serve.app import build_app` imports serve into the feature "
                         "export: a feature imports only the core"]
     in_the_core = "import tunesmith.export.rules\n"
     assert feature_violations(Path("hparams/fake.py"), in_the_core) == [
@@ -154,15 +155,18 @@ from ..ppo.core import whiten
 
 def test_each_feature_is_one_folder_with_its_arguments_rules_and_command():
     """A newcomer opens one folder per feature: its flags (args.ARGUMENTS), its refusals (rules.RULES, which the
-    parser checks for its command after the core's), its command (`tunesmith NAME` runs FEATURE.command)."""
-    from tunesmith.cli import COMMANDS
+    parser checks for its commands after the core's), its command (`tunesmith NAME` runs FEATURE.command); a feature
+    of several kinds of run (rl: ppo, eval_policy) has each one's command in its folder."""
+    from tunesmith.cli import COMMANDS, HIDDEN_COMMANDS
     from tunesmith.hparams.run_kinds import FEATURE_RUNS
 
-    assert sorted(FEATURE_RUNS.values()) == sorted(f"tunesmith.{name}" for name in FEATURES)
+    assert set(FEATURE_RUNS.values()) == {f"tunesmith.{name}" for name in FEATURES}
     for kind, package in FEATURE_RUNS.items():
         folder = PACKAGE / package.removeprefix("tunesmith.")
         assert {"args.py", "rules.py", "command.py"} <= {p.name for p in folder.glob("*.py")}, folder
-        assert COMMANDS[kind.replace("_", "-")] == f"{package}.command"
+        assert f"{package}.command" in COMMANDS.values()
+        name = kind.replace("_", "-")
+        assert (COMMANDS.get(name) or HIDDEN_COMMANDS[name]).startswith(f"{package}."), kind
 
 
 def test_the_check_sees_relative_absolute_and_function_imports_but_not_the_main_guard():
@@ -185,7 +189,7 @@ if __name__ == "__main__":
                                                        "tunesmith/data/fake.py:5", "tunesmith/data/fake.py:9"]
     assert problems[0] == ("tunesmith/data/fake.py:2: `from ..models import loader` imports models (layer 5) "
                            "into data (layer 4)")
-    assert "imports recipes (layer 10)" in problems[2] and "ChatEngine" in problems[3]
+    assert "imports recipes (layer 9)" in problems[2] and "ChatEngine" in problems[3]
 
 
 def test_only_the_generation_engine_generates_or_samples_tokens():
@@ -246,3 +250,22 @@ def test_no_two_modules_import_each_other_in_a_circle():
         if name not in done:
             visit(name, [name])
     assert not circles, "import circles:\n" + "\n".join(sorted(set(circles)))
+
+
+def test_the_rl_rows_are_the_features_and_the_parser_checks_them_for_its_command():
+    """The PPO/GRPO/RLOO rows and bounds sit in tunesmith/rl/rules.py alone, and `parse_run("ppo")` still applies them."""
+    from tunesmith.errors import ConfigError
+    from tunesmith.hparams import parse_run
+    from tunesmith.hparams.rules import RULES as CORE_RULES
+    from tunesmith.hparams.run_kinds import feature_rules
+    from tunesmith.hparams.value_bounds import BOUNDS
+    from tunesmith.rl.rules import RULES
+
+    assert [r.name for r in CORE_RULES if {"ppo", "evaluation"} & set(r.roles)] == []
+    assert [b for b in BOUNDS if b.role in ("ppo", "evaluation")] == []
+    assert feature_rules("ppo") == feature_rules("eval_policy") == tuple(RULES) and feature_rules("sft") == ()
+    flags = ["--data_path", "prompts.jsonl", "--reward_funcs", "exact_answer", "--output_dir", "out"]
+    for bad, says in ((["--temperature", "0"], "--temperature must be positive"),
+                      (["--cliprange", "0"], r"--cliprange must be > 0 \(got 0.0\)")):
+        with pytest.raises(ConfigError, match=says):
+            parse_run("ppo", [*flags, *bad], check_paths=False)

@@ -178,7 +178,7 @@ def test_the_command_line_refuses_in_one_line_before_loading(tiny_model_dir, dat
 
 @pytest.mark.parametrize("name", ["galore_adamw", "apollo_adamw", "lomo", "galore_adamw_layerwise"])
 def test_ppo_refuses_the_optimizers_that_need_the_model(name):
-    """PPO, GRPO and RLOO build their optimizer from parameter groups (ppo/trainer.py), where transformers' GaLore,
+    """PPO, GRPO and RLOO build their optimizer from parameter groups (rl/trainer.py), where transformers' GaLore,
     APOLLO, LOMO and layer-wise optimizers need the model itself: refused at parse, in one line, where the loop would
     otherwise stop with transformers' error after loading everything."""
     from transformers import Trainer

@@ -1,4 +1,4 @@
-"""Unit tests for tunesmith.ppo.core: hand-computed cases plus slow reference implementations."""
+"""Unit tests for tunesmith.rl.losses: hand-computed cases plus slow reference implementations."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tunesmith.ppo.core import (
+from tunesmith.rl.losses import (
     KL_KINDS,
     AdaptiveKLController,
     FixedKLController,

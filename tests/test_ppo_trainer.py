@@ -21,7 +21,6 @@ from tunesmith.errors import UserError
 from tunesmith.hparams import (
     FinetuningArguments,
     ModelArguments,
-    PPOArguments,
     PromptDataArguments,
     TrainingArguments,
     check,
@@ -29,9 +28,11 @@ from tunesmith.hparams import (
 )
 from tunesmith.models.loader import inference_model_args, load_for_inference
 from tunesmith.models.scoring import sequence_scores
-from tunesmith.ppo import PPOTrainer, RewardModelScorer, build_actor_critic
-from tunesmith.ppo.core import logprobs_from_logits
-from tunesmith.ppo.rollout import sequence_inputs
+from tunesmith.rl import PPOTrainer, RewardModelScorer, build_actor_critic
+from tunesmith.rl.args import PPOArguments
+from tunesmith.rl.losses import logprobs_from_logits
+from tunesmith.rl.rollout import sequence_inputs
+from tunesmith.rl.rules import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["cat", "blue sky", "seven", "a long walk home", "tea", "why not", "rivers and lakes", "ok"]
@@ -286,8 +287,8 @@ def test_reward_model_scores_the_chat_rendering_of_prompt_and_reply(reward_model
 
 
 def test_recipe_trains_resumes_and_eval_compares(tmp_path, policy_dir, reward_model_dir, capsys):
-    from tunesmith.recipes import eval_policy
-    from tunesmith.recipes.ppo import run as main
+    from tunesmith.rl import evaluate_command as eval_policy
+    from tunesmith.rl.command import run as main
 
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in WORDS), encoding="utf-8")
@@ -374,7 +375,7 @@ def ppo_settings(**overrides):
 ])
 def test_bad_ppo_settings_say_what_to_change(overrides, match):
     with pytest.raises(UserError, match=match):
-        check(check_paths=True, **ppo_settings(**overrides))
+        check(check_paths=True, feature_rules=RULES, **ppo_settings(**overrides))
 
 
 def test_trainer_needs_exactly_one_reward(tmp_path, tokenizer, prompts):
@@ -390,7 +391,7 @@ def test_demo_config_parses():
 
 
 def test_help_documents_every_ppo_flag(capsys):
-    from tunesmith.recipes.ppo import run
+    from tunesmith.rl.command import run
 
     with pytest.raises(SystemExit) as exit_info:
         run(["--help"])
@@ -426,7 +427,7 @@ def test_the_critic_starts_as_the_reward_model(tmp_path, policy_dir, tokenizer, 
     """DeepSpeed-Chat's critic initialisation: before any update, V(prefix) is the reward model's score of that
     prefix at every response position (its body as the value adapter or model, its head as the value head)."""
     from tunesmith.models.scoring import score_head
-    from tunesmith.ppo import critic_start
+    from tunesmith.rl import critic_start
 
     rm_dir = build_reward_model(tmp_path / "rm", policy_dir, finetuning_type, tokenizer)
     model_args = ModelArguments(model_name_or_path=policy_dir)
@@ -449,7 +450,7 @@ def test_the_critic_starts_as_the_reward_model(tmp_path, policy_dir, tokenizer, 
                         finetuning_args) is None
     other = "full" if finetuning_type == "lora" else "lora"
     misfit = build_reward_model(tmp_path / "misfit", policy_dir, other, tokenizer)
-    with caplog.at_level("INFO", logger="tunesmith.ppo.models"):
+    with caplog.at_level("INFO", logger="tunesmith.rl.models"):
         assert critic_start(PPOArguments(reward_model=misfit), model_args, finetuning_args) is None
     assert "critic: starts from the base with a zero value head" in caplog.text
     with pytest.raises(UserError, match=rf"--critic_model_name_or_path {re.escape(misfit)} is "):
@@ -485,7 +486,7 @@ def test_a_damaged_critic_or_reference_adapter_is_one_line_naming_the_file(tmp_p
 def test_ptx_adds_the_supervised_loss_and_resumes_with_the_same_batches(tmp_path, policy_dir, reward_model_dir):
     """--ptx_data_path: the SFT loss of its conversations joins every update (logged as ptx_loss) and falls as the
     policy learns them; a run stopped and resumed draws the same ptx batches as one that never stopped."""
-    from tunesmith.recipes.ppo import run as main
+    from tunesmith.rl.command import run as main
 
     prompts_file, ptx_file = tmp_path / "prompts.jsonl", tmp_path / "ptx.jsonl"
     prompts_file.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in WORDS), encoding="utf-8")
@@ -576,7 +577,7 @@ def test_a_run_killed_mid_way_resumes_bit_identical(tmp_path, policy_dir):
                 "exact_answer", "answer_format", "--per_device_train_batch_size", "4", "--max_new_tokens", "4",
                 "--ppo_epochs", "1", "--max_steps", "4", "--save_steps", "2", "--lora_r", "4", "--report_to", "none"]
 
-    from tunesmith.recipes.ppo import run as main
+    from tunesmith.rl.command import run as main
 
     main(command(tmp_path / "straight")[4:])  # the uninterrupted run, in this process
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -17,6 +17,7 @@ import pytest
 from test_sft_training import run_sft, sft_data, sft_flags  # noqa: F401 (sft_data is a fixture)
 
 import tunesmith
+from tunesmith.cli import COMMANDS
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import parse_run, save_run_config
 from tunesmith.hparams.run_config import as_saved, describe_differences, result_differences
@@ -78,7 +79,7 @@ def test_reward_and_ppo_runs_go_through_the_same_guard(kind, tiny_model_dir, tmp
     save_run_config(str(out), *parse_run(kind, flags).configs)  # what a finished run leaves behind
 
     guard_output_dir(parse_run(kind, [*flags, "--max_steps", "7", "--save_steps", "3", "--logging_steps", "5"]))
-    recipe = importlib.import_module(f"tunesmith.recipes.{kind}")
+    recipe = importlib.import_module(COMMANDS[kind])  # a recipe, or a feature's command (ppo: tunesmith.rl)
     # Refused by the recipe itself, before a model or the data loads.
     with pytest.raises(ConfigError, match=r"holds a run made with other settings .*learning_rate: 0\.0002 -> 0\.001"
                                           r".*pass --overwrite_output_dir to start afresh"):

@@ -1,4 +1,4 @@
-"""GRPO's forwards run each distinct prompt once (ppo/shared_prompts.py): the same logits and gradients as
+"""GRPO's forwards run each distinct prompt once (rl/shared_prompts.py): the same logits and gradients as
 one forward over every prompt + reply row, for fewer tokens."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch
 from tunesmith.data.prompts import left_pad
 from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArguments
 from tunesmith.models.loader import load_model
-from tunesmith.ppo.models import response_logits
-from tunesmith.ppo.rollout import sequence_inputs
-from tunesmith.ppo.shared_prompts import prompt_groups
+from tunesmith.rl.models import response_logits
+from tunesmith.rl.rollout import sequence_inputs
+from tunesmith.rl.shared_prompts import prompt_groups
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Agent rollouts with tools (tunesmith/ppo/tools.py, tunesmith/ppo/tool_rollout.py), on the real SmolLM2 tokenizer
+"""Agent rollouts with tools (tunesmith/rl/tools.py, tunesmith/rl/tool_rollout.py), on the real SmolLM2 tokenizer
 with tunesmith's chatml_tools template and the one generation engine.
 
 The engine's model is scripted: after each assistant header it writes the reply `script(conversation so far)`
@@ -25,8 +25,8 @@ from tunesmith.data.prompts import Prompt
 from tunesmith.data.template import apply_chat_template_override, encode_prompt, render_text
 from tunesmith.errors import ConfigError, DataError, TemplateError
 from tunesmith.generation import Engine
-from tunesmith.ppo.rollout import rollout_sampling
-from tunesmith.ppo.tool_rollout import (
+from tunesmith.rl.rollout import rollout_sampling
+from tunesmith.rl.tool_rollout import (
     LENGTH,
     MAX_TOOL_CALLS,
     STOP,
@@ -34,7 +34,7 @@ from tunesmith.ppo.tool_rollout import (
     encode_tool_prompts,
     tool_rollout,
 )
-from tunesmith.ppo.tools import Tool, Toolbox, load_tool, result_text
+from tunesmith.rl.tools import Tool, Toolbox, load_tool, result_text
 
 HEADER = "<|im_start|>assistant\n"
 RAN: list[tuple] = []  # the calls the tools below received, in order
@@ -433,7 +433,8 @@ def saw_noon(prompts, replies, **fields) -> list[float]:
 
 
 def test_the_tool_flags_parse_split_and_check():
-    from tunesmith.hparams import ToolUseArguments, parse_run
+    from tunesmith.hparams import parse_run
+    from tunesmith.rl.args import ToolUseArguments
 
     base = ["--policy", "p", "--baseline", "b", "--data_path", "q.jsonl", "--reward_funcs", "m:f"]
     tools = parse_run("eval_policy", [*base, "--tool_funcs", "m:a,m:b", "n:c"], check_paths=False).tool_use
@@ -457,7 +458,7 @@ def test_eval_policy_runs_the_tool_loop_and_scores_the_trajectory(tmp_path, tool
 
     from test_serve_tools import chain_model_dir
 
-    from tunesmith.recipes import eval_policy
+    from tunesmith.rl import evaluate_command as eval_policy
 
     reply = '<tool_call>{"name": "clock"}'  # unclosed: a chain model writes each token once
     toolbox = Toolbox([load_tool("test_tool_rollout:clock")])

@@ -207,7 +207,7 @@ def test_stages_not_built_for_pictures_refuse_a_vision_model_in_one_line(stage, 
 
 
 def test_ppo_refuses_a_vision_reward_model_in_one_line(vlm_dirs, default_model_path, pairs, tmp_path):
-    from tunesmith.recipes.ppo import run as ppo_main
+    from tunesmith.rl.command import run as ppo_main
 
     with pytest.raises(ConfigError, match=r"^--reward_model .* is a vision-language reward model \(gemma3\): PPO's "
                                           "rollouts are text"):

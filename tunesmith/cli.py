@@ -23,7 +23,7 @@ COMMANDS = {
     "reward": "tunesmith.recipes.reward",
     "dpo": "tunesmith.recipes.dpo",
     "score": "tunesmith.recipes.score",
-    "ppo": "tunesmith.recipes.ppo",
+    "ppo": "tunesmith.rl.command",
     "eval": "tunesmith.recipes.eval",
     "merge": "tunesmith.recipes.merge",
     "export": "tunesmith.export.command",
@@ -36,9 +36,9 @@ COMMANDS = {
 }
 # Earlier names that still work, left out of `tunesmith --help`: the policy evaluation is part of `eval` now.
 HIDDEN_COMMANDS = {
-    "eval-policy": "tunesmith.recipes.eval_policy",
-    "eval-ppo": "tunesmith.recipes.eval_policy",  # its first name
-    "eval-rl": "tunesmith.recipes.eval_policy",  # named for GRPO's reward functions
+    "eval-policy": "tunesmith.rl.evaluate_command",
+    "eval-ppo": "tunesmith.rl.evaluate_command",  # its first name
+    "eval-rl": "tunesmith.rl.evaluate_command",  # named for GRPO's reward functions
 }
 
 

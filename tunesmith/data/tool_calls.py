@@ -1,6 +1,6 @@
 """A reply's text parsed back into tool calls, in the format the chat template teaches: the server turns
-them into OpenAI's `tool_calls` (serve/), the RL rollouts run them (ppo/tool_rollout.py). Its own module
-below both, since ppo/ may not import serve/.
+them into OpenAI's `tool_calls` (serve/), the RL rollouts run them (rl/tool_rollout.py). Its own module
+below both, since rl/ (a feature) may not import serve/.
 
 A reply is a call in one of the formats chat templates teach: `<tool_call>{json}</tool_call>` blocks
 (tunesmith's chatml_tools, Hermes, Qwen2.5 and Qwen3), or a reply that is nothing but a JSON object

@@ -6,21 +6,11 @@ d_i = tuned_i - base_i. It is usually much smaller than the two unpaired standar
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
-import torch
+from ..utils.stats import paired_change
 
 NUMBER = (int, float, bool)
-
-
-def paired_change(base: Sequence[float] | torch.Tensor, tuned: Sequence[float] | torch.Tensor) -> dict[str, float]:
-    """Both means and the mean change with its standard error (0 for a single item)."""
-    base = torch.as_tensor(base, dtype=torch.float64)
-    tuned = torch.as_tensor(tuned, dtype=torch.float64)
-    gain, n = tuned - base, len(tuned)
-    return {"baseline": base.mean().item(), "policy": tuned.mean().item(), "change": gain.mean().item(),
-            "change_stderr": (gain.std() / n ** 0.5).item() if n > 1 else 0.0}
 
 
 def item_scores(samples: list[dict]) -> dict[tuple[str, str], dict[int, float]]:

@@ -11,7 +11,6 @@ from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
-from .ppo_args import SHIPPED_REWARD_FUNCS_MODULE, PPOArguments, RewardSourceArguments
 from .rules import check, deepspeed_config, zero_stage
 from .run_config import save_run_config
 from .run_kinds import RUN_ARGUMENTS, feature_rules
@@ -20,14 +19,12 @@ from .tool_args import (
     MERGE_DEFAULT_SLERP_T,
     MERGE_RELATIVE_TOLERANCES,
     CompareArguments,
-    EvalArguments,
     HarnessArguments,
     InspectArguments,
     MergeArguments,
     ScoreArguments,
     UIArguments,
 )
-from .tool_use_args import ToolUseArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 
@@ -42,8 +39,7 @@ __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
-    "ServeArguments", "PPOArguments", "RewardSourceArguments", "SHIPPED_REWARD_FUNCS_MODULE", "SFTTrainingArguments", "TrainingArguments",
-    "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "EvalArguments", "HarnessArguments",
+    "ServeArguments", "SFTTrainingArguments", "TrainingArguments",
+    "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "HarnessArguments",
     "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T", "UIArguments",
-    "ToolUseArguments",
 ]

@@ -172,7 +172,7 @@ def _combination_problem(flag: str, needs: Needs, training_args: Any) -> str | N
 def check_optimizer(training_args: Any, own_loop: bool = False) -> None:
     """Raise ConfigError (one line) when the run's --optim cannot run (optimizer_problem). `own_loop`: the stage
     builds its optimizer from parameter groups, without the model transformers needs for the optimizers that look at
-    the weights themselves (PPO, GRPO and RLOO: ppo/trainer.py)."""
+    the weights themselves (PPO, GRPO and RLOO: rl/trainer.py)."""
     needs = OPTIMIZERS.get(_optim_name(training_args))
     if own_loop and needs is not None and (needs.low_rank or needs.per_weight):
         raise ConfigError(f"--optim {_optim_name(training_args)} cannot be used in PPO, GRPO or RLOO: their loop builds "

@@ -11,18 +11,15 @@ from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .plan_args import PlanArguments
-from .ppo_args import PPOArguments
 from .rules import Rule
 from .tool_args import (
     CompareArguments,
-    EvalArguments,
     HarnessArguments,
     InspectArguments,
     MergeArguments,
     ScoreArguments,
     UIArguments,
 )
-from .tool_use_args import ToolUseArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
@@ -30,14 +27,12 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
-    "ppo": (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, ToolUseArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),
     "serve": (ModelArguments, ServeArguments, GenerationArguments),
     "score": (ModelArguments, DataArguments, ScoreArguments),
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
-    "eval_policy": (PromptDataArguments, EvalArguments, ToolUseArguments),
     "eval": (ModelArguments, HarnessArguments),
     "ui": (UIArguments,),
     "plan": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments, PlanArguments),
@@ -51,6 +46,8 @@ FEATURE_RUNS: dict[str, str] = {
     "export": "tunesmith.export",
     "pt": "tunesmith.pretrain",
     "distill": "tunesmith.distill",
+    "ppo": "tunesmith.rl",
+    "eval_policy": "tunesmith.rl",  # the policy evaluation: `tunesmith eval --policy`
 }
 
 
@@ -68,7 +65,8 @@ class RunArguments(Mapping[str, tuple[type, ...]]):
 
     def __getitem__(self, kind: str) -> tuple[type, ...]:
         if kind in FEATURE_RUNS:
-            return tuple(_feature_module(kind, "args").ARGUMENTS)
+            args = _feature_module(kind, "args")  # a feature of several commands names each one's (rl: ARGUMENTS_BY_KIND)
+            return tuple(getattr(args, "ARGUMENTS_BY_KIND", {}).get(kind, args.ARGUMENTS))
         return CORE_RUN_ARGUMENTS[kind]
 
     def __iter__(self) -> Iterator[str]:

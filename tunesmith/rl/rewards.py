@@ -14,8 +14,8 @@ import torch
 
 from ..data.prompts import Prompt
 from ..errors import ConfigError, DataError
-from ..hparams import SHIPPED_REWARD_FUNCS_MODULE, RewardSourceArguments
 from ..utils.imports import import_function
+from .args import SHIPPED_REWARD_FUNCS_MODULE, RewardSourceArguments
 from .rollout import RewardModelScorer
 
 # Row fields that hold the prompt itself; every other field is passed to the reward functions.
@@ -24,7 +24,7 @@ REWARD_MODEL = "reward_model"
 
 
 def load_reward_function(spec: str) -> RewardFunction:
-    """`package.module:function`, or the bare name of a function in tunesmith/ppo/reward_funcs.py."""
+    """`package.module:function`, or the bare name of a function in tunesmith/data/reward_funcs.py."""
     fn = import_function(spec, "reward_funcs", SHIPPED_REWARD_FUNCS_MODULE)
     _check_signature(fn, f"--reward_funcs {spec}")
     return RewardFunction(spec, fn)

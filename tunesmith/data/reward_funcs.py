@@ -1,5 +1,5 @@
 """Reward functions tunesmith ships, for verifiable tasks: `--reward_funcs exact_answer answer_format` (or
-`tunesmith.ppo.reward_funcs:exact_answer`). Any function of the same shape works:
+`tunesmith.data.reward_funcs:exact_answer`). Any function of the same shape works:
 
     def my_reward(prompts, replies, **fields) -> list[float]
 

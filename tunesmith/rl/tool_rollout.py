@@ -2,7 +2,7 @@
 appended as a `tool` message and the policy goes on, up to `max_tool_calls` calls per trajectory.
 
 Rounds: every active row is generated in one engine call (the engine batches them; a row that finishes
-early leaves the batch at once), the calls the replies make run together (ppo/tools.py: time limit, errors
+early leaves the batch at once), the calls the replies make run together (rl/tools.py: time limit, errors
 as text), and the rows that called continue in the next round while the others are done. The calls are
 parsed in the format the chat template teaches (data/tool_calls.py), against the tools the prompt offers.
 
@@ -32,7 +32,7 @@ from ..data.template import PromptTooLong, encode_prompt, fit_prompt, render_tex
 from ..data.tool_calls import ToolCall, parse_calls, tool_names
 from ..errors import TemplateError
 from ..generation import Completion, Engine, SamplingParams
-from ..hparams.tool_use_args import RESULT_TOKENS
+from .args import RESULT_TOKENS
 from .tools import Toolbox
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ greedy replies would not be one).
 
     python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/dpo_demo --reward_model outputs/rm_demo
     python scripts/eval_policy.py ... --data_path data/demo/prompts_eval.jsonl --do_sample true --seed 0
-    python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
+    python scripts/eval_policy.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
         --reward_funcs exact_answer answer_format --max_new_tokens 32
 
 prints e.g.
@@ -30,83 +30,22 @@ policy's chat template (the one that lists its tools), for both models:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
-from torch import nn
 
 from ..boundary import entry_point
-from ..data.prompts import Prompt, build_prompts, left_pad
-from ..evaluation.paired import paired_change
+from ..data.prompts import build_prompts
 from ..generation import Engine
-from ..hparams import EvalArguments, ToolUseArguments, parse_run
+from ..hparams import parse_run
 from ..models.loader import inference_model_args, load_for_inference
-from ..ppo.core import logprobs_from_logits
-from ..ppo.models import response_logits
-from ..ppo.rewards import Rewards, load_reward_function
-from ..ppo.rollout import (
-    RewardModelScorer,
-    generate_responses,
-    pad_replies,
-    reply_tokens,
-    rollout_sampling,
-    sequence_inputs,
-)
-from ..ppo.tool_rollout import Trajectory, encode_tool_prompts, tool_rollout
-from ..ppo.tools import Toolbox
 from ..utils.io import atomic_write_jsonl
 from ..utils.paths import adapter_base_model
-
-
-class Answers:
-    """Each prompt's reply (token ids after the prompt; with tools the whole trajectory), and per batch the
-    (query ids, query mask, response ids, response mask, trained mask) the log-probabilities are read from:
-    the trained mask marks the tokens the model wrote (all of a plain reply; not a tool's result)."""
-
-    def __init__(self) -> None:
-        self.replies: list[list[int]] = []
-        self.batches: list[tuple[torch.Tensor, ...]] = []
-        self.trajectories: list[Trajectory] = []
-
-
-def answer(engine: Engine, tokenizer: Any, prompts: list[Prompt], args: EvalArguments, sample: bool,
-           temperature: float, tools: ToolUseArguments | None = None, toolbox: Toolbox | None = None) -> Answers:
-    """The replies to every prompt, in batches of --batch_size; with a toolbox, agent trajectories (the tool loop)."""
-    params = rollout_sampling(args.max_new_tokens, temperature, greedy=not sample)
-    torch.manual_seed(args.seed)
-    answers = Answers()
-    for start in range(0, len(prompts), args.batch_size):
-        chunk = prompts[start:start + args.batch_size]
-        query_ids, query_mask = left_pad([p.input_ids for p in chunk], tokenizer.pad_token_id)
-        if toolbox is None:
-            response_ids, response_mask, _ = generate_responses(engine, [p.input_ids for p in chunk], params,
-                                                                tokenizer.pad_token_id)
-            answers.replies += reply_tokens(response_ids, response_mask)
-            answers.batches.append((query_ids, query_mask, response_ids, response_mask, response_mask))
-            continue
-        trajectories = tool_rollout(engine, tokenizer, chunk, params, toolbox, tools.max_tool_calls,
-                                    tools.max_trajectory_tokens)
-        answers.trajectories += trajectories
-        answers.replies += [t.token_ids for t in trajectories]
-        response_ids, response_mask = pad_replies([t.token_ids for t in trajectories], tokenizer.pad_token_id, "cpu")
-        trained = pad_replies([[int(m) for m in t.trained] for t in trajectories], 0, "cpu")[0]
-        answers.batches.append((query_ids, query_mask, response_ids, response_mask, trained))
-    return answers
-
-
-@torch.no_grad()
-def reply_logprobs(model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, response_ids: torch.Tensor,
-                   response_mask: torch.Tensor, trained: torch.Tensor | None = None) -> torch.Tensor:
-    """Summed log-probability (temperature 1) under `model` of each reply's tokens that `trained` marks (default:
-    all of them): the model reads a tool's result but did not write it."""
-    device = next(model.parameters()).device
-    query_ids, query_mask, response_ids, response_mask = (t.to(device) for t in (query_ids, query_mask, response_ids,
-                                                                                 response_mask))
-    input_ids, attention_mask, position_ids = sequence_inputs(query_ids, query_mask, response_ids, response_mask)
-    logits = response_logits(model, input_ids, attention_mask, position_ids, query_ids.size(1))
-    logprobs = logprobs_from_logits(logits.float(), response_ids)
-    counted = (response_mask if trained is None else trained.to(device)).bool()
-    return torch.where(counted, logprobs, 0.0).sum(1)
+from ..utils.stats import paired_change
+from .policy_eval import answer, reply_logprobs, summarize
+from .rewards import Rewards, load_reward_function
+from .rollout import RewardModelScorer
+from .tool_rollout import encode_tool_prompts
+from .tools import Toolbox
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, float]:
@@ -181,19 +120,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, float]:
     print(f"KL(policy || baseline): {result['kl_policy_baseline']:.3f} nats/reply ({len(prompts)} replies sampled "
           "from the policy at temperature 1" + (", its own tokens only" if toolbox is not None else "") + ")")
     return result
-
-
-def summarize(baseline_scores: torch.Tensor, policy_scores: torch.Tensor, kl: torch.Tensor,
-              baseline_replies: list[list[int]], policy_replies: list[list[int]]) -> dict[str, float]:
-    """The paired comparison: mean rewards, their change with its standard error, wins, KL and lengths."""
-    gain, n = policy_scores - baseline_scores, len(policy_scores)
-    change = paired_change(baseline_scores, policy_scores)
-    return {"prompts": n, "baseline_reward": change["baseline"], "policy_reward": change["policy"],
-            "reward_change": change["change"], "reward_change_stderr": change["change_stderr"],
-            "kl_policy_baseline": kl.mean().item(),
-            "policy_higher": int((gain > 0).sum()), "policy_lower": int((gain < 0).sum()),
-            "baseline_reply_length": sum(map(len, baseline_replies)) / n,
-            "policy_reply_length": sum(map(len, policy_replies)) / n}
 
 
 main = entry_point(run)

@@ -1,20 +1,28 @@
-"""The RL stage's own settings (PPO, GRPO, RLOO: one loop, --advantage picks the estimator). The rest comes
-from the shared dataclasses: the prompts from PromptDataArguments, the policy from ModelArguments and
-FinetuningArguments, and output_dir, learning_rate, seed, logging/save steps, max_steps, bf16 and deepspeed
-from TrainingArguments. The checks on their combinations are rows of hparams/rules.py."""
+"""The RL feature's settings. Its own: PPOArguments (PPO, GRPO, RLOO: one loop, --advantage picks the estimator),
+EvalArguments (the policy evaluation), and what both read with the same words: RewardSourceArguments (what scores a
+reply) and ToolUseArguments (tools in rollouts). The rest comes from the core's dataclasses: the prompts from
+PromptDataArguments, the policy from ModelArguments and FinetuningArguments, and output_dir, learning_rate, seed,
+logging/save steps, max_steps, bf16 and deepspeed from TrainingArguments. The checks on their combinations are rows
+of rules.py beside it (and the core's, hparams/rules.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from ..errors import ConfigError
+from ..hparams.data_args import PromptDataArguments
+from ..hparams.finetuning_args import FinetuningArguments
+from ..hparams.model_args import ModelArguments
+from ..hparams.training_args import TrainingArguments
+
 # Where a --reward_funcs name without a module is looked up (the functions tunesmith ships).
-SHIPPED_REWARD_FUNCS_MODULE = "tunesmith.ppo.reward_funcs"
+SHIPPED_REWARD_FUNCS_MODULE = "tunesmith.data.reward_funcs"
 
 
 @dataclass
 class RewardSourceArguments:
-    """What scores a reply, in training (ppo/train.py) and in evaluation (eval-policy): a reward model, Python
+    """What scores a reply, in training (tunesmith ppo) and in evaluation (eval-policy): a reward model, Python
     functions, or both, each with a weight; the reward is the weighted sum."""
 
     reward_model: str | None = field(
@@ -25,7 +33,7 @@ class RewardSourceArguments:
     reward_funcs: list[str] = field(
         default_factory=list,
         metadata={"help": "Reward functions, each `package.module:function` (or the bare name of one tunesmith ships "
-                  "in tunesmith/ppo/reward_funcs.py: exact_answer, final_number, answer_format, length_penalty). Each is called "
+                  "in tunesmith/data/reward_funcs.py: exact_answer, final_number, answer_format, length_penalty). Each is called "
                   "as f(prompts, replies, **fields) on a batch: prompts are the conversations (lists of {role, "
                   "content}), replies the decoded reply texts, and every other field of the data rows (e.g. "
                   "`answer`) comes as a keyword argument, one value per reply (None where a row lacks it); it "
@@ -38,6 +46,71 @@ class RewardSourceArguments:
     reward_model_weight: float = field(
         default=1.0, metadata={"help": "Weight of the reward model's score in the reward (with --reward_funcs)."}
     )
+
+
+DEFAULT_MAX_TOOL_CALLS = 4
+DEFAULT_TOOL_TIMEOUT = 10.0
+# Room for each call's result in the default trajectory budget: the tool message as the template wraps it, and the
+# next assistant header.
+RESULT_TOKENS = 256
+
+
+@dataclass
+class ToolUseArguments:
+    role: ClassVar[str] = "tool_use"
+    _argument_group_name: ClassVar[str] = "tools in rollouts"
+
+    tool_funcs: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Python functions the policy may call while it answers, each `package.module:function` "
+                  "(space- or comma-separated). Each needs type hints and a docstring with an Args: section: they "
+                  "become the tools schema the chat template lists in the prompt (transformers' get_json_schema; a "
+                  "row's own `tools` are listed instead where it has them, each naming one of these functions). A "
+                  "reply that is a call runs the function, its result (or its error as text) is appended as a tool "
+                  "message, and the policy goes on. Tool results are never trained; the reward sees the whole "
+                  "trajectory. Needs a chat template that renders tool calls (e.g. --chat_template chatml_tools)."},
+    )
+    max_tool_calls: int | None = field(
+        default=None,
+        metadata={"help": f"With --tool_funcs: the most calls run per trajectory (default {DEFAULT_MAX_TOOL_CALLS}); a "
+                  "reply that asks for more ends the trajectory, its calls not run."},
+    )
+    tool_timeout: float | None = field(
+        default=None,
+        metadata={"help": f"With --tool_funcs: seconds a call may run (default {DEFAULT_TOOL_TIMEOUT:g}); a call still "
+                  "running then is given up on, and its result is an error text."},
+    )
+    max_trajectory_tokens: int | None = field(
+        default=None,
+        metadata={"help": "With --tool_funcs: the most tokens of a whole trajectory after the prompt, the model's turns "
+                  "and the tool results together (each turn stays within --max_new_tokens); a trajectory that reaches "
+                  "it ends unfinished. Default: (max_tool_calls + 1) times --max_new_tokens, and "
+                  f"{RESULT_TOKENS} tokens per call for its result."},
+    )
+
+    def __post_init__(self) -> None:
+        # `a:f,b:g` as the issue writes it, or `a:f b:g` as --reward_funcs takes them
+        self.tool_funcs = [spec.strip() for item in self.tool_funcs for spec in str(item).split(",") if spec.strip()]
+        given = [f"--{name}" for name in ("max_tool_calls", "tool_timeout", "max_trajectory_tokens")
+                 if getattr(self, name) is not None]
+        if not self.tool_funcs:
+            if given:
+                raise ConfigError(f"{' and '.join(given)} given without --tool_funcs: they limit the tool loop, which "
+                                  "runs only with functions to call (--tool_funcs package.module:function)")
+            return
+        if self.max_tool_calls is None:
+            self.max_tool_calls = DEFAULT_MAX_TOOL_CALLS
+        if self.tool_timeout is None:
+            self.tool_timeout = DEFAULT_TOOL_TIMEOUT
+        for name, broken, bound in (("max_tool_calls", self.max_tool_calls < 0, "0 or more"),
+                                    ("tool_timeout", self.tool_timeout <= 0, "above 0"),
+                                    ("max_trajectory_tokens", (self.max_trajectory_tokens or 1) < 1, "1 or more")):
+            if broken:
+                raise ConfigError(f"--{name} {getattr(self, name)}: must be {bound}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tool_funcs)
 
 
 @dataclass
@@ -105,7 +178,7 @@ class PPOArguments(RewardSourceArguments):
                   "split into this many shuffled mini-batches; each may be split further by "
                   "gradient_accumulation_steps."},
     )
-    # The GRPO loss family (the maths: ppo/core.py; TRL 1.16's GRPOConfig has the same names).
+    # The GRPO loss family (the maths: rl/losses/; TRL 1.16's GRPOConfig has the same names).
     loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"] = field(
         default="dapo",
         metadata={"help": "The policy loss, for every --advantage. dapo (DAPO, Yu et al. 2025, arXiv 2503.14476; TRL's "
@@ -256,3 +329,35 @@ class PPOArguments(RewardSourceArguments):
     def uses_value_model(self) -> bool:
         return self.advantage == "gae"
 
+
+@dataclass
+class EvalArguments(RewardSourceArguments):
+    role: ClassVar[str] = "evaluation"
+    _argument_group_name: ClassVar[str] = "policy evaluation"
+
+    baseline: str | None = field(
+        default=None, metadata={"help": "The policy compared against, usually the SFT one: an adapter directory or a "
+                                "model directory. Default, when --policy is an adapter: the model under it (its "
+                                "base, from adapter_config.json)."})
+    policy: str | None = field(
+        default=None, metadata={"help": "The tuned policy (output_dir of ppo/train.py or dpo/train.py)."})
+    show: int = field(default=3, metadata={"help": "Print the first this many prompts with both replies."})
+    max_new_tokens: int = field(default=48, metadata={"help": "Longest reply."})
+    do_sample: bool = field(default=False, metadata={"help": "Sample replies (fixed seed) instead of greedy decoding."})
+    temperature: float = field(default=1.0, metadata={"help": "With --do_sample: sampling temperature."})
+    seed: int = field(default=0, metadata={"help": "With --do_sample: the seed each policy starts from."})
+    batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch."})
+    output_file: str | None = field(
+        default=None, metadata={"help": "Write each prompt, both replies and scores here (JSONL)."}
+    )
+
+
+# The dataclasses `tunesmith ppo` parses, in the order tunesmith_config.json records them.
+ARGUMENTS: tuple[type, ...] = (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, ToolUseArguments,
+                               TrainingArguments)
+# Each command of the feature and its dataclasses (hparams.run_kinds reads it): `tunesmith ppo`, and the policy
+# evaluation (`tunesmith eval --policy`), which has no model of its own to name (--baseline and --policy are two).
+ARGUMENTS_BY_KIND: dict[str, tuple[type, ...]] = {
+    "ppo": ARGUMENTS,
+    "eval_policy": (PromptDataArguments, EvalArguments, ToolUseArguments),
+}

@@ -19,7 +19,7 @@ from ..data.prompts import Prompt
 from ..data.template import render_text
 from ..generation import Engine, SamplingParams, stop_token_ids
 from ..models.scoring import score_sequences
-from .core import entropy_from_logits, logprobs_from_logits
+from .losses import entropy_from_logits, logprobs_from_logits
 
 # reward_fn(prompts_ids, responses_ids) -> one score per reply. Responses hold the reply tokens up to
 # and including the first EOS (when the reply ended).

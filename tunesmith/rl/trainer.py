@@ -1,7 +1,7 @@
 """PPOTrainer: the RL loop on top of accelerate, for PPO, GRPO and RLOO (`--advantage gae|grpo|rloo`).
 Each step samples replies to a batch of prompts (rollout), scores them, and runs a few epochs of clipped
 policy updates (and, for PPO, value updates) over shuffled mini-batches of that batch. The maths is in
-ppo/core.py."""
+rl/losses/."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
 from ..errors import PathError
 from ..generation import Engine
-from ..hparams import PPOArguments, ToolUseArguments, check, save_run_config, zero_stage
+from ..hparams import check, save_run_config, zero_stage
 from ..train.callbacks import MetricsFileCallback, plot_loss
 from ..train.checkpoints import (
     STATE_FILE,
@@ -45,7 +45,8 @@ from ..train.checkpoints import (
 from ..train.ema import WeightAverage
 from ..train.param_groups import split_lora_groups
 from ..utils.io import atomic_write_json, folder_bytes, publish_files, stop_when_disk_fills
-from .core import (
+from .args import PPOArguments, ToolUseArguments
+from .losses import (
     AdaptiveKLController,
     FixedKLController,
     PolicyLossSpec,
@@ -77,6 +78,7 @@ from .rollout import (
     reply_tokens,
     rollout_sampling,
 )
+from .rules import RULES
 from .tool_rollout import tool_rollout
 from .tools import Toolbox
 
@@ -108,7 +110,7 @@ class PPOTrainer:
             raise ValueError("PPOTrainer needs a reward_model and/or reward_funcs, or else one reward_fn")
         if not prompts or not prompts[0].input_ids:
             raise ValueError("PPOTrainer needs encoded prompts (tunesmith.data.prompts.encode_prompts)")
-        check(ppo=ppo_args, training=training_args)  # the rules it needs, also when built without the recipe
+        check(ppo=ppo_args, training=training_args, feature_rules=RULES)  # the rules it needs, also when built without the recipe
         if model is not None and model.has_value_model != ppo_args.uses_value_model:
             raise ValueError(f"--advantage {ppo_args.advantage} needs a model built with "
                              f"value_model={ppo_args.uses_value_model}")

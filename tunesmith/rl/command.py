@@ -7,7 +7,7 @@ the reference by a KL term.
         --data_path data/demo/prompts.jsonl --output_dir outputs/ppo_demo --max_steps 30
     python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/ppo_demo --reward_model outputs/rm_demo
     python ppo/train.py configs/grpo_demo.yaml     # GRPO: answers with `Answer: N`, rewarded by exact_answer
-    python scripts/eval_rl.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
+    python scripts/eval_policy.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
         --reward_funcs exact_answer answer_format --max_new_tokens 32
     python ppo/train.py configs/grpo_tools_demo.yaml   # GRPO whose rollouts call a calculator (--tool_funcs)
 """
@@ -26,11 +26,11 @@ from ..models.loader import (
     load_for_inference,
     load_trained_tokenizer,
 )
-from ..ppo import PPOTrainer, RewardModelScorer, build_actor_critic, critic_start
-from ..ppo.rewards import load_reward_function
-from ..ppo.tool_rollout import encode_tool_prompts
-from ..ppo.tools import Toolbox
 from ..train.run_setup import prepare_training_run
+from . import PPOTrainer, RewardModelScorer, build_actor_critic, critic_start
+from .rewards import load_reward_function
+from .tool_rollout import encode_tool_prompts
+from .tools import Toolbox
 
 
 def run(argv: Sequence[str] | None = None) -> PPOTrainer:

@@ -33,12 +33,13 @@ from torch import nn
 
 from ..constants import IGNORE_INDEX
 from ..errors import ConfigError
-from ..hparams import FinetuningArguments, ModelArguments, PPOArguments
+from ..hparams import FinetuningArguments, ModelArguments
 from ..models.loader import load_model, resolve_model_path
 from ..models.weights_check import check_adapter_folder
 from ..utils.config_facts import config_fact
 from ..utils.paths import adapter_config, is_adapter_dir, model_architecture, model_config
-from .core import logprobs_from_logits
+from .args import PPOArguments
+from .losses import logprobs_from_logits
 from .shared_prompts import prompt_groups, shared_prompt_logits
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Tools tunesmith ships for agent rollouts: `--tool_funcs tunesmith.ppo.tool_funcs:calculate`. Any function of
+"""Tools tunesmith ships for agent rollouts: `--tool_funcs tunesmith.rl.tool_funcs:calculate`. Any function of
 the same shape works: type hints on every parameter and a docstring with an Args: section (transformers'
 get_json_schema turns them into the schema the chat template lists), returning what the tool message says."""
 
