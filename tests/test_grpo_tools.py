@@ -96,3 +96,19 @@ def test_the_shipped_calculator_is_exact_and_runs_no_code():
     results = toolbox.run(calls)
     assert all(r.failed for r in results)
     assert "not arithmetic" in results[0].text and "too large" in results[1].text
+
+
+@pytest.mark.parametrize(("old", "new"), [("tunesmith.ppo.tool_funcs:multiply", "tunesmith.rl.tool_funcs"),
+                                          ("tunesmith.ppo.reward_funcs:exact_answer", "tunesmith.data.reward_funcs")])
+def test_a_run_config_naming_a_moved_module_still_imports_its_function_with_a_warning(old, new, caplog):
+    """Run configs written before tunesmith/ppo became tunesmith/rl (the shipped tools demo's among them) name
+    tunesmith.ppo.tool_funcs and tunesmith.ppo.reward_funcs: the functions still import, and the log names the new
+    module."""
+    import importlib
+
+    from tunesmith.utils.imports import import_function
+
+    name = old.rpartition(":")[2]
+    with caplog.at_level("WARNING", logger="tunesmith.utils.imports"):
+        assert import_function(old, "tool_funcs") is getattr(importlib.import_module(new), name)
+    assert f"is now {new}" in caplog.text

@@ -4,10 +4,18 @@ imported and checked, each mistake a ConfigError naming the flag, the spec and w
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# Modules of shipped functions that moved: their old names (in run configs written before) still import, with a
+# warning. tunesmith/ppo became the feature package tunesmith/rl, its reward functions the core's (2026-11-28).
+MOVED_MODULES = {"tunesmith.ppo.tool_funcs": "tunesmith.rl.tool_funcs",
+                 "tunesmith.ppo.reward_funcs": "tunesmith.data.reward_funcs"}
 
 
 def import_function(spec: str, flag: str, default_module: str | None = None) -> Callable[..., Any]:
@@ -19,6 +27,10 @@ def import_function(spec: str, flag: str, default_module: str | None = None) -> 
     where = f"--{flag} {spec}"
     if not name or not module_name:
         raise ConfigError(f"{where}: expected package.module:function")
+    if module_name in MOVED_MODULES:
+        logger.warning("%s: %s is now %s; write that name (the old one will stop working in a later release)",
+                       where, module_name, MOVED_MODULES[module_name])
+        module_name = MOVED_MODULES[module_name]
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
