@@ -65,7 +65,7 @@ def test_the_form_becomes_the_cli_argument_list():
     assert train_flags(TrainForm(method="full", config="c.yaml"))[1] == ["c.yaml", "--finetuning_type", "full"]
     with pytest.raises(ConfigError, match="not a --flag"):
         advanced_flags("oops --x 1")
-    with pytest.raises(ConfigError, match="Stage 'kto' is not one of sft, reward, dpo, ppo, grpo, distill"):
+    with pytest.raises(ConfigError, match="Stage 'kto' is not one of sft, pt, reward, dpo, ppo, grpo, distill"):
         train_flags(TrainForm(stage="kto"))
 
 
@@ -471,3 +471,5 @@ def test_runs_are_read_from_metrics_or_the_trainer_state(tmp_path):
     [run] = runs.find_runs(str(tmp_path))
     assert run.stage == "grpo" and runs.row(run)[4:6] == [1, 2.0] and runs.status(run) == "incomplete"
     assert runs.stage_of({"SFTDataArguments": {}, "DistillArguments": {}}) == "distill"
+    assert runs.stage_of({"PretrainDataArguments": {}, "FinetuningArguments": {}}) == "pt"
+    assert train_flags(TrainForm(stage="pt", dataset="corpus.txt"))[0] == "pt"

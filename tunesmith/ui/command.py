@@ -20,6 +20,7 @@ from ..hparams.parser import DEPRECATED_FLAGS
 # group-relative advantages, as configs/grpo_demo.yaml runs it).
 STAGES = {
     "sft": ("sft", ()),
+    "pt": ("pt", ()),  # continued pre-training: the dataset is raw text (.txt, or rows with a text field)
     "reward": ("reward", ()),
     "dpo": ("dpo", ()),
     "ppo": ("ppo", ()),

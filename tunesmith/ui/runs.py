@@ -54,12 +54,12 @@ class Run:
 
 
 def stage_of(config: dict[str, Any]) -> str:
-    """sft, distill, reward, dpo, ppo, grpo (or rloo), merge, or ? from the dataclasses a run recorded."""
+    """sft, pt, distill, reward, dpo, ppo, grpo (or rloo), merge, or ? from the dataclasses a run recorded."""
     if "PPOArguments" in config:
         advantage = config["PPOArguments"].get("advantage", "gae")
         return "ppo" if advantage == "gae" else advantage
     for key, stage in (("DPOArguments", "dpo"), ("RewardArguments", "reward"), ("DistillArguments", "distill"),
-                       ("SFTDataArguments", "sft"),
+                       ("PretrainDataArguments", "pt"), ("SFTDataArguments", "sft"),
                        ("MergeArguments", "merge")):
         if key in config:
             return stage
