@@ -113,5 +113,7 @@ class LayerInputOffload(saved_tensors_hooks):
         below = entry.below() if entry.below is not None else None
         if below is not None:
             self._fetch(below)  # comes back while this layer recomputes and runs its backward
-        tensor, entry.on_device, entry.host = entry.on_device, None, None
+        # the device copy is the caller's now; the host copy stays while autograd holds the entry (a graph kept for a
+        # second backward unpacks it again) and goes with it
+        tensor, entry.on_device = entry.on_device, None
         return tensor

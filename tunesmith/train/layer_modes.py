@@ -9,9 +9,10 @@ start every layer recomputed and let train/forward_budget.py choose per forward,
 
 `recomputed` is the rate with every layer recomputed (the loss and one layer's recomputation and backward included),
 `kept_extra` what one layer adds by keeping its activations instead of its input, `offload_saving` the input a layer
-moves to host memory (one of them comes back ahead of its layer: train/layer_input_offload.py). `choose_modes` keeps as many layers as fit, and offloads only where recomputing every layer
-does not fit. The estimate adds a kept layer's activations to the recomputation's working set, which backward never
-holds together (kept layers are the last ones, whose backward runs and frees them first): it errs on the safe side.
+moves to host memory (one of them comes back ahead of its layer: train/layer_input_offload.py). `choose_modes` keeps
+as many layers as fit, and offloads only where recomputing every layer does not fit. The estimate adds a kept layer's
+activations to the recomputation's working set, which backward never holds together (kept layers are the last ones,
+whose backward runs and frees them first): it errs on the safe side.
 
 transformers' GradientCheckpointingLayer reads `gradient_checkpointing` and `_gradient_checkpointing_func` per layer
 at every call, so a forward's choice is two attributes a layer, and changes no maths: kept, recomputed and offloaded
