@@ -267,7 +267,8 @@ def _batch(a: SimpleNamespace) -> int:
 RULES: list[Rule] = [
     # -- paths, checked before anything loads
     Rule("data_path_given", ("data",), lambda a: not a.data.data_path,
-         "--data_path is required: one or more JSON/JSONL files (e.g. data/demo/sft.jsonl)."),
+         "--data_path is required: one or more data files or folders (JSONL, JSON, Parquet; raw .txt for tunesmith "
+         "pt), e.g. data/demo/sft.jsonl."),
     Rule("data_files", ("data",), lambda a: _first(a.data.data_path + getattr(a.data, "eval_data_path", []),
                                                     problem_with_data_file),
          "data file {path}: {problem}.", PathError),
