@@ -308,7 +308,7 @@ def test_layer_modes_chosen_by_the_budget_fit_the_memory_it_was_given_on_cuda(mo
         torch.cuda.empty_cache()
         allocated = torch.cuda.memory_allocated()
         free = int((budget.fixed + gradients + per_token * tokens) / (1 - HEADROOM))
-        reported = free - torch.cuda.memory_reserved() + allocated  # _free_memory adds reserved less allocated
+        reported = free - torch.cuda.memory_reserved() + allocated  # _free_on_device adds reserved less allocated
         monkeypatch.setattr(forward_budget.torch.cuda, "mem_get_info", lambda device=None, free=reported: (free, 0))
         budget.splits(row([tokens]))
         budget.prepare(tokens)

@@ -88,7 +88,7 @@ class AutoPlanner:
         """The forwards and layer modes the budget chooses for `row` with `held` bytes allocated before the step (the
         weights and the optimizer's state), as if the device had `memory` bytes."""
         free = self.memory - held
-        self.budget._free_memory = lambda: free  # the device's free memory, which the plan stands in for
+        self.budget.free_memory = lambda: free  # the device's free memory, which the plan stands in for
         tokens = int(row["input_ids"].shape[-1])
         forwards = self.budget.splits(row, optimizer_ready=True) or [0, tokens]
         largest = max(b - a for a, b in zip(forwards, forwards[1:]))

@@ -73,6 +73,8 @@ class ForwardBudget:
     def __init__(self, device: torch.device, layers: list[nn.Module] | None = None, fused_head_vocab: int = 0) -> None:
         self.device = device
         self.fused_head_vocab = fused_head_vocab  # the model's tiled head's vocabulary (train/head_loss.py); 0: none
+        # the bytes a step may still take, read at each decision: the device's (tunesmith plan gives its own memory)
+        self.free_memory: Callable[[], int] = self._free_on_device
         self.bytes_per_token: float | None = None  # the largest of the first step's forwards' rates
         self.limit: int | None = None  # tokens a forward may hold, from the second step on
         self.probing = True
@@ -120,7 +122,7 @@ class ForwardBudget:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _free_memory(self) -> int:
+    def _free_on_device(self) -> int:
         """The device's free bytes and what torch's allocator holds unused, within the process's memory fraction
         (torch.cuda.set_per_process_memory_fraction: a card shared, or a smaller one stood for)."""
         free, total = torch.cuda.mem_get_info(self.device)
@@ -130,7 +132,7 @@ class ForwardBudget:
         return min(free, int(fraction * total) - allocated) if fraction < 1 else free
 
     def _limit_from_free_memory(self) -> int:
-        free = self._free_memory()
+        free = self.free_memory()
         limit = max(256, int(free * (1 - HEADROOM) / self.bytes_per_token))
         logger.info("forwards of at most %d tokens (free memory %.1f GB, about %.2f MB a token)", limit, free / 1e9,
                     self.bytes_per_token / 1e6)
@@ -226,7 +228,7 @@ class ForwardBudget:
         pending = sum(p.nbytes for p in self.parameters if p.grad is None)
         if not optimizer_ready:
             pending += 2 * sum(p.nbytes for p in self.parameters)
-        free = self._free_memory()
+        free = self.free_memory()
         self.available = free * (1 - HEADROOM) - self.fixed - pending
         limit = max(1, self.rates.tokens_kept(self.available, len(self.layers)))
         if self.limit is None:
