@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cli_errors import ROW, assert_one_line_error, cli, write_jsonl  # noqa: E402
 
+from tunesmith.chat.rules import BOUNDS as CHAT_BOUNDS  # noqa: E402
 from tunesmith.data.formats import BadRows, load_items, read_rows  # noqa: E402
 from tunesmith.errors import ConfigError, DataError  # noqa: E402
 from tunesmith.hparams import RUN_ARGUMENTS, parse_run  # noqa: E402
@@ -83,7 +84,7 @@ def test_every_bound_names_a_field_of_its_role():
     for dataclasses in RUN_ARGUMENTS.values():
         for dtype in dataclasses:
             fields.setdefault(dtype.role, set()).update(dtype.__dataclass_fields__)
-    assert [(b.role, b.field) for b in (*BOUNDS, *RL_BOUNDS) if b.field not in fields.get(b.role, ())] == []
+    assert [(b.role, b.field) for b in (*BOUNDS, *RL_BOUNDS, *CHAT_BOUNDS) if b.field not in fields.get(b.role, ())] == []
 
 
 # -- nulls in a run config

@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tunesmith.chat.session import ChatSession
 from tunesmith.data.formats import load_conversations
 from tunesmith.data.template import encode_prompt, render_text
 from tunesmith.errors import ConfigError
+from tunesmith.generation.chat_session import ChatSession
 from tunesmith.hparams import GenerationArguments, check
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ class _Pipe(io.StringIO):
 
 
 def _run_cli(argv, stdin, monkeypatch, capsys) -> tuple[str, str]:
-    from tunesmith.recipes.chat import run
+    from tunesmith.chat.command import run
 
     monkeypatch.setattr(sys, "stdin", stdin)
     run(argv)
@@ -192,7 +192,7 @@ def test_cli_jsonl_output_one_object_per_message_stop_and_exit_are_messages(chat
 
 
 def test_ctrl_c_at_the_prompt_leaves_with_status_130(tiny_model_dir, monkeypatch, capsys):
-    from tunesmith.recipes.chat import main
+    from tunesmith.chat.command import main
 
     class Interrupted(_Pipe):
         def readline(self, *args):

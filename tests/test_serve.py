@@ -23,13 +23,15 @@ import torch
 from conftest import assert_openai_error, running_server, save_random_adapter, wait_until_healthy
 from transformers import AutoModelForCausalLM
 
-from tunesmith.chat.session import ChatSession
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
 from tunesmith.generation import Engine, Request, SamplingParams
+from tunesmith.generation.chat_session import ChatSession
 from tunesmith.generation.detokenizer import IncrementalDecoder, StopMatcher
 from tunesmith.generation.engine import Batch
-from tunesmith.hparams import GenerationArguments, ServeArguments, check
+from tunesmith.hparams import GenerationArguments, check
+from tunesmith.serve.args import ServeArguments
+from tunesmith.serve.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key"
@@ -394,16 +396,16 @@ def test_sigterm_cancels_a_long_generation_and_the_server_exits_within_seconds(c
 def test_serve_flags_are_checked(flags, message, monkeypatch):
     monkeypatch.delenv("TUNESMITH_API_KEY", raising=False)
     with pytest.raises(ConfigError, match=message):
-        check(serve=ServeArguments(**flags))
+        check(feature_rules=RULES, serve=ServeArguments(**flags))
 
 
 def test_a_host_other_than_loopback_is_served_with_a_key_or_when_asked(monkeypatch):
     monkeypatch.delenv("TUNESMITH_API_KEY", raising=False)
     for flags in (dict(host="0.0.0.0", api_key="k"), dict(host="0.0.0.0", allow_no_api_key=True), dict(host="::1"),
                   dict(host="localhost")):
-        check(serve=ServeArguments(**flags))
+        check(feature_rules=RULES, serve=ServeArguments(**flags))
     monkeypatch.setenv("TUNESMITH_API_KEY", "from-the-environment")
-    check(serve=ServeArguments(host="0.0.0.0"))
+    check(feature_rules=RULES, serve=ServeArguments(host="0.0.0.0"))
     assert ServeArguments(host="0.0.0.0").key() == "from-the-environment"
 
 
@@ -411,11 +413,11 @@ def test_serve_refuses_beam_search_and_one_adapter_name_twice(adapter_dir):
     from tunesmith.errors import PathError
 
     with pytest.raises(PathError, match="--adapter: /nonexistent: not a LoRA adapter folder"):
-        check(serve=ServeArguments(adapter=["tuned=/nonexistent"]))
+        check(feature_rules=RULES, serve=ServeArguments(adapter=["tuned=/nonexistent"]))
     with pytest.raises(ConfigError, match="--num_beams cannot be used with serve"):
-        check(serve=ServeArguments(), generation=GenerationArguments(num_beams=2))
+        check(feature_rules=RULES, serve=ServeArguments(), generation=GenerationArguments(num_beams=2))
     with pytest.raises(ConfigError, match="two adapters share a NAME"):
-        check(serve=ServeArguments(adapter=[f"a={adapter_dir}", f"a={adapter_dir}"]))
+        check(feature_rules=RULES, serve=ServeArguments(adapter=[f"a={adapter_dir}", f"a={adapter_dir}"]))
     assert ServeArguments(adapter=[[f"a={adapter_dir}"], [f"b={adapter_dir}"]]).adapters() == {
         "a": adapter_dir, "b": adapter_dir}  # repeated flags arrive as lists: flattened
 

@@ -24,7 +24,7 @@ from tunesmith.hparams import parse_run  # noqa: E402
 from tunesmith.train.checkpoints import checkpoint_step, last_complete_checkpoint  # noqa: E402
 from tunesmith.ui import runs  # noqa: E402
 from tunesmith.ui.actions import Workbench, check_lines, compare_table  # noqa: E402
-from tunesmith.ui.command import Confinement, TrainForm, advanced_flags, shown, train_flags  # noqa: E402
+from tunesmith.ui.command_lines import Confinement, TrainForm, advanced_flags, shown, train_flags  # noqa: E402
 from tunesmith.ui.jobs import Job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ def test_ui_settings_refused_in_one_line():
 
 
 def test_the_command_prints_the_refusal_and_exits_2(capsys, monkeypatch):
-    from tunesmith.recipes.ui import main
+    from tunesmith.ui.command import main
 
     monkeypatch.delenv("TUNESMITH_UI_AUTH", raising=False)
     with pytest.raises(SystemExit) as stop:

@@ -16,10 +16,10 @@ from transformers import GenerationConfig
 
 from tests.conftest import running_server
 from tests.vlm_models import TEXT, TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, make_picture
-from tunesmith.chat.session import ChatSession
 from tunesmith.data.images import image_part
 from tunesmith.data.template import encode_prompt
 from tunesmith.generation import Engine, SamplingParams
+from tunesmith.generation.chat_session import ChatSession
 from tunesmith.generation.engine import stop_token_ids
 from tunesmith.hparams import FinetuningArguments, GenerationArguments, MergeArguments, ModelArguments
 from tunesmith.models.loader import load_model, load_tokenizer
@@ -195,7 +195,7 @@ def test_the_web_pages_chat_shows_a_picture_and_keeps_it_in_the_conversation(vlm
 
 def test_serve_refuses_a_missing_image_root_before_loading(vlm_dirs, tmp_path):
     from tunesmith.errors import PathError
-    from tunesmith.recipes.serve import run as serve_main
+    from tunesmith.serve.command import run as serve_main
 
     with pytest.raises(PathError, match=r"^--image_root \S+nowhere: no such directory; give the folder whose pictures"):
         serve_main(["--model_name_or_path", vlm_dirs["qwen2_vl"], "--image_root", str(tmp_path / "nowhere")])

@@ -27,11 +27,11 @@ COMMANDS = {
     "eval": "tunesmith.recipes.eval",
     "merge": "tunesmith.recipes.merge",
     "export": "tunesmith.export.command",
-    "chat": "tunesmith.recipes.chat",
-    "serve": "tunesmith.recipes.serve",
+    "chat": "tunesmith.chat.command",
+    "serve": "tunesmith.serve.command",
     "inspect": "tunesmith.recipes.inspect",
     "compare": "tunesmith.recipes.compare",
-    "ui": "tunesmith.recipes.ui",
+    "ui": "tunesmith.ui.command",
     "plan": "tunesmith.recipes.plan",
 }
 # Earlier names that still work, left out of `tunesmith --help`: the policy evaluation is part of `eval` now.

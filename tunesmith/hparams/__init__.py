@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
-from .generating_args import ChatArguments, GenerationArguments, ServeArguments
+from .generating_args import GenerationArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
 from .rules import check, deepspeed_config, zero_stage
@@ -23,7 +23,6 @@ from .tool_args import (
     InspectArguments,
     MergeArguments,
     ScoreArguments,
-    UIArguments,
 )
 from .training_args import SFTTrainingArguments, TrainingArguments
 
@@ -38,8 +37,8 @@ def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | N
 __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
-    "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
-    "ServeArguments", "SFTTrainingArguments", "TrainingArguments",
+    "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments",
+    "SFTTrainingArguments", "TrainingArguments",
     "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "HarnessArguments",
-    "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T", "UIArguments",
+    "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T",
 ]

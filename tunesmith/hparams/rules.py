@@ -1,7 +1,7 @@
 """One table of settings that cannot work, checked right after parsing, before any weight loads:
 each row names the flag, the value received and what to change, instead of a failure later inside a
 library. A row applies to a run that has every role it reads (model, data, finetuning, training,
-ppo, reward, dpo, generation, chat, serve, merge, score, evaluation); `check(**roles)` runs the table, then
+ppo, reward, dpo, generation, merge, score, evaluation); `check(**roles)` runs the table, then
 the rows of the command's feature package (its rules.py: tunesmith/export/rules.py), which serve that command
 alone."""
 
@@ -35,7 +35,6 @@ from ..utils.paths import (
 )
 from .data_args import SPLIT_STAGES, numbers
 from .finetuning_args import is_known_init, splits_base
-from .tool_args import LOOPBACK_HOSTS
 from .value_bounds import BOUNDS, Bound
 
 
@@ -644,7 +643,7 @@ RULES: list[Rule] = [
          "--val_size with --loss_type kto: KTO is evaluated on held-out preference pairs (how often the chosen reply "
          "gets the higher implicit reward, as DPO is): give them as --eval_data_path (a file of pairs), or drop "
          "--val_size."),
-    # -- generation and chat
+    # -- generation (chat's and serve's settings; their own rows are chat/rules.py's and serve/rules.py's)
     Rule("generation_temperature", ("generation",),
          lambda a: a.generation.do_sample and a.generation.temperature <= 0,
          "--temperature must be above 0 when sampling (got {generation.temperature}); for deterministic replies "
@@ -657,55 +656,10 @@ RULES: list[Rule] = [
          "--min_p must be in [0, 1) (got {generation.min_p}); 0 turns it off."),
     Rule("generation_beams", ("generation",), lambda a: a.generation.num_beams < 1,
          "--num_beams must be at least 1 (got {generation.num_beams}); 1 is no beam search."),
-    # -- ui
-    Rule("ui_port", ("ui",), lambda a: not 1 <= a.ui.port <= 65535, "--port must be in 1..65535 (got {ui.port})."),
-    Rule("ui_auth_form", ("ui",), lambda a: a.ui.auth is not None and not re.fullmatch(r"[^:]+:.+", a.ui.auth),
-         "--auth must be user:password, both non-empty (got one without a user or a password)."),
-    Rule("ui_auth_needed", ("ui",), lambda a: a.ui.host not in LOOPBACK_HOSTS and not a.ui.auth,
-         "--host {ui.host} shows the page, and the commands it runs, to every machine that can reach this one: "
-         "give --auth user:password too, or keep the default --host 127.0.0.1."),
-    Rule("ui_root", ("ui",), lambda a: _problem("is a file, not a directory" if os.path.isfile(a.ui.root) else None),
-         "--root {ui.root} {problem}: give the folder of runs (it is created when missing).", PathError),
-    # -- serve
-    Rule("serve_image_root", ("serve",), lambda a: _missing_dir(a.serve.image_root),
-         "--image_root {path}: {problem}; give the folder whose pictures requests may name.", PathError),
-    Rule("serve_port", ("serve",), lambda a: not 0 <= a.serve.port <= 65535,
-         "--port must be in 0..65535 (got {serve.port}); 0 takes any free port."),
-    Rule("serve_batch", ("serve",), lambda a: a.serve.max_batch_size < 1 or a.serve.batch_wait_ms < 0,
-         "--max_batch_size must be at least 1 and --batch_wait_ms at least 0 (got {serve.max_batch_size} and "
-         "{serve.batch_wait_ms})."),
-    Rule("serve_adapter_spec", ("serve",),
-         lambda a: _problem(next((f"{spec!r} is not NAME=PATH" for spec in a.serve.adapter
-                                  if not re.fullmatch(r"[^=\s]+=.+", spec)), None)
-                            or (len({s.split("=", 1)[0] for s in a.serve.adapter}) < len(a.serve.adapter)
-                                and "two adapters share a NAME") or None),
-         "--adapter: {problem}; give each adapter as NAME=PATH, each NAME once."),
-    Rule("serve_adapter_path", ("serve",),
-         lambda a: _problem(next((path for path in (s.split("=", 1)[1] for s in a.serve.adapter if "=" in s)
-                                  if not is_adapter_dir(path)), None)),
-         "--adapter: {problem}: not a LoRA adapter folder (no adapter_config.json); give NAME=PATH with PATH an "
-         "adapter folder that training wrote.", PathError),
-    Rule("serve_prompt_adapter_alone", ("serve", "model"),
-         lambda a: a.serve.adapter and (_prompt_adapter(a.model) or next(
-             ({"path": p, "kind": prompt_adapter_kind(p)} for p in (s.split("=", 1)[1] for s in a.serve.adapter
-                                                                    if "=" in s) if prompt_adapter_kind(p)), None)),
-         "--adapter: {path} is a {kind} adapter, which PEFT does not load beside other adapters: serve it alone "
-         "(--model_name_or_path {path}), or serve LoRA adapters side by side."),
     Rule("prompt_adapter_beams", ("model", "generation"),
          lambda a: a.generation.num_beams > 1 and _prompt_adapter(a.model),
          "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
          "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
-    Rule("serve_no_beams", ("serve", "generation"), lambda a: a.generation.num_beams != 1,
-         "--num_beams cannot be used with serve: the server streams replies token by token (beam search picks "
-         "a reply only at its end); leave it out."),
-    Rule("serve_request_limit", ("serve",), lambda a: a.serve.max_request_bytes < 1024,
-         "--max_request_bytes must be at least 1024 (got {serve.max_request_bytes})."),
-    Rule("serve_key_needed", ("serve",),
-         lambda a: a.serve.host not in LOOPBACK_HOSTS and not a.serve.key() and not a.serve.allow_no_api_key,
-         "--host {serve.host} serves the model to every machine that can reach this one: give --api_key KEY too (or "
-         "set TUNESMITH_API_KEY), or keep the default --host 127.0.0.1 (--allow_no_api_key: serve it open anyway)."),
-    Rule("serve_context", ("serve",), lambda a: a.serve.context_length is not None and a.serve.context_length < 8,
-         "--context_length must be at least 8 tokens (got {serve.context_length}); leave it out to use the model's."),
     # -- merge
     Rule("merge_models_need_method", ("merge",), lambda a: a.merge.models and not a.merge.method,
          "--models needs --method (linear, ties, dare_ties or slerp): how to merge them."),

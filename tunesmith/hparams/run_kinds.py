@@ -8,7 +8,6 @@ from collections.abc import Iterator, Mapping
 
 from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
-from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .plan_args import PlanArguments
 from .rules import Rule
@@ -18,7 +17,6 @@ from .tool_args import (
     InspectArguments,
     MergeArguments,
     ScoreArguments,
-    UIArguments,
 )
 from .training_args import SFTTrainingArguments, TrainingArguments
 
@@ -28,13 +26,10 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
-    "chat": (ModelArguments, ChatArguments, GenerationArguments),
-    "serve": (ModelArguments, ServeArguments, GenerationArguments),
     "score": (ModelArguments, DataArguments, ScoreArguments),
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
     "eval": (ModelArguments, HarnessArguments),
-    "ui": (UIArguments,),
     "plan": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments, PlanArguments),
 }
 
@@ -48,6 +43,9 @@ FEATURE_RUNS: dict[str, str] = {
     "distill": "tunesmith.distill",
     "ppo": "tunesmith.rl",
     "eval_policy": "tunesmith.rl",  # the policy evaluation: `tunesmith eval --policy`
+    "chat": "tunesmith.chat",
+    "serve": "tunesmith.serve",
+    "ui": "tunesmith.ui",
 }
 
 

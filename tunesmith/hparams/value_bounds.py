@@ -72,7 +72,6 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("data", "max_prompt_length", at_least(1), "at least 1 token"),
     Bound("data", "max_image_pixels", at_least(1), "at least 1 pixel", "width x height of the largest picture"),
     Bound("data", "max_row_bytes", at_least(1024), "at least 1024 bytes"),
-    Bound("chat", "max_prompt_length", at_least(1), "at least 1 token"),
     # -- generation
     Bound("generation", "top_k", at_least(0), ">= 0", "0 turns it off"),
     Bound("generation", "repetition_penalty", positive, "> 0", "1.0 turns it off"),

@@ -31,9 +31,10 @@ from ..errors import ConfigError, DataError, TemplateError
 from ..generation import Event, SamplingParams
 from ..generation import Request as Job
 from ..generation.worker import Scheduler
-from ..hparams import GenerationArguments, ServeArguments
+from ..hparams import GenerationArguments
 from ..utils.config_facts import config_fact
 from . import protocol
+from .args import ServeArguments
 from .completions import add_completion_routes
 from .limits import BodyLimit, cancelled_error, cancelled_when_gone
 from .logprobs import TokenTexts, choice_logprobs

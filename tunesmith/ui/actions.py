@@ -20,7 +20,7 @@ from ..models.default_model import DEFAULT_MODEL_NAME, default_model_dir
 from ..models.loader import load_tokenizer
 from . import runs as runs_mod
 from .chat import ModelCache, session, stream_reply
-from .command import MERGE_METHODS, Confinement, TrainForm, shown, train_flags, tunesmith_argv
+from .command_lines import MERGE_METHODS, Confinement, TrainForm, shown, train_flags, tunesmith_argv
 from .flag_rules import check_run
 from .jobs import Job, tail
 

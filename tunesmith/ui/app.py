@@ -13,9 +13,9 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..errors import UserError
-from ..hparams.tool_args import LOOPBACK_HOSTS
+from ..utils.network import LOOPBACK_HOSTS
 from .actions import GGUF_DTYPES, SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
-from .command import LORA_INITS, MERGE_METHODS, METHODS, STAGES, TrainForm
+from .command_lines import LORA_INITS, MERGE_METHODS, METHODS, STAGES, TrainForm
 from .runs import COLUMNS
 
 CSS = ".ts-row pre {white-space: pre-wrap; font-size: 0.85em} .ts-row mark {background: #b7f5c0}"

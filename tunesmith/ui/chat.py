@@ -1,5 +1,5 @@
 """The Chat tab's models: each (model, adapter) loaded once and kept, and a reply streamed from
-tunesmith's own chat session (chat/session.py over the one generation engine) as the text so far."""
+tunesmith's own chat session (generation/chat_session.py, over the one engine) as the text so far."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..chat.session import ChatSession, PathCheck
 from ..data.images import image_part
+from ..generation.chat_session import ChatSession, PathCheck
 from ..hparams import GenerationArguments
 from ..models.loader import inference_model_args, load_for_inference
 

@@ -25,7 +25,7 @@ from ..data.template import BUILTIN_TEMPLATES
 from ..errors import ConfigError
 from ..hparams import RUN_ARGUMENTS
 from ..hparams.parser import parse_namespace
-from .command import Confinement
+from .command_lines import Confinement
 
 # `reward_model` by name: other fields ending in _model are not paths (--metric_for_best_model eval_loss)
 PATH_FIELD = re.compile(r"(_path|_dir|_file|_config|checkpoint)$|^(deepspeed|chat_template|reward_model)$")

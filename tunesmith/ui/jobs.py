@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from .command import shown
+from .command_lines import shown
 
 STOP_GRACE_S = 30.0  # how long a stopped run may take to leave before SIGTERM (and as long again before SIGKILL)
 # The boundary's one line; it may follow a progress bar that ended without a newline.

@@ -51,22 +51,21 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Sequence
 
 from ..boundary import entry_point
-from ..errors import ConfigError
 from ..generation import BASE
 from ..hparams import ModelArguments, parse_run
 from ..models.loader import add_adapters, load_for_inference, serving_model_args
+from ..utils.network import listen
 
 logger = logging.getLogger(__name__)
 
 
 def run(argv: Sequence[str] | None = None) -> None:
     args = parse_run("serve", argv, __doc__)
-    from ..serve.app import ServedModel, create_app
-    from ..serve.limits import serve_forever
+    from .app import ServedModel, create_app
+    from .limits import serve_forever
 
     listener = listen(args.serve.host, args.serve.port)  # before the model loads: a busy port fails at once
     args.model = serving_model_args(args.model)  # --dtype auto: bf16 where the hardware computes it
@@ -89,20 +88,6 @@ def run(argv: Sequence[str] | None = None) -> None:
 def model_name(model: ModelArguments) -> str:
     path = model.adapter_name_or_path or model.model_name_or_path or "model"
     return os.path.basename(os.path.normpath(path))
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port, as uvicorn would bind it; a busy port or unknown host is a config error."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as e:
-        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); choose another "
-                          "--port, or stop what uses it") from None
-    sock.set_inheritable(True)
-    return sock
 
 
 main = entry_point(run)

@@ -1,6 +1,8 @@
 """Multi-round chat without a terminal: the history, the token budget it is cut to, the commands,
-and streamed generation (the one engine, generation/) that a Ctrl-C can stop. The chat recipe (recipes/chat.py) is a read-print
-loop around `ChatSession.handle`.
+and streamed generation (the one engine, engine.py) that a Ctrl-C can stop. `tunesmith chat` (chat/command.py) is a
+read-print loop around `ChatSession.handle`, and the web UI's Chat tab (ui/chat.py) streams a reply from it: a
+conversation over the one engine, kept here in the core so that the two features share it without importing each
+other.
 
 Prompts are rendered by `encode_prompt`, the same chat-template code that training uses, so a model
 sees at chat time exactly the layout it was trained on."""
@@ -20,9 +22,10 @@ from ..data.images import image_part, open_image, resolve_reference
 from ..data.template import PromptTooLong, fit_prompt
 from ..errors import DataError, PathError
 from ..families import is_vision_language
-from ..generation import Engine, SamplingParams
 from ..hparams import GenerationArguments
 from ..utils.io import atomic_write_text
+from .engine import Engine
+from .sampling import SamplingParams
 
 COMMANDS = ("/clear (forget the history; the system prompt stays), /system TEXT (set the system prompt; /system "
             "alone: the template's default), /image PATH (show a picture with the next message; a vision-language "

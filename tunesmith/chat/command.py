@@ -32,7 +32,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from ..boundary import entry_point
-from ..chat.session import COMMANDS, ChatSession, Outcome
+from ..generation.chat_session import COMMANDS, ChatSession, Outcome
 from ..hparams import parse_run
 from ..models.loader import load_for_inference
 
