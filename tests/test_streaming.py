@@ -207,7 +207,7 @@ def test_a_shuffle_buffer_without_streaming_is_refused():
 
 
 def run_streamed(model_dir: str, data: str, out, *extra: str):
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
 
     return run(["--model_name_or_path", model_dir, "--data_path", data, "--output_dir", str(out), "--streaming", "true",
                 "--shuffle_buffer", "6", "--max_seq_length", "64", "--per_device_train_batch_size", "2",
@@ -249,7 +249,7 @@ def test_a_resumed_streamed_run_equals_an_uninterrupted_one(tiny_model_dir, data
 # The training process, with its peak resident memory printed last (ru_maxrss: KiB on Linux).
 PEAK_RSS_RUN = """
 import json, resource, sys
-from tunesmith.recipes.sft import run
+from tunesmith.sft.command import run
 run(sys.argv[1:])
 print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """

@@ -20,7 +20,7 @@ from tunesmith.data.images import message_images
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import ModelArguments, SFTDataArguments
 from tunesmith.models.loader import load_tokenizer
-from tunesmith.recipes.inspect import run as inspect_main
+from tunesmith.inspect.command import run as inspect_main
 
 
 def write_rows(path, rows) -> str:

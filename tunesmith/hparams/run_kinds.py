@@ -10,12 +10,10 @@ from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, Tra
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
-from .plan_args import PlanArguments
 from .rules import Rule
 from .tool_args import (
     CompareArguments,
     HarnessArguments,
-    InspectArguments,
     MergeArguments,
     ScoreArguments,
     UIArguments,
@@ -24,18 +22,15 @@ from .training_args import SFTTrainingArguments, TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
 CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
-    "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),
     "serve": (ModelArguments, ServeArguments, GenerationArguments),
     "score": (ModelArguments, DataArguments, ScoreArguments),
-    "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
     "eval": (ModelArguments, HarnessArguments),
     "ui": (UIArguments,),
-    "plan": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments, PlanArguments),
 }
 
 # The kinds of run a feature package defines (the shape in docs/architecture.md): `PACKAGE.args.ARGUMENTS`, its
@@ -43,11 +38,14 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
 # imported: the core imports no feature (tests/test_layout.py), and a command loads no other feature's code; only
 # what lists every kind (the CLI reference, the web UI's checks) loads them all.
 FEATURE_RUNS: dict[str, str] = {
+    "sft": "tunesmith.sft",
     "export": "tunesmith.export",
     "pt": "tunesmith.pretrain",
     "distill": "tunesmith.distill",
     "ppo": "tunesmith.rl",
     "eval_policy": "tunesmith.rl",  # the policy evaluation: `tunesmith eval --policy`
+    "inspect": "tunesmith.inspect",
+    "plan": "tunesmith.plan",
 }
 
 
