@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
+from .data_args import DataArguments, PromptDataArguments, TrainDataArguments
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
@@ -18,7 +18,7 @@ from .tool_args import (
     ScoreArguments,
     UIArguments,
 )
-from .training_args import SFTTrainingArguments, TrainingArguments
+from .training_args import TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
 CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
