@@ -1,6 +1,6 @@
-"""The settings of the runs that use a trained model rather than train one: merge, score, inspect, compare
-and the policy evaluation (GGUF export's are in tunesmith/export/args.py). Models, adapters and data come from
-the shared dataclasses."""
+"""The settings of the runs that use a trained model rather than train one: merge, score, compare and the policy
+evaluation (GGUF export's are in tunesmith/export/args.py, inspect's in tunesmith/inspect/args.py). Models, adapters
+and data come from the shared dataclasses."""
 
 from __future__ import annotations
 
