@@ -194,6 +194,10 @@ def test_a_stream_with_no_usable_example_stops_with_one_line(tokenizer, tmp_path
     ("dpo", [], r"^--streaming reads SFT conversations as training takes them \(tunesmith sft\)"),
     ("reward", [], r"^--streaming reads SFT conversations"),
     ("inspect", [], r"^--streaming reads SFT conversations"),
+    ("pt", [], r"^--streaming reads SFT conversations"),
+    # SFT's data, read whole: refused by their own features' rows (plan/rules.py, distill/rules.py)
+    ("plan", [], r"^--streaming reads SFT conversations"),
+    ("distill", ["--teacher_model_name_or_path", "teacher"], r"^--streaming reads SFT conversations"),
 ])
 def test_what_streaming_cannot_do_is_refused_in_one_line(kind, argv, message):
     steps = ["--max_steps", "10"] if kind != "inspect" else []
