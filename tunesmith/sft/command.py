@@ -54,6 +54,3 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
 
 
 main = entry_point(run)
-
-if __name__ == "__main__":
-    main()
