@@ -21,7 +21,7 @@ from transformers.training_args import OptimizerNames
 
 from tunesmith.errors import ConfigError
 from tunesmith.models.default_model import ensure_default_model
-from tunesmith.recipes.sft import run as sft
+from tunesmith.sft.command import run as sft
 from tunesmith.train.optimizers import optimizer_state_bytes, trained_parameters
 
 ROWS = [[{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"It is {a + b}."}]

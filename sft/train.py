@@ -1,7 +1,7 @@
 """The `tunesmith sft` command as a script: the recipe, its flags and its examples are in
-tunesmith/recipes/sft.py (`python sft/train.py --help`)."""
+tunesmith/sft/command.py (`python sft/train.py --help`)."""
 
-from tunesmith.recipes.sft import main
+from tunesmith.sft.command import main
 
 if __name__ == "__main__":
     main()

@@ -54,7 +54,7 @@ def arch_dir(request, tmp_path_factory, tokenizer) -> str:
 
 def sft_first_step(model_dir: str, data: str, out, *extra: str):
     """One LoRA step (float32, no dropout, the 8 conversations in one batch): the trainer, with its logged loss."""
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
 
     return run(["--model_name_or_path", model_dir, "--data_path", data, "--output_dir", str(out),
                 "--max_steps", "1", "--per_device_train_batch_size", "8", "--learning_rate", "5e-2",

@@ -121,7 +121,7 @@ def test_run_config_with_bad_values_is_one_line_at_the_command_line(tmp_path):
 
 
 def test_a_lora_target_the_model_lacks_is_named_with_near_matches(tiny_model_dir, tmp_path):
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
 
     data = write_jsonl(tmp_path / "data.jsonl")
     argv = ["--model_name_or_path", tiny_model_dir, "--data_path", data, "--output_dir", str(tmp_path / "out"),
@@ -195,7 +195,7 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def test_rerunning_a_finished_run_leaves_its_outputs_alone(tiny_model_dir, tmp_path, caplog):
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
 
     data = write_jsonl(tmp_path / "data.jsonl", n=8)
     out = tmp_path / "out"
@@ -228,7 +228,7 @@ def test_rerunning_a_finished_run_leaves_its_outputs_alone(tiny_model_dir, tmp_p
 def test_training_data_and_inspect_take_the_flag(tiny_model_dir, tokenizer, tmp_path, monkeypatch):
     from tunesmith.data.dataset import build_sft_datasets
     from tunesmith.hparams import SFTDataArguments
-    from tunesmith.recipes.inspect import run as inspect
+    from tunesmith.inspect.command import run as inspect
 
     monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "data.jsonl"

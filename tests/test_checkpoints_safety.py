@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from tunesmith.errors import PathError
-from tunesmith.recipes.sft import run as sft_main
+from tunesmith.sft.command import run as sft_main
 from tunesmith.train.checkpoints import last_complete_checkpoint, resume_problem
 
 sys.path.insert(0, str(Path(__file__).parent))

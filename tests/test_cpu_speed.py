@@ -234,7 +234,7 @@ def test_chunked_loss_is_transformers_loss_with_the_same_gradients(dtype, monkey
 
 
 def test_sft_trainer_computes_the_loss_chunked_on_cpu(tiny_model_dir, tmp_path, monkeypatch):
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
     from tunesmith.train.losses import causal_lm_loss
 
     monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
@@ -257,7 +257,7 @@ LOSS_TOLERANCE = 0.01
 def test_the_fast_path_follows_the_float32_loss_curve(tokenizer, tmp_path, monkeypatch):
     from conftest import build_tiny_model_dir
 
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
 
     monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
     # Embeddings large enough for the logits to move: with the default 0.02 a tiny model's loss stays at log(vocab).

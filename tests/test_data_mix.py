@@ -218,7 +218,7 @@ def test_weights_with_max_samples_and_split(tokenizer, tmp_path, monkeypatch, ca
 
 
 def test_inspect_shows_the_rows_sft_trains_on(tmp_path, default_model_path):
-    from tunesmith.recipes.inspect import run as inspect_main
+    from tunesmith.inspect.command import run as inspect_main
 
     path = write(tmp_path / "hh.jsonl", hh_rows(20))
     out = tmp_path / "encoded.jsonl"

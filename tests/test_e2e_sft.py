@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunesmith.recipes.sft import run as sft_main
+from tunesmith.sft.command import run as sft_main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -88,7 +88,7 @@ def test_the_trainer_trains_alike_however_the_budget_cuts_the_rows(tiny_model_di
     from test_architectures import TOPICS, conversation
 
     from tunesmith.data import packing
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
     from tunesmith.train import sft_trainer
 
     data = tmp_path / "sft.jsonl"

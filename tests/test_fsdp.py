@@ -55,7 +55,7 @@ def losses(out: Path) -> list[float]:
 
 def test_fsdp_without_a_launcher_is_refused_before_anything_loads(tiny_model_dir, data, tmp_path, monkeypatch):
     from tunesmith.errors import ConfigError
-    from tunesmith.recipes import sft
+    from tunesmith.sft import command as sft
 
     for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(variable, raising=False)
@@ -71,7 +71,7 @@ def test_sft_qlora_under_accelerate_launch_follows_one_rank_and_saves_a_complete
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from tunesmith.recipes import sft
+    from tunesmith.sft import command as sft
 
     out, qlora = tmp_path / "two", ("--quantization_bit", "4")
     assert SHARDED in accelerate_launch("sft/train.py", 2, *sft_flags(tiny_model_dir, data, out, 2, *qlora))

@@ -86,7 +86,7 @@ def test_sft_trains_the_same_through_the_tiles(tiny_model_dir, tmp_path, monkeyp
     """Two packed LoRA steps: the same losses and adapter with every forward through the tiles as with none."""
     from test_architectures import TOPICS, conversation
 
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"messages": conversation(i)}) + "\n" for i in range(len(TOPICS))))

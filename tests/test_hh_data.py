@@ -176,7 +176,7 @@ def test_hh_rows_in_json_keep_their_text_exactly(tmp_path):
 
 
 def test_short_sft_run_on_hh_transcripts_from_parquet_trains_the_assistant_turns(tiny_model_dir, tmp_path):
-    from tunesmith.recipes.sft import run as sft
+    from tunesmith.sft.command import run as sft
 
     parquet, _ = _tables(tmp_path, [HH, DAHOAS] * 4)
     trainer = sft(["--model_name_or_path", tiny_model_dir, "--data_path", parquet, "--output_dir",

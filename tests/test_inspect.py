@@ -6,7 +6,7 @@ import json
 
 from tunesmith.constants import IGNORE_INDEX
 from tunesmith.data.inspect import highlight_trained
-from tunesmith.recipes.inspect import run as inspect_main
+from tunesmith.inspect.command import run as inspect_main
 
 ROWS = [
     {"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Tunesmith."}]},

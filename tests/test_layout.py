@@ -29,11 +29,11 @@ CORE: list[set[str]] = [
 # The feature packages, each a folder of args.py (its dataclasses), rules.py (its rows and the facts they read),
 # its code and command.py (the pipeline); it imports only the core. The packages not yet in that shape (issue #53)
 # keep their layers above the core, and import no feature either.
-FEATURES: set[str] = {"export", "pretrain", "distill", "rl", "serve", "chat", "ui"}
+FEATURES: set[str] = {"export", "pretrain", "distill", "rl", "serve", "chat", "ui", "sft", "inspect", "plan"}
 TOP = {"cli", "cli_reference", "__main__"}  # cli_reference: the docs' CLI reference, generated from the parser
 LAYERS: list[set[str]] = [
     *CORE,
-    {"evaluation", "plan", *FEATURES},  # evaluation: lm-eval tasks (evaluation/tasks/) and their front end; plan: the memory plan
+    {"evaluation", *FEATURES},  # evaluation: lm-eval tasks (evaluation/tasks/) and their front end
     {"recipes"},
     TOP,
 ]
@@ -257,13 +257,14 @@ def test_the_rl_rows_are_the_features_and_the_parser_checks_them_for_its_command
     from tunesmith.errors import ConfigError
     from tunesmith.hparams import parse_run
     from tunesmith.hparams.rules import RULES as CORE_RULES
-    from tunesmith.hparams.run_kinds import feature_rules
+    from tunesmith.hparams.run_kinds import CORE_RUN_ARGUMENTS, feature_rules
     from tunesmith.hparams.value_bounds import BOUNDS
     from tunesmith.rl.rules import RULES
 
     assert [r.name for r in CORE_RULES if {"ppo", "evaluation"} & set(r.roles)] == []
     assert [b for b in BOUNDS if b.role in ("ppo", "evaluation")] == []
-    assert feature_rules("ppo") == feature_rules("eval_policy") == tuple(RULES) and feature_rules("sft") == ()
+    assert feature_rules("ppo") == feature_rules("eval_policy") == tuple(RULES)
+    assert all(feature_rules(kind) == () for kind in CORE_RUN_ARGUMENTS)
     flags = ["--data_path", "prompts.jsonl", "--reward_funcs", "exact_answer", "--output_dir", "out"]
     for bad, says in ((["--temperature", "0"], "--temperature must be positive"),
                       (["--cliprange", "0"], r"--cliprange must be > 0 \(got 0.0\)")):

@@ -34,7 +34,7 @@ from test_distributed import launch
 
 from tunesmith.boundary import entry_point
 from tunesmith.constants import IGNORE_INDEX
-from tunesmith.recipes.sft import run as sft_run
+from tunesmith.sft.command import run as sft_run
 from tunesmith.train import losses
 from tunesmith.train.sft_trainer import LoraTrainer, predicted_targets
 

@@ -71,7 +71,7 @@ def test_merged_lora_logits_equal_base_plus_adapter(lora_adapter, tiny_model_dir
 
 
 def test_qlora_trained_adapter_merges_into_unquantized_base(tiny_model_dir, tokenizer, tmp_path):
-    from tunesmith.recipes.sft import run as sft_main
+    from tunesmith.sft.command import run as sft_main
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"messages": [

@@ -123,7 +123,7 @@ def test_tools_are_refused_by_ollama_rather_than_dropped(own_tokenizer):
 def test_exported_modelfile_carries_the_stops_sampling_and_trained_length(tiny_model_dir, tokenizer, tmp_path,
                                                                           go_render):
     from tunesmith.export.command import run as export
-    from tunesmith.recipes.sft import run as sft
+    from tunesmith.sft.command import run as sft
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Question {i}?"},

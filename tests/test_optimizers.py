@@ -19,7 +19,7 @@ from tunesmith.errors import ConfigError
 from tunesmith.hparams import optimizers as table
 from tunesmith.hparams import parse_run
 from tunesmith.hparams.optimizers import OPTIMIZERS, Needs, optimizer_problem
-from tunesmith.recipes.sft import run as sft
+from tunesmith.sft.command import run as sft
 from tunesmith.train.optimizers import optimizer_state_bytes, trained_parameters
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_a_missing_package_is_named_without_it(monkeypatch):
 def test_the_command_line_refuses_in_one_line_before_loading(tiny_model_dir, data, tmp_path, monkeypatch, capsys):
     # Through the `tunesmith` entry point, with galore_torch absent (None in sys.modules is what find_spec and
     # import take as not installed): exit status 2, one line, and no model loaded.
-    import tunesmith.recipes.sft as recipe
+    import tunesmith.sft.command as recipe
     from tunesmith.cli import main
 
     monkeypatch.setitem(sys.modules, "galore_torch", None)

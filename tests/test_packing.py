@@ -209,7 +209,7 @@ def test_packed_and_padded_runs_train_the_same_objective(tiny_model_dir, tmp_pat
     """Same data, same steps, gradient accumulation over two batches, float32: the logged losses,
     gradient norms and trained-token counts of a packed run, in one forward per batch or in one forward
     per example (--max_forward_tokens 1), equal those of a padded run."""
-    from tunesmith.recipes.sft import run as main
+    from tunesmith.sft.command import run as main
 
     monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
     data = write_conversations(tmp_path / "train.jsonl", 8)

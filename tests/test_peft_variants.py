@@ -22,7 +22,7 @@ from tunesmith.hparams import FinetuningArguments, ModelArguments, parse_run
 from tunesmith.models.loader import load_model
 from tunesmith.recipes import dpo, reward
 from tunesmith.recipes.merge import run as merge
-from tunesmith.recipes.sft import run as sft
+from tunesmith.sft.command import run as sft
 from tunesmith.train.param_groups import split_lora_groups
 
 CONVERSATION = [{"role": "user", "content": "What is 2 plus 3?"}, {"role": "assistant", "content": "2 plus 3 is 5."}]

@@ -16,9 +16,8 @@ import torch
 from transformers import LlamaConfig
 
 from tunesmith.plan import fake_device
-from tunesmith.plan.command import PlannedModel, longest_fitting, parse_plan
+from tunesmith.plan.command import PlannedModel, longest_fitting, main, parse_plan
 from tunesmith.plan.report import weights_of
-from tunesmith.recipes.plan import main
 
 BLOCK = fake_device.ALLOCATOR_BLOCK
 ROOT = Path(__file__).resolve().parents[1]

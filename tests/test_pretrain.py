@@ -223,7 +223,7 @@ def test_lora_modules_to_save_trains_the_embeddings_whole_and_keeps_a_tied_head_
 
 
 def test_inspect_shows_the_pieces_of_a_text_corpus(tmp_path, tiny_model_dir, tokenizer, capsys):
-    from tunesmith.recipes.inspect import run
+    from tunesmith.inspect.command import run
 
     txt = write_txt(tmp_path / "c.txt", DOCS)
     records = run(["--model_name_or_path", tiny_model_dir, "--data_path", txt, "--document_separator", "blank_line",

@@ -27,7 +27,7 @@ from tunesmith.generation import BASE, Engine, Request, SamplingParams
 from tunesmith.generation.engine import Batch
 from tunesmith.hparams import FinetuningArguments, ModelArguments, parse_run
 from tunesmith.models.loader import inference_model_args, load_for_inference, load_model
-from tunesmith.recipes.sft import run as sft_main
+from tunesmith.sft.command import run as sft_main
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["prompt_tuning", "p_tuning", "prefix_tuning"]

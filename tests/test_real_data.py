@@ -157,7 +157,7 @@ def test_a_preference_context_may_end_with_a_tool_result(tmp_path):
 
 
 def test_skip_bad_rows_trains_on_the_rest_and_lists_them_beside_the_outputs(tmp_path, tiny_model_dir):
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
 
     good = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
     bad = {"messages": [{"role": "user", "content": "Hi"}]}

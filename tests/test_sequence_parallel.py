@@ -44,7 +44,7 @@ def sgd_flags(model_dir: str, data: str, out: Path, *extra: str) -> list[str]:
 
 def one_rank(model_dir: str, data: str, out: Path, *extra: str) -> None:
     """The reference: the whole row in one process, without DeepSpeed."""
-    from tunesmith.recipes import sft
+    from tunesmith.sft import command as sft
 
     sft.run(sgd_flags(model_dir, data, out, "--save_strategy", "no", *extra))
 

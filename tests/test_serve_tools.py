@@ -518,7 +518,7 @@ def tool_adapter(tmp_path_factory, default_model_path) -> str:
     given = os.environ.get("TUNESMITH_TOOL_ADAPTER")
     if given:
         return given
-    from tunesmith.recipes.sft import run as sft_main
+    from tunesmith.sft.command import run as sft_main
 
     out = tmp_path_factory.mktemp("sft-tools-demo")
     sft_main([str(ROOT / "configs" / "sft_tools_demo.yaml"), "--data_path", str(ROOT / "data/demo/tools.jsonl"),

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tunesmith.recipes.sft import run as sft_main
+from tunesmith.sft.command import run as sft_main
 
 CONVERSATIONS = [
     [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a} plus {b} is {a + b}."},

@@ -194,6 +194,10 @@ def test_a_stream_with_no_usable_example_stops_with_one_line(tokenizer, tmp_path
     ("dpo", [], r"^--streaming reads SFT conversations as training takes them \(tunesmith sft\)"),
     ("reward", [], r"^--streaming reads SFT conversations"),
     ("inspect", [], r"^--streaming reads SFT conversations"),
+    ("pt", [], r"^--streaming reads SFT conversations"),
+    # SFT's data, read whole: refused by their own features' rows (plan/rules.py, distill/rules.py)
+    ("plan", [], r"^--streaming reads SFT conversations"),
+    ("distill", ["--teacher_model_name_or_path", "teacher"], r"^--streaming reads SFT conversations"),
 ])
 def test_what_streaming_cannot_do_is_refused_in_one_line(kind, argv, message):
     steps = ["--max_steps", "10"] if kind != "inspect" else []
@@ -207,7 +211,7 @@ def test_a_shuffle_buffer_without_streaming_is_refused():
 
 
 def run_streamed(model_dir: str, data: str, out, *extra: str):
-    from tunesmith.recipes.sft import run
+    from tunesmith.sft.command import run
 
     return run(["--model_name_or_path", model_dir, "--data_path", data, "--output_dir", str(out), "--streaming", "true",
                 "--shuffle_buffer", "6", "--max_seq_length", "64", "--per_device_train_batch_size", "2",
@@ -249,7 +253,7 @@ def test_a_resumed_streamed_run_equals_an_uninterrupted_one(tiny_model_dir, data
 # The training process, with its peak resident memory printed last (ru_maxrss: KiB on Linux).
 PEAK_RSS_RUN = """
 import json, resource, sys
-from tunesmith.recipes.sft import run
+from tunesmith.sft.command import run
 run(sys.argv[1:])
 print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """

@@ -19,8 +19,8 @@ from tunesmith.data.image_encoding import ImageConversationCollator, placeholder
 from tunesmith.data.images import message_images
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import ModelArguments, SFTDataArguments
+from tunesmith.inspect.command import run as inspect_main
 from tunesmith.models.loader import load_tokenizer
-from tunesmith.recipes.inspect import run as inspect_main
 
 
 def write_rows(path, rows) -> str:

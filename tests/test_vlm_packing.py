@@ -18,7 +18,7 @@ from tunesmith.errors import ConfigError
 from tunesmith.hparams import ModelArguments, SFTDataArguments
 from tunesmith.models.attention import use_varlen_attention
 from tunesmith.models.loader import load_tokenizer
-from tunesmith.recipes.sft import run as sft_main
+from tunesmith.sft.command import run as sft_main
 
 PACKED_FAMILIES = ("idefics3", "qwen2_vl", "qwen2_5_vl")
 

@@ -20,7 +20,7 @@ from tunesmith.errors import ConfigError
 from tunesmith.families import FAMILIES
 from tunesmith.generation import Engine, SamplingParams
 from tunesmith.models.loader import inference_model_args, load_for_inference
-from tunesmith.recipes.sft import run as sft_main
+from tunesmith.sft.command import run as sft_main
 
 
 @pytest.fixture(scope="module")

@@ -152,7 +152,7 @@ def test_server_answers_image_requests_through_the_openai_client(vlm_dirs, pictu
 
 
 def test_merged_lora_gives_the_adapters_logits_on_a_picture_and_keeps_the_processor(vlm_dirs, tmp_path):
-    from tunesmith.recipes.sft import run as sft_main
+    from tunesmith.sft.command import run as sft_main
 
     folder = tmp_path / "data"
     folder.mkdir()

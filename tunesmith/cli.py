@@ -17,7 +17,7 @@ from . import __version__
 
 # sub-command -> recipe module, or a feature's command module (each has run(argv) and main = entry_point(run))
 COMMANDS = {
-    "sft": "tunesmith.recipes.sft",
+    "sft": "tunesmith.sft.command",
     "pt": "tunesmith.pretrain.command",
     "distill": "tunesmith.distill.command",
     "reward": "tunesmith.recipes.reward",
@@ -29,10 +29,10 @@ COMMANDS = {
     "export": "tunesmith.export.command",
     "chat": "tunesmith.chat.command",
     "serve": "tunesmith.serve.command",
-    "inspect": "tunesmith.recipes.inspect",
+    "inspect": "tunesmith.inspect.command",
     "compare": "tunesmith.recipes.compare",
     "ui": "tunesmith.ui.command",
-    "plan": "tunesmith.recipes.plan",
+    "plan": "tunesmith.plan.command",
 }
 # Earlier names that still work, left out of `tunesmith --help`: the policy evaluation is part of `eval` now.
 HIDDEN_COMMANDS = {

@@ -1,6 +1,6 @@
 """Which tokens of each example are trained, for people to read: the encoded rows as training would
 see them, and the rendered text with every trained run of tokens marked. The command is
-`tunesmith inspect` (recipes/inspect.py)."""
+`tunesmith inspect` (inspect/command.py)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from ..errors import PathError
 
 # The core table's helpers that its own rows share with these (private there until the other features' rows move).
 from ..hparams.rules import (
+    STREAMING_IS_SFTS,
     Rule,
     _first,
     _missing_dir,
@@ -36,6 +37,8 @@ def _teacher_vocabulary_differs(model: Any, distill: Any) -> dict | None:
 
 
 RULES: list[Rule] = [
+    # SFT's data flags, read whole: --streaming is what `tunesmith sft` alone reads (the core refuses it elsewhere)
+    Rule("distill_streaming", ("data", "distill"), lambda a: a.data.streaming, STREAMING_IS_SFTS),
     Rule("distill_teacher_given", ("distill",), lambda a: not a.distill.teacher_model_name_or_path,
          "--teacher_model_name_or_path is required: the model to distill from, a model folder or an adapter folder "
          "(e.g. outputs/sft_demo after the quickstart) that shares the student's tokenizer."),

@@ -20,7 +20,6 @@ from .tool_args import (
     MERGE_RELATIVE_TOLERANCES,
     CompareArguments,
     HarnessArguments,
-    InspectArguments,
     MergeArguments,
     ScoreArguments,
 )
@@ -39,6 +38,6 @@ __all__ = [
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments",
     "SFTTrainingArguments", "TrainingArguments",
-    "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "HarnessArguments",
+    "MergeArguments", "ScoreArguments", "CompareArguments", "HarnessArguments",
     "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T",
 ]

@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-
 from ..distributed import fsdp_requested, fsdp_setting
 from ..errors import ConfigError, PathError
 from ..families import family, reward_model_types, types_where, vision_model_type
-from ..utils.hardware import trains_on_cpu
+from ..utils.hardware import flash_attention_usable, liger_kernel_usable, trains_on_cpu
 from ..utils.paths import (
     adapter_config,
     is_adapter_dir,
@@ -235,11 +233,11 @@ def _sequence_parallel(a: SimpleNamespace) -> int:
     return getattr(a.training, "sequence_parallel_size", 1)
 
 
-def _whole_set_flag(data: Any) -> str | None:
-    """The first data flag given that needs every row before training (which --streaming never holds), or None."""
-    given = {"val_size": data.val_size > 0, "data_weights": data.data_weights, "data_split": data.data_split,
-             "max_samples": data.max_samples is not None}
-    return next((flag for flag, value in given.items() if value), None)
+# What a run that reads its data whole says to --streaming, which only `tunesmith sft` reads: this table's row, for
+# the commands without SFT's data or a training loop, and the rows of the features that parse SFT's data but read it
+# whole (the memory plan, distillation).
+STREAMING_IS_SFTS = ("--streaming reads SFT conversations as training takes them (tunesmith sft); this command reads "
+                     "its --data_path whole: drop the flag.")
 
 
 def _world_size() -> int:
@@ -338,13 +336,11 @@ RULES: list[Rule] = [
          lambda a: a.training.fp16 and trains_on_cpu(a.training),
          "--fp16 mixed precision needs a CUDA GPU: drop it, or use --bf16 true."),
     Rule("flash_attn_missing", ("model",),
-         lambda a: a.model.attn_implementation == "flash_attention_2"
-         and (importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available()),
+         lambda a: a.model.attn_implementation == "flash_attention_2" and not flash_attention_usable(),
          "--attn_implementation flash_attention_2 needs a CUDA GPU and the flash-attn package "
          "(pip install 'tunesmith[gpu]'); use auto to pick sdpa otherwise."),
     Rule("liger_kernel_missing", ("training",),
-         lambda a: a.training.use_liger_kernel
-         and (importlib.util.find_spec("liger_kernel") is None or not torch.cuda.is_available()),
+         lambda a: a.training.use_liger_kernel and not liger_kernel_usable(),
          "--use_liger_kernel needs a CUDA GPU and the liger-kernel package (pip install liger-kernel; its kernels "
          "are Triton, GPU only): drop the flag on CPU."),
     # -- vision-language models (models/vision.py)
@@ -446,26 +442,8 @@ RULES: list[Rule] = [
     Rule("max_samples", ("data",), lambda a: a.data.max_samples is not None and a.data.max_samples < 1,
          "--max_samples must be at least 1 (got {data.max_samples}); leave it out to use every row."),
     Rule("streaming_stage", ("data",),
-         lambda a: getattr(a.data, "streaming", False) and not (hasattr(a.data, "train_on") and hasattr(a, "training")
-                                                                 and not hasattr(a, "plan")),
-         "--streaming reads SFT conversations as training takes them (tunesmith sft); this command reads its "
-         "--data_path whole: drop the flag."),
-    Rule("streaming_max_steps", ("data", "training"),
-         lambda a: getattr(a.data, "streaming", False) and a.training.max_steps <= 0,
-         "--streaming reads data of unknown length: give --max_steps N (optimizer steps; the stream starts over at "
-         "the end of the data, a new epoch, until then)."),
-    Rule("streaming_whole_set", ("data",),
-         lambda a: getattr(a.data, "streaming", False) and _whole_set_flag(a.data) and {"flag": _whole_set_flag(a.data)},
-         "--{flag} needs the whole data set before training and --streaming never holds it: drop --{flag} (held-out "
-         "evaluation data goes in --eval_data_path; --max_steps bounds the run), or drop --streaming."),
-    Rule("streaming_workers", ("data", "training"),
-         lambda a: getattr(a.data, "streaming", False) and a.training.dataloader_num_workers > 0,
-         "--dataloader_num_workers {training.dataloader_num_workers} with --streaming: the stream's place, which a "
-         "checkpoint records, is in the training process; drop --dataloader_num_workers."),
-    Rule("streaming_sequence_parallel", ("data", "training"),
-         lambda a: getattr(a.data, "streaming", False) and _sequence_parallel(a) > 1,
-         "--streaming with --sequence_parallel_size: each process reads rows of its own, and sequence parallelism "
-         "needs the same row on the ranks of a group; drop one of them."),
+         lambda a: getattr(a.data, "streaming", False) and not (hasattr(a.data, "train_on") and hasattr(a, "training")),
+         STREAMING_IS_SFTS),
     Rule("shuffle_buffer_without_streaming", ("data",),
          lambda a: getattr(a.data, "shuffle_buffer", None) is not None and not a.data.streaming,
          "--shuffle_buffer {data.shuffle_buffer} shuffles a --streaming run's examples; without --streaming every "

@@ -6,31 +6,26 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
+from .data_args import DataArguments, PromptDataArguments, TrainDataArguments
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .model_args import ModelArguments
-from .plan_args import PlanArguments
 from .rules import Rule
 from .tool_args import (
     CompareArguments,
     HarnessArguments,
-    InspectArguments,
     MergeArguments,
     ScoreArguments,
 )
-from .training_args import SFTTrainingArguments, TrainingArguments
+from .training_args import TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
 CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
-    "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
     "score": (ModelArguments, DataArguments, ScoreArguments),
-    "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
     "eval": (ModelArguments, HarnessArguments),
-    "plan": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments, PlanArguments),
 }
 
 # The kinds of run a feature package defines (the shape in docs/architecture.md): `PACKAGE.args.ARGUMENTS`, its
@@ -38,6 +33,7 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
 # imported: the core imports no feature (tests/test_layout.py), and a command loads no other feature's code; only
 # what lists every kind (the CLI reference, the web UI's checks) loads them all.
 FEATURE_RUNS: dict[str, str] = {
+    "sft": "tunesmith.sft",
     "export": "tunesmith.export",
     "pt": "tunesmith.pretrain",
     "distill": "tunesmith.distill",
@@ -46,6 +42,8 @@ FEATURE_RUNS: dict[str, str] = {
     "chat": "tunesmith.chat",
     "serve": "tunesmith.serve",
     "ui": "tunesmith.ui",
+    "inspect": "tunesmith.inspect",
+    "plan": "tunesmith.plan",
 }
 
 

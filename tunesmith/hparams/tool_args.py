@@ -1,6 +1,6 @@
-"""The settings of the runs that use a trained model rather than train one: merge, score, inspect, compare
-and the policy evaluation (GGUF export's are in tunesmith/export/args.py). Models, adapters and data come from
-the shared dataclasses."""
+"""The settings of the runs that use a trained model rather than train one: merge, score, compare and the policy
+evaluation (GGUF export's are in tunesmith/export/args.py, inspect's in tunesmith/inspect/args.py). Models, adapters
+and data come from the shared dataclasses."""
 
 from __future__ import annotations
 
@@ -78,24 +78,6 @@ class ScoreArguments:
         default=None, metadata={"help": "Where to write one JSON line of scores per input row."}
     )
     batch_size: int = field(default=8, metadata={"help": "Sequences per forward pass."})
-
-
-@dataclass
-class InspectArguments:
-    role: ClassVar[str] = "inspect"
-    _argument_group_name: ClassVar[str] = "inspect"
-
-    output_file: str | None = field(default=None, metadata={"help": "Write input_ids/labels per input row here."})
-    show: int = field(default=5, metadata={"help": "How many examples to print (0: none, -1: all)."})
-    color: str = field(default="auto", metadata={"help": "auto (when stdout is a terminal), always, never."})
-    seed: int = field(default=42, metadata={"help": "The --seed of the training run to inspect: with --data_split or "
-                                            "--data_weights, it chooses the same rows as that run."})
-    text_column: str = field(
-        default="text", metadata={"help": "A text corpus (continued pre-training, `tunesmith pt`): the field of its "
-                                  "rows that holds the document, as pt's --text_column."})
-    document_separator: str = field(
-        default="file", metadata={"help": "A text corpus: how its .txt files are cut into documents, as pt's "
-                                  "--document_separator (file, blank_line, or a separator line)."})
 
 
 @dataclass

@@ -82,5 +82,4 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("score", "batch_size", at_least(1), "at least 1"),
     Bound("compare", "max_new_tokens", at_least(1), "at least 1"),
     Bound("compare", "width", at_least(8), "at least 8 terminal cells"),
-    Bound("inspect", "show", at_least(-1), "-1 or more", "-1 shows every example, 0 none"),
 )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import logging
 import os
 from typing import Any
@@ -19,7 +18,7 @@ from ..families import VisionParts, is_vision_language
 from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
 from ..utils.config_facts import fill_pad_token_id
-from ..utils.hardware import native_bf16, trains_on_cpu
+from ..utils.hardware import flash_attention_usable, native_bf16, trains_on_cpu
 from ..utils.paths import has_processor
 from .attention import choose_attn_implementation
 from .default_model import ensure_default_model
@@ -73,8 +72,8 @@ def resolve_attn_implementation(model_args: ModelArguments, task: str = "causal_
     path = resolve_model_path(model_args)
     with _path_errors(path):
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
-    flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
-    return choose_attn_implementation(model_args.attn_implementation, config, task, flash_installed=flash)
+    return choose_attn_implementation(model_args.attn_implementation, config, task,
+                                      flash_installed=flash_attention_usable())
 
 
 def load_tokenizer(model_args: ModelArguments, source: str | None = None) -> Any:

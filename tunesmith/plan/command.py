@@ -1,7 +1,11 @@
-"""`tunesmith plan`: the GPU memory of one SFT step, computed on any machine from the model folder's config.json and
-the run's own flags (parsed as `tunesmith sft` parses them), by running the step's real code on fake tensors.
+"""The GPU memory of an SFT step, computed on any machine (no GPU, no weights): weights, adapter and optimizer
+state, activations kept per token (device or pinned host), one layer's backward, the loss, and the longest
+conversation that fits --memory_gb. Give the SFT run's own flags (or its run config) and the rows to plan; they are
+parsed as `tunesmith sft` parses them, and the plan runs the step's real code on fake tensors, from the model
+folder's config.json.
 
-    tunesmith plan --model_name_or_path DIR --quantization_bit 4 --packing true --plan_tokens 16384 32768 --memory_gb 80
+    tunesmith plan --model_name_or_path DIR --quantization_bit 4 --packing true --plan_tokens 16384 32768
+    tunesmith plan configs/sft_lora_demo.yaml --packing true --memory_gb 24 --gradient_checkpointing offload
 
 Read top to bottom: parse (the SFT flags resolved as on a GPU) -> build the model without weights -> under
 --gradient_checkpointing auto, probe it as the run's forward budget does (plan/auto.py) -> one step per --plan_tokens
@@ -24,11 +28,11 @@ from unittest import mock
 
 import torch
 
+from ..boundary import entry_point
 from ..errors import ConfigError
 from ..hparams import ParsedRun, parse_run, rules
 from ..hparams.parser import parse_namespace
 from ..hparams.rules import zero_stage
-from ..hparams.run_kinds import RUN_ARGUMENTS
 from ..hparams.training_args import AUTO, OFFLOAD, resolve_checkpointing
 from ..models.attention import FLASH_VARLEN, use_varlen_attention
 from ..models.tiled_mlp import use_tiled_mlp
@@ -36,6 +40,7 @@ from ..train.forward_budget import PROBE_TOKENS
 from ..train.head_loss import install_fused_head
 from ..train.sequence_parallel import check_heads
 from ..utils.config_facts import text_config
+from .args import ARGUMENTS
 from .auto import AutoChoice, AutoPlanner
 from .model import GpuRun, as_on_a_gpu, build_on_meta, materialize, read_config
 from .report import longest_lines, row_lines, weight_lines, weights_of
@@ -52,7 +57,7 @@ def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
     """The run's flags as `tunesmith sft` parses them, and the choices it leaves to the hardware as a GPU takes them:
     bf16 on, and --gradient_checkpointing by hparams.resolve_checkpointing's rule for a GPU."""
     argv = list(argv)
-    given = vars(parse_namespace(RUN_ARGUMENTS["plan"], argv, __doc__))
+    given = vars(parse_namespace(ARGUMENTS, argv, __doc__))
     if not given.get("data_path"):
         argv += ["--data_path", NO_DATA]
     ranks = given.get("sequence_parallel_size") or 1
@@ -81,7 +86,7 @@ def parse_plan(argv: Sequence[str]) -> tuple[ParsedRun, GpuRun]:
         raise ConfigError("tunesmith plan covers bf16 and float32 runs: leave out --fp16")
     values = {**given, "use_cpu": False}
     with as_on_a_gpu():
-        resolve_checkpointing(values, RUN_ARGUMENTS["plan"])
+        resolve_checkpointing(values, ARGUMENTS)
     checkpointing = values["gradient_checkpointing"]
     bf16 = True if given["bf16"] is None else bool(given["bf16"])
     if zero3 and not bf16:
@@ -247,3 +252,9 @@ def run(argv: Sequence[str] | None = None) -> tuple[dict[int, StepMemory], Any]:
     found = longest_fitting(step_of, memory, args.plan.longest_up_to) if memory else None
     print("\n".join(longest_lines(memory, found, args.plan.longest_up_to)), flush=True)
     return rows, found
+
+
+main = entry_point(run)
+
+if __name__ == "__main__":
+    main()

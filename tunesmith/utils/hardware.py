@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
@@ -21,3 +22,15 @@ def native_bf16(on_cpu: bool) -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def flash_attention_usable() -> bool:
+    """attn_implementation flash_attention_2 can run here: the flash-attn package is installed and a CUDA GPU is
+    there (what --attn_implementation auto picks it by, and flash_attention_2 needs)."""
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def liger_kernel_usable() -> bool:
+    """--use_liger_kernel can run here: the liger-kernel package is installed (transformers' Trainer applies its
+    kernels) and a CUDA GPU is there (its kernels are Triton's, GPU only)."""
+    return torch.cuda.is_available() and importlib.util.find_spec("liger_kernel") is not None

@@ -1,4 +1,5 @@
-"""The settings of `tunesmith plan` beside the SFT run's own flags, which it parses as `tunesmith sft` does."""
+"""The settings of `tunesmith plan` beside the SFT run's own flags (the core's dataclasses), which it parses as
+`tunesmith sft` does. Its combinations are refused by the core's rows and by rules.py."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..errors import ConfigError
+from ..hparams.data_args import SFTDataArguments
+from ..hparams.finetuning_args import FinetuningArguments
+from ..hparams.model_args import ModelArguments
+from ..hparams.training_args import SFTTrainingArguments
 
 
 @dataclass
@@ -46,3 +51,8 @@ class PlanArguments:
             raise ConfigError(f"--world_size {self.world_size}: give the launch's number of GPUs, e.g. 8")
         if self.memory_gb is not None and self.memory_gb <= 0:
             raise ConfigError(f"--memory_gb {self.memory_gb}: give the GPU's memory in GB, e.g. 80")
+
+
+# The dataclasses `tunesmith plan` parses: the SFT run's, then the plan's own.
+ARGUMENTS: tuple[type, ...] = (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments,
+                               PlanArguments)
