@@ -277,6 +277,30 @@ def test_lora_trainable_tokens_outside_the_vocabulary_are_refused(tmp_path, tiny
         run_pt(tiny_model_dir, txt, tmp_path / "b", "--max_steps", "1", "--lora_trainable_tokens", "99999")
 
 
+def test_lora_trainable_tokens_refuse_the_sharding_peft_cannot_do(tiny_model_dir, monkeypatch):
+    """Found on two CPU ranks: under FSDP2 a tied head's trained rows are one parameter of two modules that
+    accelerate puts in one unit, which fully_shard fails on; under ZeRO-3 PEFT gathers the rows on a CUDA device.
+    (An untied head trains under FSDP2, and ZeRO-2 either way.)"""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.models.trainable_tokens import trainable_token_indices
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    fsdp = SimpleNamespace(fsdp="full_shard", deepspeed=None)
+    with pytest.raises(ConfigError, match=r"--lora_trainable_tokens under FSDP on a model whose head is its "
+                                          r"embedding matrix: .* use --deepspeed configs/ds_zero2.json"):
+        trainable_token_indices(["42"], model, fsdp, tokenizer_for=None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    zero3 = SimpleNamespace(fsdp="", deepspeed={"zero_optimization": {"stage": 3}})
+    with pytest.raises(ConfigError, match=r"--lora_trainable_tokens under ZeRO-3 without a CUDA device"):
+        trainable_token_indices(["42"], model, zero3, tokenizer_for=None)
+    zero2 = SimpleNamespace(fsdp="", deepspeed={"zero_optimization": {"stage": 2}})
+    assert trainable_token_indices(["42"], model, zero2, tokenizer_for=None) == {"model.embed_tokens": [42],
+                                                                                 "lm_head": [42]}
+
+
 def test_lora_trainable_tokens_do_not_change_an_adapter_that_goes_on(tmp_path, tiny_model_dir):
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -334,7 +334,7 @@ def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_arg
         # otherwise trains a copy of the embeddings and leaves the head as it was, untied
         ensure_weight_tying=bool(finetuning_args.lora_modules_to_save),
         trainable_token_indices=trainable_token_indices(finetuning_args.lora_trainable_tokens, model,
-                                                        lambda: load_tokenizer(model_args)),
+                                                        training_args, lambda: load_tokenizer(model_args)),
         target_parameters=parameters or None,
         task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
         # DoRA, rsLoRA, the initialisation (models/lora_variants.py); `tunesmith plan` builds the model without

@@ -9,28 +9,45 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
+from ..distributed import fsdp_requested
 from ..errors import ConfigError
+from ..hparams import zero_stage
 
 logger = logging.getLogger(__name__)
 
 
-def trainable_token_indices(entries: Sequence[str], model: nn.Module,
+def trainable_token_indices(entries: Sequence[str], model: nn.Module, training_args: Any,
                             tokenizer_for: Callable[[], Any]) -> dict[str, list[int]] | None:
     """PEFT's trainable_token_indices for --lora_trainable_tokens: the rows, in the input embeddings and in the
     output head when the model has one over the same vocabulary. A head tied to the embeddings is left to PEFT, which
     sees the same rows named in both and keeps the two one matrix; an untied head trains its own rows of the tokens,
     which a new language needs as much as their embeddings (the model must also produce them)."""
-    ids = trainable_token_ids(entries, model, tokenizer_for)
-    if not ids:
+    if not entries:
         return None
-    names = {module: name for name, module in model.named_modules()}
     embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    _check_sharding(training_args, tied=head is not None and head.weight is embeddings.weight)
+    ids = trainable_token_ids(entries, model, tokenizer_for)
+    names = {module: name for name, module in model.named_modules()}
     targets = {names[embeddings]: ids}
     if head is not None and head in names and head.weight.shape == embeddings.weight.shape:
         targets[names[head]] = ids
     return targets
+
+
+def _check_sharding(training_args: Any, tied: bool) -> None:
+    """What PEFT 0.21's trainable tokens cannot be sharded by, refused in one line (found on two CPU ranks)."""
+    if training_args is None:
+        return
+    if fsdp_requested(training_args) and tied:
+        raise ConfigError("--lora_trainable_tokens under FSDP on a model whose head is its embedding matrix: PEFT "
+                          "shares the trained rows between the two, and FSDP2 cannot shard the one unit accelerate "
+                          "makes of them; use --deepspeed configs/ds_zero2.json (or one process)")
+    if zero_stage(training_args) == 3 and not torch.cuda.is_available():
+        raise ConfigError("--lora_trainable_tokens under ZeRO-3 without a CUDA device: PEFT gathers the rows it "
+                          "trains on a CUDA device; use configs/ds_zero2.json on this machine")
 
 
 def trainable_token_ids(entries: Sequence[str], model: nn.Module, tokenizer_for: Callable[[], Any]) -> list[int]:
