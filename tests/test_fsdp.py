@@ -53,6 +53,20 @@ def losses(out: Path) -> list[float]:
     return [r["loss"] for r in logged(out)]
 
 
+def assert_complete_adapter(model_dir: str, out: Path) -> None:
+    """Gathered on the first process: every tensor whole (peft refuses a shape that differs), B trained, and the
+    adapter loads with plain peft."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert empty_tensors(str(out)) == []
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), str(out))
+    lora = {k: v.shape for k, v in model.state_dict().items() if "lora_" in k}
+    assert len(lora) == len(saved) and sorted(lora.values()) == sorted(v.shape for v in saved.values())
+
+
 def test_fsdp_without_a_launcher_is_refused_before_anything_loads(tiny_model_dir, data, tmp_path, monkeypatch):
     from tunesmith.errors import ConfigError
     from tunesmith.recipes import sft
@@ -68,9 +82,6 @@ def test_sft_qlora_under_accelerate_launch_follows_one_rank_and_saves_a_complete
                                                                                         tmp_path):
     """QLoRA 4-bit: the packed weights are stored in the compute dtype (bnb_4bit_quant_storage), so fully_shard
     shards them like any tensor."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from tunesmith.recipes import sft
 
     out, qlora = tmp_path / "two", ("--quantization_bit", "4")
@@ -79,13 +90,7 @@ def test_sft_qlora_under_accelerate_launch_follows_one_rank_and_saves_a_complete
     one = losses(tmp_path / "one")
     assert losses(out) == pytest.approx(one, rel=2e-3) and one[-1] < one[0]
 
-    # Gathered on the first process: every tensor whole (peft refuses a shape that differs), B trained.
-    assert empty_tensors(str(out)) == []
-    saved = load_file(str(out / "adapter_model.safetensors"))
-    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(out))
-    lora = {k: v.shape for k, v in model.state_dict().items() if "lora_" in k}
-    assert len(lora) == len(saved) and sorted(lora.values()) == sorted(v.shape for v in saved.values())
+    assert_complete_adapter(tiny_model_dir, out)
 
 
 def test_sft_full_saves_the_whole_model_and_resumes(tiny_model_dir, data, tmp_path):
@@ -173,9 +178,6 @@ def pt_flags(model_dir: str, text: str, out: Path, batch: int, *extra: str) -> l
 def test_pt_lora_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, pt_text, tmp_path):
     """`tunesmith pt` under torchrun with --fsdp_config: each rank packs its half of the global batch's pieces into
     one row, and the loss per token over both ranks is the one-rank loss of the whole batch."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from tunesmith.pretrain.command import run
 
     out = tmp_path / "two"
@@ -184,12 +186,7 @@ def test_pt_lora_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, p
     one = losses(tmp_path / "one")
     assert losses(out) == pytest.approx(one, rel=2e-3) and one[-1] < one[0]
 
-    assert empty_tensors(str(out)) == []
-    saved = load_file(str(out / "adapter_model.safetensors"))
-    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(out))
-    lora = {k: v.shape for k, v in model.state_dict().items() if "lora_" in k}
-    assert len(lora) == len(saved) and sorted(lora.values()) == sorted(v.shape for v in saved.values())
+    assert_complete_adapter(tiny_model_dir, out)
 
 
 def test_pt_full_follows_one_rank_and_saves_the_whole_model(tiny_model_dir, pt_text, tmp_path):
