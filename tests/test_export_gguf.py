@@ -178,6 +178,8 @@ def test_adapters_llama_cpp_cannot_apply_alone_are_refused_by_name():
     with pytest.raises(ConfigError, match="this one sets use_dora, which llama.cpp's adapter GGUF does not carry: "
                                           r"export it merged \(leave out --adapter_only\)"):
         _check_config(SimpleNamespace(**{**plain, "use_dora": True}))
+    with pytest.raises(ConfigError, match="this one sets trainable_token_indices, which llama.cpp's adapter GGUF"):
+        _check_config(SimpleNamespace(**{**plain, "trainable_token_indices": {"model.embed_tokens": [42]}}))
 
 
 def test_export_over_its_bound_is_refused_and_leaves_nothing(tiny_model_dir, tmp_path):

@@ -53,6 +53,20 @@ def losses(out: Path) -> list[float]:
     return [r["loss"] for r in logged(out)]
 
 
+def assert_complete_adapter(model_dir: str, out: Path) -> None:
+    """Gathered on the first process: every tensor whole (peft refuses a shape that differs), B trained, and the
+    adapter loads with plain peft."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert empty_tensors(str(out)) == []
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), str(out))
+    lora = {k: v.shape for k, v in model.state_dict().items() if "lora_" in k}
+    assert len(lora) == len(saved) and sorted(lora.values()) == sorted(v.shape for v in saved.values())
+
+
 def test_fsdp_without_a_launcher_is_refused_before_anything_loads(tiny_model_dir, data, tmp_path, monkeypatch):
     from tunesmith.errors import ConfigError
     from tunesmith.sft import command as sft
@@ -68,9 +82,6 @@ def test_sft_qlora_under_accelerate_launch_follows_one_rank_and_saves_a_complete
                                                                                         tmp_path):
     """QLoRA 4-bit: the packed weights are stored in the compute dtype (bnb_4bit_quant_storage), so fully_shard
     shards them like any tensor."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from tunesmith.sft import command as sft
 
     out, qlora = tmp_path / "two", ("--quantization_bit", "4")
@@ -79,13 +90,7 @@ def test_sft_qlora_under_accelerate_launch_follows_one_rank_and_saves_a_complete
     one = losses(tmp_path / "one")
     assert losses(out) == pytest.approx(one, rel=2e-3) and one[-1] < one[0]
 
-    # Gathered on the first process: every tensor whole (peft refuses a shape that differs), B trained.
-    assert empty_tensors(str(out)) == []
-    saved = load_file(str(out / "adapter_model.safetensors"))
-    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(out))
-    lora = {k: v.shape for k, v in model.state_dict().items() if "lora_" in k}
-    assert len(lora) == len(saved) and sorted(lora.values()) == sorted(v.shape for v in saved.values())
+    assert_complete_adapter(tiny_model_dir, out)
 
 
 def test_sft_full_saves_the_whole_model_and_resumes(tiny_model_dir, data, tmp_path):
@@ -150,3 +155,59 @@ def test_dpo_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, prefe
     assert two == pytest.approx(one_process_dpo_losses, rel=2e-3) and two[-1] < two[0]
     assert empty_tensors(str(out)) == []
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(out))
+
+
+# --------------------------------------------------------------------------- continued pre-training (tunesmith pt)
+
+PT_DOCUMENTS = [f"Document {i}: the river Quenn runs through Veloria, whose bridges are made of blue stone number {i}."
+                for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def pt_text(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("pt") / "corpus.txt"
+    path.write_text("\n\n".join(PT_DOCUMENTS) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def pt_flags(model_dir: str, text: str, out: Path, batch: int, *extra: str) -> list[str]:
+    return [*sft_flags(model_dir, text, out, batch, *extra), "--document_separator", "blank_line",
+            "--max_seq_length", "16", "--report_to", "none"]
+
+
+def test_pt_lora_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, pt_text, tmp_path):
+    """`tunesmith pt` under torchrun with --fsdp_config: each rank packs its half of the global batch's pieces into
+    one row, and the loss per token over both ranks is the one-rank loss of the whole batch."""
+    from tunesmith.pretrain.command import run
+
+    out = tmp_path / "two"
+    assert SHARDED in launch("pt/train.py", 2, *pt_flags(tiny_model_dir, pt_text, out, 2, "--fsdp_config", str(FSDP2)))
+    run(pt_flags(tiny_model_dir, pt_text, tmp_path / "one", 4))
+    one = losses(tmp_path / "one")
+    assert losses(out) == pytest.approx(one, rel=2e-3) and one[-1] < one[0]
+
+    assert_complete_adapter(tiny_model_dir, out)
+
+
+def test_pt_full_follows_one_rank_and_saves_the_whole_model(tiny_model_dir, pt_text, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.pretrain.command import run
+
+    full = ("--finetuning_type", "full", "--learning_rate", "1e-3")
+    out = tmp_path / "two"
+    assert SHARDED in accelerate_launch("pt/train.py", 2, *pt_flags(tiny_model_dir, pt_text, out, 2, *full))
+    run(pt_flags(tiny_model_dir, pt_text, tmp_path / "one", 4, *full))
+    one = losses(tmp_path / "one")
+    assert losses(out) == pytest.approx(one, rel=2e-3) and one[-1] < one[0]
+
+    assert empty_tensors(str(out)) == []
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(str(out)).state_dict()
+    one_rank = AutoModelForCausalLM.from_pretrained(str(tmp_path / "one")).state_dict()
+    assert {k: v.shape for k, v in after.items()} == {k: v.shape for k, v in before.items()}
+    assert all(not torch.equal(after[k], before[k]) for k in before)
+    # Adam's first steps move each weight by about the learning rate whatever its gradient's size, so a weight
+    # whose gradient is near 0 may step either way on two ranks: the steps agree on average, not weight by weight.
+    for k in before:
+        assert (after[k] - one_rank[k]).abs().mean() < 0.02 * (one_rank[k] - before[k]).abs().mean(), k

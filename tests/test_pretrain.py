@@ -173,6 +173,14 @@ def test_bad_rows_name_file_line_and_field_and_can_be_skipped(tmp_path, tiny_mod
     (("--data_split", "2,4,4"), "--data_split shares one dataset among SFT"),
     (("--lora_modules_to_save", "embed_tokens", "--finetuning_type", "full"),
      "--lora_modules_to_save trains modules whole beside a LoRA adapter, and --finetuning_type full"),
+    (("--lora_trainable_tokens", "é", "--finetuning_type", "full"),
+     "--lora_trainable_tokens trains rows of the embeddings beside a LoRA adapter, and --finetuning_type full"),
+    (("--lora_trainable_tokens", "é", "--finetuning_type", "prompt_tuning", "--packing", "false"),
+     "--lora_trainable_tokens trains rows of the embeddings beside a LoRA adapter, and --finetuning_type "
+     "prompt_tuning trains none"),
+    (("--lora_trainable_tokens", "é", "--lora_modules_to_save", "lm_head"),
+     "--lora_trainable_tokens trains some rows of the embeddings and the head, and --lora_modules_to_save lm_head "
+     "trains the whole matrix: keep one."),
 ])
 def test_settings_that_cannot_work_are_refused_in_one_line(tmp_path, flags, message):
     txt = write_txt(tmp_path / "c.txt", DOCS)
@@ -220,6 +228,88 @@ def test_lora_modules_to_save_trains_the_embeddings_whole_and_keeps_a_tied_head_
     with torch.no_grad():
         assert torch.allclose(reloaded.eval()(input_ids=ids).logits, trainer.model.eval()(input_ids=ids).logits,
                               atol=1e-5)
+
+
+def test_lora_trainable_tokens_train_only_their_rows_and_the_adapter_reloads_and_merges(tmp_path, tiny_model_dir):
+    """PEFT's trainable tokens: the named rows of the embeddings train (the tiny model's head is its embedding
+    matrix, as SmolLM2's: the same rows of the head), every other row stays bit-identical, and the adapter holds the
+    rows alone; plain PEFT reloads it with the trained logits, and the merged model gives them too."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    txt = write_txt(tmp_path / "c.txt", [*DOCS, "Le café de Veloria est près de la rivière."])
+    # the text é is the token `Ã©` (2756; the vocabulary's entry `é` is the byte 0xe9), `Ġriver` an entry as the
+    # tokenizer spells it (4626), 42 an id; 4626 again counts once
+    trainer = run_pt(tiny_model_dir, txt, tmp_path / "out", "--max_steps", "2", "--learning_rate", "1e-2",
+                     "--lora_trainable_tokens", "é,Ġriver,42,4626")
+    rows = [2756, 4626, 42]
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert [n for n in trainable if "lora_" not in n] == [
+        "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta.default"]
+
+    saved = load_file(str(tmp_path / "out" / "adapter_model.safetensors"))
+    tokens = {k: v.shape for k, v in saved.items() if "lora_" not in k}
+    assert tokens == {"base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta": (3, 64)}
+
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir).get_input_embeddings().weight.detach()
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(tmp_path / "out"))
+    ids = torch.tensor([[1, 2756, 4626, 42, 5, 9]])
+    with torch.no_grad():
+        trained = trainer.model.eval()(input_ids=ids).logits
+        assert torch.allclose(reloaded.eval()(input_ids=ids).logits, trained, atol=1e-5)
+        merged = reloaded.merge_and_unload()
+        assert torch.allclose(merged(input_ids=ids).logits, trained, atol=1e-5)
+    embeddings = merged.get_input_embeddings().weight.detach()
+    others = torch.ones(len(original), dtype=torch.bool)
+    others[rows] = False
+    assert torch.equal(embeddings[others], original[others])
+    assert all(not torch.equal(embeddings[r], original[r]) for r in rows)
+    assert torch.equal(merged.get_output_embeddings().weight, embeddings)  # the tied head: the same rows trained
+
+
+def test_lora_trainable_tokens_outside_the_vocabulary_are_refused(tmp_path, tiny_model_dir):
+    txt = write_txt(tmp_path / "c.txt", DOCS)
+    with pytest.raises(ConfigError, match=r"--lora_trainable_tokens 'Quenn' is not a token of the vocabulary \(it "
+                                          r"encodes as 2 tokens: \['Qu', 'enn'\]\): name those pieces or their ids"):
+        run_pt(tiny_model_dir, txt, tmp_path / "a", "--max_steps", "1", "--lora_trainable_tokens", "Quenn")
+    with pytest.raises(ConfigError, match=r"--lora_trainable_tokens 99999: the model's embeddings have 49152 rows"):
+        run_pt(tiny_model_dir, txt, tmp_path / "b", "--max_steps", "1", "--lora_trainable_tokens", "99999")
+
+
+def test_lora_trainable_tokens_refuse_the_sharding_peft_cannot_do(tiny_model_dir, monkeypatch):
+    """Found on two CPU ranks: under FSDP2 a tied head's trained rows are one parameter of two modules that
+    accelerate puts in one unit, which fully_shard fails on; under ZeRO-3 PEFT gathers the rows on a CUDA device.
+    (An untied head trains under FSDP2, and ZeRO-2 either way.)"""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.models.trainable_tokens import trainable_token_indices
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    fsdp = SimpleNamespace(fsdp="full_shard", deepspeed=None)
+    with pytest.raises(ConfigError, match=r"--lora_trainable_tokens under FSDP on a model whose head is its "
+                                          r"embedding matrix: .* use --deepspeed configs/ds_zero2.json"):
+        trainable_token_indices(["42"], model, fsdp, tokenizer_for=None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    zero3 = SimpleNamespace(fsdp="", deepspeed={"zero_optimization": {"stage": 3}})
+    with pytest.raises(ConfigError, match=r"--lora_trainable_tokens under ZeRO-3 without a CUDA device"):
+        trainable_token_indices(["42"], model, zero3, tokenizer_for=None)
+    zero2 = SimpleNamespace(fsdp="", deepspeed={"zero_optimization": {"stage": 2}})
+    assert trainable_token_indices(["42"], model, zero2, tokenizer_for=None) == {"model.embed_tokens": [42],
+                                                                                 "lm_head": [42]}
+
+
+def test_lora_trainable_tokens_do_not_change_an_adapter_that_goes_on(tmp_path, tiny_model_dir):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                                                             "base_model_name_or_path": tiny_model_dir}))
+    with pytest.raises(ConfigError, match=rf"--lora_trainable_tokens sets up a new adapter, and this run continues "
+                                          rf"{adapter}, whose adapter_config.json decides what trains"):
+        pt_args("--data_path", write_txt(tmp_path / "c.txt", DOCS), "--output_dir", str(tmp_path / "o"),
+                "--adapter_name_or_path", str(adapter), "--lora_trainable_tokens", "é")
 
 
 def test_inspect_shows_the_pieces_of_a_text_corpus(tmp_path, tiny_model_dir, tokenizer, capsys):

@@ -35,7 +35,8 @@ def _check_config(config: Any) -> float:
     unsupported = {"use_dora": bool(getattr(config, "use_dora", False)),
                    "rank_pattern": bool(getattr(config, "rank_pattern", None)),
                    "alpha_pattern": bool(getattr(config, "alpha_pattern", None)),
-                   "modules_to_save": bool(getattr(config, "modules_to_save", None))}
+                   "modules_to_save": bool(getattr(config, "modules_to_save", None)),
+                   "trainable_token_indices": bool(getattr(config, "trainable_token_indices", None))}
     for key, present in unsupported.items():
         if present:
             raise ConfigError(f"--adapter_only writes plain LoRA adapters; this one sets {key}, which llama.cpp's "

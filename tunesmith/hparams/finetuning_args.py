@@ -87,6 +87,16 @@ class FinetuningArguments:
                   "whose tokens the frozen embeddings represent poorly. Costs their full size in gradients and "
                   "optimizer state, and in the adapter file."},
     )
+    lora_trainable_tokens: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Tokens whose rows of the input embeddings and of the output head (one matrix where the "
+                  "model ties them) a LoRA run trains beside the adapter and saves with it, the other rows frozen "
+                  "(PEFT's trainable tokens), e.g. the tokens of a new language's script, or reserved tokens put to "
+                  "a new use: each a token id, a text that encodes as one token (é, <|im_start|>), or an entry of "
+                  "the vocabulary as the tokenizer spells it (Ġriver); comma-separated (give a comma by its id). "
+                  "Costs only those rows, where --lora_modules_to_save embed_tokens,lm_head trains and saves the "
+                  "whole matrices."},
+    )
     router_aux_loss_coef: float | None = field(
         default=None,
         metadata={"help": "SFT of a mixture-of-experts model (Qwen3-MoE, Mixtral, gpt-oss, OLMoE, ...): the weight of "
@@ -120,6 +130,7 @@ class FinetuningArguments:
 
     def __post_init__(self) -> None:
         self.lora_modules_to_save = comma_list(self.lora_modules_to_save)  # embed_tokens,lm_head as two names
+        self.lora_trainable_tokens = comma_list(self.lora_trainable_tokens)
 
     @property
     def prompt_learning(self) -> bool:

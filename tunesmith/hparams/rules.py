@@ -512,6 +512,21 @@ RULES: list[Rule] = [
          "--lora_modules_to_save trains modules whole beside a LoRA adapter, and --finetuning_type "
          "{finetuning.finetuning_type} trains none (full trains every module already): drop it, or use "
          "--finetuning_type lora."),
+    Rule("lora_trainable_tokens_without_lora", ("finetuning",),
+         lambda a: a.finetuning.lora_trainable_tokens and a.finetuning.finetuning_type != "lora",
+         "--lora_trainable_tokens trains rows of the embeddings beside a LoRA adapter, and --finetuning_type "
+         "{finetuning.finetuning_type} trains none (full trains every row already; a prompt-based method changes no "
+         "weight of the model): drop it, or use --finetuning_type lora."),
+    Rule("lora_trainable_tokens_with_whole_embeddings", ("finetuning",),
+         lambda a: a.finetuning.lora_trainable_tokens
+         and next(({"module": m} for m in a.finetuning.lora_modules_to_save if m in ("embed_tokens", "lm_head")), None),
+         "--lora_trainable_tokens trains some rows of the embeddings and the head, and --lora_modules_to_save {module} "
+         "trains the whole matrix: keep one."),
+    Rule("lora_trainable_tokens_adapter", ("model", "finetuning"),
+         lambda a: a.finetuning.lora_trainable_tokens and a.model.adapter_name_or_path,
+         "--lora_trainable_tokens sets up a new adapter, and this run continues {model.adapter_name_or_path}, whose "
+         "adapter_config.json decides what trains: drop --lora_trainable_tokens, or drop --adapter_name_or_path to "
+         "start a new one."),
     Rule("lora_learning_rate", ("finetuning",),
          lambda a: a.finetuning.lora_learning_rate is not None and not a.finetuning.lora_learning_rate > 0,
          "--lora_learning_rate must be > 0 (got {finetuning.lora_learning_rate})."),

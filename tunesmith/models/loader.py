@@ -29,6 +29,7 @@ from .moe import expert_count, expert_lora_parameters, is_router
 from .output_head import contiguous_head_inputs
 from .prompt_learning import load_encoder, prompt_learning_config
 from .scoring import cast_head_inputs_to_its_dtype
+from .trainable_tokens import trainable_token_indices
 from .vision import (
     load_processor,
     lora_target_pattern,
@@ -331,6 +332,8 @@ def _attach_adapter(model: nn.Module, model_args: ModelArguments, finetuning_arg
         # a model whose head is its embedding matrix (SmolLM2, Gemma, Qwen's small ones) keeps one matrix: PEFT
         # otherwise trains a copy of the embeddings and leaves the head as it was, untied
         ensure_weight_tying=bool(finetuning_args.lora_modules_to_save),
+        trainable_token_indices=trainable_token_indices(finetuning_args.lora_trainable_tokens, model,
+                                                        training_args, lambda: load_tokenizer(model_args)),
         target_parameters=parameters or None,
         task_type=TaskType.SEQ_CLS if task == "reward" else TaskType.CAUSAL_LM,
         # DoRA, rsLoRA, the initialisation (models/lora_variants.py); `tunesmith plan` builds the model without

@@ -6,7 +6,9 @@ no chat template, every token trained. Teaches a model a domain or a language be
     tunesmith pt --data_path corpus.txt --document_separator blank_line --output_dir outputs/pt --max_seq_length 1024
     tunesmith pt --data_path wiki.jsonl,code.parquet --data_weights 0.8,0.2 --text_column text --val_size 0.05
     tunesmith pt --data_path corpus.jsonl --lora_modules_to_save embed_tokens,lm_head   # a new language
+    tunesmith pt --data_path corpus.jsonl --lora_trainable_tokens "é,è,à,ç"   # only those rows of embeddings and head
     torchrun --nproc_per_node 2 pt/train.py configs/pt_lora_demo.yaml --deepspeed configs/ds_zero3.json
+    accelerate launch --config_file configs/fsdp2.yaml pt/train.py configs/pt_lora_demo.yaml
 
 Documents longer than --max_seq_length are cut into pieces (--stride overlaps them); a batch's pieces are packed into
 one row in which each attends within itself only (the loss each would have alone), or with
