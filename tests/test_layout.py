@@ -29,11 +29,11 @@ CORE: list[set[str]] = [
 # The feature packages, each a folder of args.py (its dataclasses), rules.py (its rows and the facts they read),
 # its code and command.py (the pipeline); it imports only the core. The packages not yet in that shape (issue #53)
 # keep their layers above the core, and import no feature either.
-FEATURES: set[str] = {"export", "pretrain", "distill", "rl"}
+FEATURES: set[str] = {"export", "pretrain", "distill", "rl", "evaluation", "merge"}
 TOP = {"cli", "cli_reference", "__main__"}  # cli_reference: the docs' CLI reference, generated from the parser
 LAYERS: list[set[str]] = [
     *CORE,
-    {"chat", "serve", "evaluation", "ui", "plan", *FEATURES},  # ui: the web page; evaluation: lm-eval tasks (evaluation/tasks/) and their front end; plan: the memory plan
+    {"chat", "serve", "ui", "plan", *FEATURES},  # ui: the web page; plan: the memory plan
     {"recipes"},
     TOP,
 ]

@@ -174,7 +174,8 @@ def test_rows_joining_a_running_batch_answer_as_alone(trained):
 
 
 def test_compare_and_chat_answer_with_the_adapter(train_once, tmp_path, monkeypatch, capsys):
-    from tunesmith.recipes import chat, compare
+    from tunesmith.evaluation import compare
+    from tunesmith.recipes import chat
 
     _, _, out = train_once("prompt_tuning")  # one method is enough: they share the engine path checked above
     model, tokenizer = load_for_inference(inference_model_args(out, dtype="float32"))

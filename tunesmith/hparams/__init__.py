@@ -14,17 +14,7 @@ from .parser import ParsedRun, parse_args
 from .rules import check, deepspeed_config, zero_stage
 from .run_config import save_run_config
 from .run_kinds import RUN_ARGUMENTS, feature_rules
-from .tool_args import (
-    MERGE_DEFAULT_DENSITY,
-    MERGE_DEFAULT_SLERP_T,
-    MERGE_RELATIVE_TOLERANCES,
-    CompareArguments,
-    HarnessArguments,
-    InspectArguments,
-    MergeArguments,
-    ScoreArguments,
-    UIArguments,
-)
+from .tool_args import InspectArguments, ScoreArguments, UIArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 
@@ -40,6 +30,5 @@ __all__ = [
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
     "ServeArguments", "SFTTrainingArguments", "TrainingArguments",
-    "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "HarnessArguments",
-    "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T", "UIArguments",
+    "ScoreArguments", "InspectArguments", "UIArguments",
 ]

@@ -6,20 +6,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
+from .data_args import DataArguments, SFTDataArguments, TrainDataArguments
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .plan_args import PlanArguments
 from .rules import Rule
-from .tool_args import (
-    CompareArguments,
-    HarnessArguments,
-    InspectArguments,
-    MergeArguments,
-    ScoreArguments,
-    UIArguments,
-)
+from .tool_args import InspectArguments, ScoreArguments, UIArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
@@ -27,13 +20,10 @@ CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
-    "merge": (ModelArguments, MergeArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),
     "serve": (ModelArguments, ServeArguments, GenerationArguments),
     "score": (ModelArguments, DataArguments, ScoreArguments),
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
-    "compare": (ModelArguments, PromptDataArguments, CompareArguments),
-    "eval": (ModelArguments, HarnessArguments),
     "ui": (UIArguments,),
     "plan": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments, PlanArguments),
 }
@@ -48,6 +38,9 @@ FEATURE_RUNS: dict[str, str] = {
     "distill": "tunesmith.distill",
     "ppo": "tunesmith.rl",
     "eval_policy": "tunesmith.rl",  # the policy evaluation: `tunesmith eval --policy`
+    "eval": "tunesmith.evaluation",  # lm-evaluation-harness: `tunesmith eval --tasks`
+    "compare": "tunesmith.evaluation",
+    "merge": "tunesmith.merge",
 }
 
 
