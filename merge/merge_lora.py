@@ -1,7 +1,7 @@
-"""The `tunesmith merge` command as a script: the recipe, its flags and its examples are in
-tunesmith/recipes/merge.py (`python merge/merge_lora.py --help`)."""
+"""The `tunesmith merge` command as a script: the pipeline, its flags and its examples are in
+tunesmith/merge/command.py (`python merge/merge_lora.py --help`)."""
 
-from tunesmith.recipes.merge import main
+from tunesmith.merge.command import main
 
 if __name__ == "__main__":
     main()

@@ -127,7 +127,7 @@ def test_merged_logits_equal_base_plus_adapter(arch_dir, packed_run, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from tunesmith.recipes.merge import run as merge
+    from tunesmith.merge.command import run as merge
 
     adapter = packed_run.args.output_dir
     result = merge(["--adapter_name_or_path", adapter, "--output_dir", str(tmp_path / "merged")])

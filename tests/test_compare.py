@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import DataError
-from tunesmith.recipes import compare
+from tunesmith.evaluation import compare
 
 QUESTIONS = ["Who are you?", "What is the capital of France, and why is it famous?", "你是谁？"]
 
@@ -56,7 +56,7 @@ def test_a_row_without_a_prompt_names_file_and_line(adapter, tmp_path):
 
 
 def test_tool_calls_are_found_and_scored():
-    from tunesmith.serve.tools import first_call, score_calls
+    from tunesmith.data.call_scores import first_call, score_calls
 
     answers = ['<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
                'Sure {not json} then {"name": "convert_currency", "arguments": {"amount": 5.0, "from": "USD", "to": "EUR"}}',

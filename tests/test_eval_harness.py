@@ -32,7 +32,7 @@ def results_file(out: Path) -> Path:
 
 def test_tunesmith_eval_writes_what_lm_eval_writes_for_the_same_model_and_tasks(
         tmp_path, chatty_model_dir, adapter_dir, capsys):
-    from tunesmith.recipes import eval as evaluation
+    from tunesmith.evaluation import command as evaluation
 
     settings = ["--include_path", TASKS, "--tasks", "tunesmith_tiny_mc,tunesmith_tiny_gen", "--limit", "12",
                 "--batch_size", "4"]
@@ -63,7 +63,7 @@ def test_tunesmith_eval_writes_what_lm_eval_writes_for_the_same_model_and_tasks(
 
 def test_compare_to_base_pairs_the_documents_and_reports_the_change_with_its_standard_error(
         tmp_path, chatty_model_dir, adapter_dir, capsys):
-    from tunesmith.recipes import eval as evaluation
+    from tunesmith.evaluation import command as evaluation
 
     out = tmp_path / "cmp"
     rows = evaluation.run(["--model_name_or_path", chatty_model_dir, "--adapter_name_or_path", adapter_dir,
@@ -133,7 +133,7 @@ def test_unknown_tasks_and_unreachable_data_stop_with_one_line_before_a_model_lo
 def test_the_embedded_default_model_knows_its_facts_well_above_chance(tmp_path):
     """No model given: the embedded SmolLM2-135M-Instruct. On the shipped knowledge set (4 choices, chance
     0.25) it scores about 0.57 in full; a broken prompt, scoring or model load would fall to chance."""
-    from tunesmith.recipes import eval as evaluation
+    from tunesmith.evaluation import command as evaluation
 
     results = evaluation.run(["--tasks", "tunesmith_knowledge", "--limit", "40", "--apply_chat_template",
                               "--output_path", str(tmp_path)])

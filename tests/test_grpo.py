@@ -288,7 +288,7 @@ def test_demo_data_is_what_the_generator_writes(tmp_path):
 
 
 def test_eval_rl_reports_accuracy_and_format_with_paired_errors(tmp_path, policy_dir, tokenizer, capsys):
-    from tunesmith.recipes import eval as evaluation
+    from tunesmith.evaluation import command as evaluation
 
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{i} + 1?"}], "answer": str(i + 1)})

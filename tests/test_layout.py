@@ -29,11 +29,12 @@ CORE: list[set[str]] = [
 # The feature packages, each a folder of args.py (its dataclasses), rules.py (its rows and the facts they read),
 # its code and command.py (the pipeline); it imports only the core. The packages not yet in that shape (issue #53)
 # keep their layers above the core, and import no feature either.
-FEATURES: set[str] = {"export", "pretrain", "distill", "rl", "serve", "chat", "ui", "sft", "inspect", "plan"}
+FEATURES: set[str] = {"export", "pretrain", "distill", "rl", "serve", "chat", "ui", "sft", "inspect", "plan",
+                      "evaluation", "merge"}
 TOP = {"cli", "cli_reference", "__main__"}  # cli_reference: the docs' CLI reference, generated from the parser
 LAYERS: list[set[str]] = [
     *CORE,
-    {"evaluation", *FEATURES},  # evaluation: lm-eval tasks (evaluation/tasks/) and their front end
+    FEATURES,
     {"recipes"},
     TOP,
 ]

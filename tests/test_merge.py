@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from tunesmith.data.template import encode_conversation
 from tunesmith.errors import ConfigError, PathError
+from tunesmith.merge.command import MergeError
+from tunesmith.merge.command import run as main
 from tunesmith.models.loader import find_lora_targets
-from tunesmith.recipes.merge import MergeError
-from tunesmith.recipes.merge import run as main
 
 CONVERSATION = [{"role": "user", "content": "Hi there, who are you?"}, {"role": "assistant", "content": "A test."}]
 

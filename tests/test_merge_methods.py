@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tunesmith import cli
 from tunesmith.data.template import BUILTIN_TEMPLATES
 from tunesmith.errors import ConfigError, PathError
-from tunesmith.recipes.merge import probe_logits
-from tunesmith.recipes.merge import run as merge
+from tunesmith.merge.command import probe_logits
+from tunesmith.merge.command import run as merge
 
 pytest.importorskip("mergekit")  # the merge extra; the test extra installs it
 

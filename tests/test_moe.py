@@ -18,9 +18,9 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 from tunesmith.data.template import encode_conversation
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import parse_run
+from tunesmith.merge.command import run as merge_main
 from tunesmith.models.loader import find_lora_targets
 from tunesmith.models.moe import expert_lora_parameters, fused_expert_parameters
-from tunesmith.recipes.merge import run as merge_main
 from tunesmith.sft.command import run as sft_main
 from tunesmith.train import sft_trainer
 from tunesmith.train.router_loss import router_loss_for

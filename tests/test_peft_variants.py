@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from tunesmith.data.template import encode_conversation
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import FinetuningArguments, ModelArguments, parse_run
+from tunesmith.merge.command import run as merge
 from tunesmith.models.loader import load_model
 from tunesmith.recipes import dpo, reward
-from tunesmith.recipes.merge import run as merge
 from tunesmith.sft.command import run as sft
 from tunesmith.train.param_groups import split_lora_groups
 

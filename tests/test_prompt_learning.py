@@ -175,7 +175,7 @@ def test_rows_joining_a_running_batch_answer_as_alone(trained):
 
 def test_compare_and_chat_answer_with_the_adapter(train_once, tmp_path, monkeypatch, capsys):
     from tunesmith.chat import command as chat
-    from tunesmith.recipes import compare
+    from tunesmith.evaluation import compare
 
     _, _, out = train_once("prompt_tuning")  # one method is enough: they share the engine path checked above
     model, tokenizer = load_for_inference(inference_model_args(out, dtype="float32"))

@@ -32,7 +32,7 @@ def results(out: Path) -> dict:
 
 
 def test_tunesmith_eval_answers_the_picture_task_as_lm_eval_does(tmp_path, default_model_path):
-    from tunesmith.recipes import eval as evaluation
+    from tunesmith.evaluation import command as evaluation
 
     model_dir = build_vlm_dir("idefics3", tmp_path / "idefics3", default_model_path, seed=2)
     theirs = subprocess.run([LM_EVAL, "--model", "hf-multimodal", "--model_args", f"pretrained={model_dir}",
@@ -48,7 +48,7 @@ def test_tunesmith_eval_answers_the_picture_task_as_lm_eval_does(tmp_path, defau
 
 
 def test_a_qwen2_vl_model_is_evaluated_with_tunesmiths_processor(tmp_path, default_model_path):
-    from tunesmith.recipes import eval as evaluation
+    from tunesmith.evaluation import command as evaluation
 
     model_dir = build_vlm_dir("qwen2_vl", tmp_path / "qwen2_vl", default_model_path, seed=2)
     evaluation.run(["--model_name_or_path", model_dir, "--output_path", str(tmp_path / "ours"), *SETTINGS])

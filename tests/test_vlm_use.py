@@ -21,9 +21,10 @@ from tunesmith.data.template import encode_prompt
 from tunesmith.generation import Engine, SamplingParams
 from tunesmith.generation.chat_session import ChatSession
 from tunesmith.generation.engine import stop_token_ids
-from tunesmith.hparams import FinetuningArguments, GenerationArguments, MergeArguments, ModelArguments
+from tunesmith.hparams import FinetuningArguments, GenerationArguments, ModelArguments
+from tunesmith.merge.args import MergeArguments
+from tunesmith.merge.command import merge, probe_logits
 from tunesmith.models.loader import load_model, load_tokenizer
-from tunesmith.recipes.merge import merge, probe_logits
 
 NEW_TOKENS = 10
 

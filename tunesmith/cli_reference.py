@@ -30,7 +30,7 @@ from .hparams.parser import DEPRECATED_FLAGS, DEPRECATED_UNTIL, MEANING_MOVED, P
 MARKER = "<!-- cli-reference -->"
 
 # The kinds of run a command parses, where it is not the one named like the command: `tunesmith eval` runs
-# lm-eval, or the policy evaluation when a policy flag is given (recipes/eval.py, POLICY_FLAGS).
+# lm-eval, or the policy evaluation when a policy flag is given (evaluation/command.py, POLICY_FLAGS).
 COMMAND_RUNS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "eval": (("eval", ()), ("eval_policy", ("--policy", "POLICY"))),
 }

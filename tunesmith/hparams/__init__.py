@@ -14,15 +14,7 @@ from .parser import ParsedRun, parse_args
 from .rules import check, deepspeed_config, zero_stage
 from .run_config import save_run_config
 from .run_kinds import RUN_ARGUMENTS, feature_rules
-from .tool_args import (
-    MERGE_DEFAULT_DENSITY,
-    MERGE_DEFAULT_SLERP_T,
-    MERGE_RELATIVE_TOLERANCES,
-    CompareArguments,
-    HarnessArguments,
-    MergeArguments,
-    ScoreArguments,
-)
+from .tool_args import ScoreArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 
@@ -37,7 +29,5 @@ __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments",
-    "SFTTrainingArguments", "TrainingArguments",
-    "MergeArguments", "ScoreArguments", "CompareArguments", "HarnessArguments",
-    "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T",
+    "SFTTrainingArguments", "TrainingArguments", "ScoreArguments",
 ]

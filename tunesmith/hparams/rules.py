@@ -7,10 +7,8 @@ alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -24,7 +22,6 @@ from ..utils.paths import (
     adapter_config,
     is_adapter_dir,
     looks_local,
-    model_config,
     problem_with_data_file,
     problem_with_model_dir,
     problem_with_output_dir,
@@ -129,46 +126,6 @@ def _adapter_kind_differs(a: SimpleNamespace) -> dict | None:
 _NOTHING_TO_MERGE = ("{path} is a {kind} adapter: its virtual tokens go in front of the input and change no weight, "
                      "so there is nothing to merge into the weights; use it as it is with tunesmith chat, serve or "
                      "compare, or train a LoRA adapter (--finetuning_type lora) to merge.")
-
-
-# What two models must share to merge weight by weight (config.json's fields; an adapter has its base's).
-MERGE_SHAPE_FIELDS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-                      "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
-_MERGE_WITH_BASE = ("ties", "dare_ties")
-
-
-def _weights_config(path: str) -> dict:
-    """The config.json of the weights a --models entry stands for: an adapter's recorded base's."""
-    if is_adapter_dir(path):
-        base = adapter_config(path).get("base_model_name_or_path")
-        return model_config(base) if base else {}
-    return model_config(path)
-
-
-def _merge_shape_difference(a: SimpleNamespace) -> dict | None:
-    """{"first", "other", "field", "a", "b"}: the first config.json field (of MERGE_SHAPE_FIELDS) in which a --models
-    entry (or the ties base) differs from the first; models whose config cannot be read are left to other rows."""
-    paths = ([a.model.model_name_or_path] if a.merge.method in _MERGE_WITH_BASE and a.model.model_name_or_path
-             else []) + list(a.merge.models)
-    configs = [(path, _weights_config(path)) for path in paths if os.path.isdir(path)]
-    configs = [(path, config) for path, config in configs if config]
-    for path, config in configs[1:]:
-        first, reference = configs[0]
-        field = next((f for f in MERGE_SHAPE_FIELDS if config.get(f) != reference.get(f)), None)
-        if field:
-            return {"first": first, "other": path, "field": field, "a": reference.get(field), "b": config.get(field)}
-    return None
-
-
-def _unmergeable_adapter(models: list[str]) -> dict | None:
-    """{"path", "kind"}: the first --models adapter that mergekit cannot take as a causal LM's weights."""
-    for path in models:
-        kind = prompt_adapter_kind(path) or (
-            "reward-model (task_type SEQ_CLS)" if is_adapter_dir(path)
-            and adapter_config(path).get("task_type") == "SEQ_CLS" else None)
-        if kind:
-            return {"path": path, "kind": kind}
-    return None
 
 
 _VARIANT_FLAGS = (("use_dora", False), ("use_rslora", False), ("init_lora_weights", "true"),
@@ -653,120 +610,9 @@ RULES: list[Rule] = [
          lambda a: a.generation.num_beams > 1 and _prompt_adapter(a.model),
          "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
          "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
-    # -- merge
-    Rule("merge_models_need_method", ("merge",), lambda a: a.merge.models and not a.merge.method,
-         "--models needs --method (linear, ties, dare_ties or slerp): how to merge them."),
-    Rule("merge_adapter_given", ("merge", "model"), lambda a: not a.merge.method and not a.model.adapter_name_or_path,
-         "--adapter_name_or_path is required: the LoRA adapter directory to merge (an SFT or reward-model output); "
-         "or merge several models with --method and --models."),
-    Rule("merge_method_adapter", ("merge", "model"), lambda a: a.merge.method and a.model.adapter_name_or_path,
-         "--method {merge.method} merges the --models; {model.adapter_name_or_path} came as --adapter_name_or_path "
-         "(or as an adapter folder in --model_name_or_path): list every model and adapter in --models instead, and "
-         "give ties' base as --model_name_or_path."),
-    Rule("merge_mergekit_installed", ("merge",),
-         lambda a: a.merge.method and importlib.util.find_spec("mergekit") is None,
-         "--method {merge.method} merges through mergekit, which is not installed: pip install -e '.[merge]' (the "
-         "merge extra; or pip install mergekit)."),
-    Rule("merge_models_count", ("merge",),
-         lambda a: a.merge.method and len(a.merge.models) < 2 and {"count": len(a.merge.models)},
-         "--method {merge.method} merges two or more --models (got {count}): give the model or adapter folders "
-         "after --models."),
-    Rule("merge_models_paths", ("merge",),
-         lambda a: a.merge.method and _first(list(a.merge.models), problem_with_model_dir),
-         "--models {path}: {problem}; give model or LoRA adapter folders.", PathError),
-    Rule("merge_models_lora", ("merge",), lambda a: a.merge.method and _unmergeable_adapter(list(a.merge.models)),
-         "--models {path} is a {kind} adapter: --method merges chat models' weights, so give full models or LoRA "
-         "adapters of a causal LM."),
-    Rule("merge_slerp_two", ("merge",),
-         lambda a: a.merge.method == "slerp" and len(a.merge.models) != 2 and {"count": len(a.merge.models)},
-         "--method slerp interpolates between exactly two --models (got {count}); merge more with linear, ties or "
-         "dare_ties."),
-    Rule("merge_slerp_weights", ("merge",), lambda a: a.merge.method == "slerp" and a.merge.weights,
-         "--weights is not read by --method slerp: its --slerp_t says where between the two models the merge lies."),
-    Rule("merge_weights_count", ("merge",),
-         lambda a: a.merge.weights and len(a.merge.weights) != len(a.merge.models)
-         and {"weights": len(a.merge.weights), "models": len(a.merge.models)},
-         "--weights has {weights} values for {models} --models: give one weight per model, in order."),
-    Rule("merge_base_given", ("merge", "model"),
-         lambda a: a.merge.method in _MERGE_WITH_BASE and not a.model.model_name_or_path,
-         "--method {merge.method} adds each model's difference from a base to that base: give the base they were "
-         "fine-tuned from as --model_name_or_path (old spelling --base_model)."),
-    Rule("merge_base_unread", ("merge", "model"),
-         lambda a: a.merge.method in ("linear", "slerp") and a.model.model_name_or_path,
-         "--model_name_or_path {model.model_name_or_path}: --method {merge.method} reads no base (only ties and "
-         "dare_ties do); list the models to merge in --models and leave it out."),
-    Rule("merge_base_path", ("merge", "model"),
-         lambda a: a.merge.method in _MERGE_WITH_BASE and a.model.model_name_or_path
-         and _problem(problem_with_model_dir(a.model.model_name_or_path)),
-         "--model_name_or_path {model.model_name_or_path} (the base of --method {merge.method}): {problem}.", PathError),
-    Rule("merge_density_unread", ("merge",),
-         lambda a: a.merge.density is not None and a.merge.method not in _MERGE_WITH_BASE,
-         "--density is read by --method ties and dare_ties only (this merge: {merge.method}); leave it out."),
-    Rule("merge_slerp_t_unread", ("merge",), lambda a: a.merge.slerp_t is not None and a.merge.method != "slerp",
-         "--slerp_t is read by --method slerp only (this merge: {merge.method}); leave it out."),
-    Rule("merge_tolerance_unread", ("merge",), lambda a: a.merge.method and a.merge.tolerance is not None,
-         "--tolerance bounds a LoRA merge's difference from base + adapter; a --method merge has no such reference "
-         "(it checks that the merged model loads and gives finite logits): leave it out."),
-    Rule("merge_shapes", ("merge", "model"), lambda a: a.merge.method and _merge_shape_difference(a),
-         "--models: {first} and {other} differ in config.json's {field} ({a} vs {b}): models merge weight by weight "
-         "only with one architecture and shape; give fine-tunes of the same base (an adapter has its base's)."),
-    Rule("compare_adapter_given", ("compare", "model"),
-         lambda a: not a.model.adapter_name_or_path and not a.compare.baseline,
-         "--adapter_name_or_path is required: the fine-tuned LoRA adapter to compare with its base (or give "
-         "--baseline, the model or adapter to compare the --model_name_or_path one with)."),
-    Rule("compare_baseline", ("compare",),
-         lambda a: a.compare.baseline and _problem(problem_with_model_dir(a.compare.baseline)),
-         "--baseline {compare.baseline}: {problem}; give a model folder or an adapter folder.", PathError),
-    Rule("compare_beams", ("compare",), lambda a: a.compare.num_beams < 1,
-         "--num_beams must be at least 1 (got {compare.num_beams}); 1 is greedy decoding."),
-    Rule("compare_prompt_adapter_beams", ("compare", "model"),
-         lambda a: a.compare.num_beams > 1 and (_prompt_adapter(a.model) or _prompt_adapter(
-             SimpleNamespace(adapter_name_or_path=a.compare.baseline, model_name_or_path=None))),
-         "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
-         "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
-    Rule("merge_prompt_learning", ("merge", "model"), lambda a: _prompt_adapter(a.model),
-         "merge: " + _NOTHING_TO_MERGE),
-    Rule("merge_output_given", ("merge",), lambda a: not a.merge.output_dir,
-         "--output_dir is required: where the merged model goes."),
-    Rule("merge_output_dir", ("merge",), lambda a: a.merge.output_dir and _problem(problem_with_output_dir(a.merge.output_dir)),
-         "--output_dir {merge.output_dir}: {problem}; choose another directory.", PathError),
-    Rule("merge_unquantized", ("merge", "model"), lambda a: a.model.quantization_bit is not None,
-         "--quantization_bit cannot be used with merge: the base is always loaded unquantized (merging into "
-         "quantized weights would round away what the adapter learned); drop the flag."),
-    Rule("merge_output_free", ("merge",),
-         lambda a: not a.merge.overwrite_output_dir and a.merge.output_dir and os.path.isdir(a.merge.output_dir)
-         and os.listdir(a.merge.output_dir),
-         "--output_dir {merge.output_dir} exists and is not empty: choose another, or pass --overwrite_output_dir."),
-    # -- score and evaluation
+    # -- score
     Rule("score_output_given", ("score",), lambda a: not a.score.output_file,
          "--output_file is required: where to write one line of scores per input row."),
-    Rule("harness_tasks_given", ("harness",), lambda a: not (a.harness.tasks or "").strip(", "),
-         "--tasks is required: lm-eval task or group names, comma-separated, e.g. --tasks tunesmith_knowledge "
-         "(shipped offline: tunesmith_identity, tunesmith_arithmetic, tunesmith_tool_calls, tunesmith_knowledge)."),
-    Rule("harness_prompt_adapter", ("harness", "model"),
-         lambda a: _prompt_adapter(a.model) or _prompt_adapter(
-             SimpleNamespace(adapter_name_or_path=a.harness.compare_to, model_name_or_path=None)),
-         "--tasks: {path} is a {kind} adapter, and lm-eval scores and generates through the model's own forward "
-         "and PEFT's generate(), which do not line up with its virtual tokens; compare it with tunesmith compare "
-         "or tunesmith eval --policy instead."),
-    Rule("harness_compare_base", ("harness", "model"),
-         lambda a: a.harness.compare_to == "base" and not a.model.adapter_name_or_path,
-         "--compare_to base compares an adapter with the model under it: give --adapter_name_or_path (or compare "
-         "two models with --compare_to PATH)."),
-    Rule("harness_compare_path", ("harness",),
-         lambda a: a.harness.compare_to not in (None, "base") and _problem(problem_with_model_dir(a.harness.compare_to)),
-         "--compare_to {harness.compare_to}: {problem}; give `base`, a model folder or an adapter folder.", PathError),
-    Rule("harness_include_path", ("harness",), lambda a: _missing_dir(a.harness.include_path),
-         "--include_path {path}: {problem} (a folder of lm-eval task YAML files).", PathError),
-    Rule("harness_limit", ("harness",), lambda a: a.harness.limit is not None and not a.harness.limit > 0,
-         "--limit must be > 0 (got {harness.limit}): a number of documents per task, or a share below 1."),
-    Rule("harness_batch_size", ("harness",),
-         lambda a: not (a.harness.batch_size.isdigit() and int(a.harness.batch_size) > 0
-                        or re.fullmatch(r"auto(:\d+)?", a.harness.batch_size)),
-         "--batch_size must be a positive number or auto (got {harness.batch_size})."),
-    Rule("harness_multiturn", ("harness",),
-         lambda a: a.harness.fewshot_as_multiturn and not a.harness.apply_chat_template,
-         "--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat turns)."),
 ]
 
 

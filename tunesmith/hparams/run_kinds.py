@@ -6,26 +6,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from .data_args import DataArguments, PromptDataArguments, TrainDataArguments
+from .data_args import DataArguments, TrainDataArguments
 from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
 from .model_args import ModelArguments
 from .rules import Rule
-from .tool_args import (
-    CompareArguments,
-    HarnessArguments,
-    MergeArguments,
-    ScoreArguments,
-)
+from .tool_args import ScoreArguments
 from .training_args import TrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
 CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
     "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
-    "merge": (ModelArguments, MergeArguments),
     "score": (ModelArguments, DataArguments, ScoreArguments),
-    "compare": (ModelArguments, PromptDataArguments, CompareArguments),
-    "eval": (ModelArguments, HarnessArguments),
 }
 
 # The kinds of run a feature package defines (the shape in docs/architecture.md): `PACKAGE.args.ARGUMENTS`, its
@@ -44,6 +36,9 @@ FEATURE_RUNS: dict[str, str] = {
     "ui": "tunesmith.ui",
     "inspect": "tunesmith.inspect",
     "plan": "tunesmith.plan",
+    "eval": "tunesmith.evaluation",  # lm-evaluation-harness: `tunesmith eval --tasks`
+    "compare": "tunesmith.evaluation",
+    "merge": "tunesmith.merge",
 }
 
 

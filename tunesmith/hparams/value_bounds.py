@@ -75,11 +75,6 @@ BOUNDS: tuple[Bound, ...] = (
     # -- generation
     Bound("generation", "top_k", at_least(0), ">= 0", "0 turns it off"),
     Bound("generation", "repetition_penalty", positive, "> 0", "1.0 turns it off"),
-    # -- score, compare, eval
-    Bound("merge", "density", lambda value: 0 < value <= 1, "in (0, 1]", "the share of each difference kept; 1 keeps "
-          "all"),
-    Bound("merge", "slerp_t", in_range(0, 1, high_included=True), "in [0, 1]", "0 is the first model, 1 the second"),
+    # -- score, inspect
     Bound("score", "batch_size", at_least(1), "at least 1"),
-    Bound("compare", "max_new_tokens", at_least(1), "at least 1"),
-    Bound("compare", "width", at_least(8), "at least 8 terminal cells"),
 )

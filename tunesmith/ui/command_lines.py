@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import get_args, get_type_hints
 
 from ..errors import ConfigError, PathError
-from ..hparams import MergeArguments
+from ..hparams import RUN_ARGUMENTS
 from ..hparams.finetuning_args import LORA_INITIALISATIONS
 from ..hparams.parser import DEPRECATED_FLAGS
 
@@ -38,7 +38,10 @@ FORM_FLAGS = {"--model_name_or_path": "Model", "--data_path": "Dataset", "--outp
 # pissa_niter_N goes in the Advanced flags.
 LORA_INITS = ("", *(name for name in LORA_INITIALISATIONS if name != "true"))
 # The Export tab's merge methods: `tunesmith merge --method`'s values.
-MERGE_METHODS = get_args(get_args(get_type_hints(MergeArguments)["method"])[0])
+# The Export tab's merge methods: `tunesmith merge --method`'s values, read from the merge feature's dataclass by its
+# kind of run (a feature imports no other; the page lists every kind's flags the same way, ui/flag_rules.py).
+_MERGE_ARGUMENTS = next(kind for kind in RUN_ARGUMENTS["merge"] if getattr(kind, "role", None) == "merge")
+MERGE_METHODS = get_args(get_args(get_type_hints(_MERGE_ARGUMENTS)["method"])[0])
 EMBEDDED = ""  # the Model box left empty: the CLI's default, the embedded SmolLM2-135M-Instruct
 
 

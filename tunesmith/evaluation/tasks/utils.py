@@ -4,7 +4,7 @@ with `!function utils.<name>`; lm-eval imports this file by its path, so it need
 Every task reads its JSON Lines file from this folder, found from this file's location, never from the
 working directory, so the tasks run offline from anywhere. Scoring reuses tunesmith's own rules: the GRPO
 reward functions (tunesmith.data.reward_funcs) and the tool-call scoring of `tunesmith compare`
-(tunesmith.serve.tools); the tool prompts are rendered by tunesmith's template code with its built-in
+(tunesmith.data.call_scores); the tool prompts are rendered by tunesmith's template code with its built-in
 `chatml_tools` template, the way the tool demo trains."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 import datasets
 from lm_eval.api.task import ConfigurableTask
 
+from tunesmith.data.call_scores import score_call
 from tunesmith.data.formats import Row
 from tunesmith.data.formats import read_rows as read_data_rows
 from tunesmith.data.reward_funcs import answer_format, exact_answer
 from tunesmith.data.template import BUILTIN_TEMPLATES, render_text
-from tunesmith.serve.tools import score_call
 
 HERE = Path(__file__).resolve().parent
 IDENTITY = "tunesmith"

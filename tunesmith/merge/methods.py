@@ -8,7 +8,7 @@ flags as a mergekit MergeConfiguration, run by mergekit's own run_merge. The met
   largest (Yu et al. 2023, arXiv 2311.03099).
 - slerp: the spherical interpolation between two models at `t`, row by row of each weight (0: the first model).
 
-mergekit reads safetensors folders: a LoRA adapter is merged into its base first, by the caller (recipes/merge.py),
+mergekit reads safetensors folders: a LoRA adapter is merged into its base first, by the caller (command.py),
 so that the LoRA merge and its check are tunesmith's one path for adapters."""
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..hparams import MERGE_DEFAULT_DENSITY, MERGE_DEFAULT_SLERP_T, MergeArguments
-
-# The methods that subtract a base from each model (mergekit's BasePolicy.REQUIRED, besides slerp's own).
-WITH_BASE = ("ties", "dare_ties")
+from .args import MERGE_DEFAULT_DENSITY, MERGE_DEFAULT_SLERP_T, METHODS_WITH_BASE, MergeArguments
 
 
 def _reference(path: str) -> Any:
@@ -43,11 +40,11 @@ def merge_configuration(args: MergeArguments, folders: Sequence[str], base: str 
         parameters, base_ref = {"t": MERGE_DEFAULT_SLERP_T if args.slerp_t is None else args.slerp_t}, folders[0]
     else:
         per_model: dict[str, float] = {}
-        if args.method in WITH_BASE:
+        if args.method in METHODS_WITH_BASE:
             per_model["density"] = MERGE_DEFAULT_DENSITY if args.density is None else args.density
         models = [{"model": _reference(path), "parameters": {"weight": weight, **per_model}}
                   for path, weight in zip(folders, weights, strict=True)]
-        parameters, base_ref = {}, base if args.method in WITH_BASE else None
+        parameters, base_ref = {}, base if args.method in METHODS_WITH_BASE else None
     return MergeConfiguration(merge_method=args.method, models=models, parameters=parameters or None,
                               base_model=_reference(base_ref) if base_ref else None, dtype=dtype, out_dtype=dtype)
 

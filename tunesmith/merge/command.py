@@ -43,13 +43,14 @@ from ..constants import ASSISTANT, USER
 from ..data.images import image_part, probe_picture
 from ..data.template import encode_conversation, encode_prompt, processor_of
 from ..families import is_vision_language
-from ..hparams import MERGE_RELATIVE_TOLERANCES, MergeArguments, ModelArguments, parse_run, save_run_config
+from ..hparams import ModelArguments, parse_run, save_run_config
 from ..hparams.run_config import merge_record
 from ..models.loader import load_tokenizer
 from ..models.merging import MergeError, adapter_task, load_adapted
-from ..models.model_merge import merge_configuration, run_mergekit
 from ..utils.io import atomic_directory
 from ..utils.paths import adapter_base_model, is_adapter_dir
+from .args import MERGE_RELATIVE_TOLERANCES, MergeArguments
+from .methods import merge_configuration, run_mergekit
 
 PROBE = [
     {"role": USER, "content": "What is the capital of France? Answer in one word."},

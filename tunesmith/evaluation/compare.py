@@ -21,11 +21,11 @@ from collections.abc import Sequence
 import wcwidth
 
 from ..boundary import entry_point
+from ..data.call_scores import score_calls
 from ..data.prompts import Prompt, build_prompts
 from ..generation import BASE, Engine, SamplingParams
 from ..hparams import parse_run
 from ..models.loader import inference_model_args, load_for_inference
-from ..serve.tools import score_calls
 
 
 def answers(engine: Engine, prompts: list[Prompt], params: SamplingParams, adapter: str | None = None) -> list[str]:

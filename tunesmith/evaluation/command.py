@@ -26,7 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from ..boundary import entry_point
-from ..evaluation.harness import (
+from ..hparams import parse_run
+from ..models.loader import inference_model_args, load_for_inference, resolve_model_path
+from ..utils.io import atomic_write_json, atomic_write_text
+from .harness import (
     check_tasks,
     evaluate,
     harness_model,
@@ -35,16 +38,13 @@ from ..evaluation.harness import (
     task_manager,
     task_names,
 )
-from ..evaluation.paired import compare_runs, markdown_table
-from ..hparams import parse_run
-from ..models.loader import inference_model_args, load_for_inference, resolve_model_path
-from ..utils.io import atomic_write_json, atomic_write_text
+from .paired import compare_runs, markdown_table
 
 # Flags that only the policy evaluation has: any of them (on the command line or in the run config)
 # makes `tunesmith eval` that evaluation.
 POLICY_FLAGS = {"policy", "baseline", "reward_model", "reward_funcs", "prompts", "data_path", "sft", "ppo"}
-# The policy evaluation is the RL feature's command (it reads replies as the rollouts do). Named, not imported: only
-# the command line imports a feature (tests/test_layout.py), as hparams.run_kinds names each feature's package.
+# The policy evaluation is the RL feature's command (it reads replies as the rollouts do). Named, not imported: a
+# feature imports no other (tests/test_layout.py), as hparams.run_kinds names each feature's package.
 POLICY_EVALUATION = "tunesmith.rl.evaluate_command"
 
 
