@@ -21,6 +21,7 @@ from tunesmith.data.formats import BadRows, load_items, read_rows  # noqa: E402
 from tunesmith.errors import ConfigError, DataError  # noqa: E402
 from tunesmith.hparams import RUN_ARGUMENTS, parse_run  # noqa: E402
 from tunesmith.hparams.value_bounds import BOUNDS  # noqa: E402
+from tunesmith.preference.rules import BOUNDS as PREFERENCE_BOUNDS  # noqa: E402
 from tunesmith.rl.rules import BOUNDS as RL_BOUNDS  # noqa: E402
 
 TRAINING_STAGES = ("sft", "reward", "dpo", "ppo")
@@ -83,7 +84,7 @@ def test_every_bound_names_a_field_of_its_role():
     for dataclasses in RUN_ARGUMENTS.values():
         for dtype in dataclasses:
             fields.setdefault(dtype.role, set()).update(dtype.__dataclass_fields__)
-    assert [(b.role, b.field) for b in (*BOUNDS, *RL_BOUNDS) if b.field not in fields.get(b.role, ())] == []
+    assert [(b.role, b.field) for b in (*BOUNDS, *RL_BOUNDS, *PREFERENCE_BOUNDS) if b.field not in fields.get(b.role, ())] == []
 
 
 # -- nulls in a run config

@@ -29,7 +29,7 @@ CORE: list[set[str]] = [
 # The feature packages, each a folder of args.py (its dataclasses), rules.py (its rows and the facts they read),
 # its code and command.py (the pipeline); it imports only the core. The packages not yet in that shape (issue #53)
 # keep their layers above the core, and import no feature either.
-FEATURES: set[str] = {"export", "pretrain", "distill", "rl"}
+FEATURES: set[str] = {"export", "pretrain", "distill", "rl", "preference"}
 TOP = {"cli", "cli_reference", "__main__"}  # cli_reference: the docs' CLI reference, generated from the parser
 LAYERS: list[set[str]] = [
     *CORE,
@@ -269,3 +269,23 @@ def test_the_rl_rows_are_the_features_and_the_parser_checks_them_for_its_command
                       (["--cliprange", "0"], r"--cliprange must be > 0 \(got 0.0\)")):
         with pytest.raises(ConfigError, match=says):
             parse_run("ppo", [*flags, *bad], check_paths=False)
+
+
+def test_the_preference_rows_are_the_features_and_the_parser_checks_them_for_its_commands():
+    """The DPO/KTO, reward-model and scoring rows and bounds sit in tunesmith/preference/rules.py alone, and
+    `parse_run` still applies them to dpo, reward and score."""
+    from tunesmith.errors import ConfigError
+    from tunesmith.hparams import parse_run
+    from tunesmith.hparams.rules import RULES as CORE_RULES
+    from tunesmith.hparams.run_kinds import feature_rules
+    from tunesmith.hparams.value_bounds import BOUNDS
+    from tunesmith.preference.rules import RULES
+
+    assert [r.name for r in CORE_RULES if {"dpo", "reward", "score"} & set(r.roles)] == []
+    assert [b for b in BOUNDS if b.role in ("dpo", "reward", "score")] == []
+    assert feature_rules("dpo") == feature_rules("reward") == feature_rules("score") == tuple(RULES)
+    for kind, flags, says in (("dpo", ["--beta", "0"], r"--beta must be > 0 \(got 0.0\)"),
+                              ("reward", ["--center_rewards_coefficient", "-1"], "--center_rewards_coefficient must"),
+                              ("score", [], "--output_file is required")):
+        with pytest.raises(ConfigError, match=says):
+            parse_run(kind, ["--data_path", "pairs.jsonl", *flags], check_paths=False)

@@ -20,7 +20,8 @@ from tunesmith.data.template import encode_conversation
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import FinetuningArguments, ModelArguments, parse_run
 from tunesmith.models.loader import load_model
-from tunesmith.recipes import dpo, reward
+from tunesmith.preference import command as dpo
+from tunesmith.preference import reward
 from tunesmith.recipes.merge import run as merge
 from tunesmith.recipes.sft import run as sft
 from tunesmith.train.param_groups import split_lora_groups

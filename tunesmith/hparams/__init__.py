@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
-from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
+from .finetuning_args import FinetuningArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
@@ -22,7 +22,6 @@ from .tool_args import (
     HarnessArguments,
     InspectArguments,
     MergeArguments,
-    ScoreArguments,
     UIArguments,
 )
 from .training_args import SFTTrainingArguments, TrainingArguments
@@ -38,8 +37,8 @@ def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | N
 __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
-    "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments", "ChatArguments",
+    "PromptDataArguments", "FinetuningArguments", "GenerationArguments", "ChatArguments",
     "ServeArguments", "SFTTrainingArguments", "TrainingArguments",
-    "MergeArguments", "ScoreArguments", "InspectArguments", "CompareArguments", "HarnessArguments",
+    "MergeArguments", "InspectArguments", "CompareArguments", "HarnessArguments",
     "MERGE_RELATIVE_TOLERANCES", "MERGE_DEFAULT_DENSITY", "MERGE_DEFAULT_SLERP_T", "UIArguments",
 ]

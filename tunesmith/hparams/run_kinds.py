@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
-from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
+from .data_args import PromptDataArguments, SFTDataArguments
+from .finetuning_args import FinetuningArguments
 from .generating_args import ChatArguments, GenerationArguments, ServeArguments
 from .model_args import ModelArguments
 from .plan_args import PlanArguments
@@ -17,20 +17,16 @@ from .tool_args import (
     HarnessArguments,
     InspectArguments,
     MergeArguments,
-    ScoreArguments,
     UIArguments,
 )
-from .training_args import SFTTrainingArguments, TrainingArguments
+from .training_args import SFTTrainingArguments
 
 # The dataclasses of each kind of run, in the order tunesmith_config.json records them.
 CORE_RUN_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "sft": (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments),
-    "reward": (ModelArguments, TrainDataArguments, RewardArguments, FinetuningArguments, TrainingArguments),
-    "dpo": (ModelArguments, TrainDataArguments, DPOArguments, FinetuningArguments, TrainingArguments),
     "merge": (ModelArguments, MergeArguments),
     "chat": (ModelArguments, ChatArguments, GenerationArguments),
     "serve": (ModelArguments, ServeArguments, GenerationArguments),
-    "score": (ModelArguments, DataArguments, ScoreArguments),
     "inspect": (ModelArguments, SFTDataArguments, InspectArguments),
     "compare": (ModelArguments, PromptDataArguments, CompareArguments),
     "eval": (ModelArguments, HarnessArguments),
@@ -46,6 +42,9 @@ FEATURE_RUNS: dict[str, str] = {
     "export": "tunesmith.export",
     "pt": "tunesmith.pretrain",
     "distill": "tunesmith.distill",
+    "reward": "tunesmith.preference",
+    "dpo": "tunesmith.preference",
+    "score": "tunesmith.preference",
     "ppo": "tunesmith.rl",
     "eval_policy": "tunesmith.rl",  # the policy evaluation: `tunesmith eval --policy`
 }

@@ -71,17 +71,6 @@ class MergeArguments:
 
 
 @dataclass
-class ScoreArguments:
-    role: ClassVar[str] = "score"
-    _argument_group_name: ClassVar[str] = "scoring"
-
-    output_file: str | None = field(
-        default=None, metadata={"help": "Where to write one JSON line of scores per input row."}
-    )
-    batch_size: int = field(default=8, metadata={"help": "Sequences per forward pass."})
-
-
-@dataclass
 class InspectArguments:
     role: ClassVar[str] = "inspect"
     _argument_group_name: ClassVar[str] = "inspect"

@@ -80,7 +80,6 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("merge", "density", lambda value: 0 < value <= 1, "in (0, 1]", "the share of each difference kept; 1 keeps "
           "all"),
     Bound("merge", "slerp_t", in_range(0, 1, high_included=True), "in [0, 1]", "0 is the first model, 1 the second"),
-    Bound("score", "batch_size", at_least(1), "at least 1"),
     Bound("compare", "max_new_tokens", at_least(1), "at least 1"),
     Bound("compare", "width", at_least(8), "at least 8 terminal cells"),
     Bound("inspect", "show", at_least(-1), "-1 or more", "-1 shows every example, 0 none"),
