@@ -199,7 +199,7 @@ def test_stages_not_built_for_pictures_refuse_a_vision_model_in_one_line(stage, 
                                                                          tmp_path):
     import importlib
 
-    run = importlib.import_module(f"tunesmith.recipes.{stage}").run
+    run = importlib.import_module({"reward": "tunesmith.preference.reward", "dpo": "tunesmith.preference.command"}[stage]).run
     with pytest.raises(ConfigError, match=rf"^{says} on a vision-language model \(idefics3\): not built \(SFT, DPO "
                                           r".*reward models of gemma3 train on pictures"):
         run(["--model_name_or_path", vlm_dirs["idefics3"], "--data_path", pairs, "--output_dir", str(tmp_path / "out"),
