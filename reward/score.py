@@ -1,7 +1,7 @@
 """The `tunesmith score` command as a script: the recipe, its flags and its examples are in
-tunesmith/recipes/score.py (`python reward/score.py --help`)."""
+tunesmith/preference/score.py (`python reward/score.py --help`)."""
 
-from tunesmith.recipes.score import main
+from tunesmith.preference.score import main
 
 if __name__ == "__main__":
     main()

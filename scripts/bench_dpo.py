@@ -126,9 +126,10 @@ def summarize(clock: StepClock, positions: list[int], trainer: Any, args: argpar
 
 def run_ours(args: argparse.Namespace, workdir: Path, precompute: bool, bf16: bool = False) -> dict:
     from tunesmith.data.collator import PreferencePackingCollator
-    from tunesmith.hparams import DPOArguments, TrainingArguments
+    from tunesmith.hparams import TrainingArguments
     from tunesmith.models.attention import use_varlen_attention
-    from tunesmith.train.dpo_trainer import DPOTrainer
+    from tunesmith.preference.args import DPOArguments
+    from tunesmith.preference.dpo_trainer import DPOTrainer
 
     training_args = TrainingArguments(
         output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,

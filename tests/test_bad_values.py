@@ -24,6 +24,7 @@ from tunesmith.evaluation.rules import BOUNDS as EVALUATION_BOUNDS  # noqa: E402
 from tunesmith.hparams import RUN_ARGUMENTS, parse_run  # noqa: E402
 from tunesmith.hparams.value_bounds import BOUNDS  # noqa: E402
 from tunesmith.merge.rules import BOUNDS as MERGE_BOUNDS  # noqa: E402
+from tunesmith.preference.rules import BOUNDS as PREFERENCE_BOUNDS  # noqa: E402
 from tunesmith.rl.rules import BOUNDS as RL_BOUNDS  # noqa: E402
 
 TRAINING_STAGES = ("sft", "reward", "dpo", "ppo")
@@ -86,8 +87,8 @@ def test_every_bound_names_a_field_of_its_role():
     for dataclasses in RUN_ARGUMENTS.values():
         for dtype in dataclasses:
             fields.setdefault(dtype.role, set()).update(dtype.__dataclass_fields__)
-    assert [(b.role, b.field) for b in (*BOUNDS, *RL_BOUNDS, *CHAT_BOUNDS, *MERGE_BOUNDS, *EVALUATION_BOUNDS)
-             if b.field not in fields.get(b.role, ())] == []
+    assert [(b.role, b.field) for b in (*BOUNDS, *RL_BOUNDS, *CHAT_BOUNDS, *MERGE_BOUNDS, *EVALUATION_BOUNDS,
+                                        *PREFERENCE_BOUNDS) if b.field not in fields.get(b.role, ())] == []
 
 
 # -- nulls in a run config

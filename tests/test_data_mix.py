@@ -241,7 +241,8 @@ def test_repeated_rows_stay_on_one_side_of_val_size(tokenizer, tmp_path, monkeyp
 
 
 def test_sft_and_dpo_runs_train_on_their_own_parts_of_one_hh_file(tiny_model_dir, tmp_path, monkeypatch):
-    from tunesmith.recipes import dpo, sft
+    from tunesmith.preference import command as dpo
+    from tunesmith.sft import command as sft
 
     monkeypatch.setenv("TUNESMITH_CACHE", str(tmp_path / "cache"))
     path = write(tmp_path / "hh.jsonl", hh_rows(20))

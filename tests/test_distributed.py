@@ -167,7 +167,7 @@ def test_two_rank_reward_adapter_saves_its_trained_score_head(tiny_model_dir, pr
                                                               launcher):
     from transformers import AutoModelForSequenceClassification, set_seed
 
-    from tunesmith.recipes import score
+    from tunesmith.preference import score
 
     out = tmp_path / "rm"
     launch("reward/train.py", 2, "--model_name_or_path", tiny_model_dir, "--data_path", preference_data["train"],
@@ -210,7 +210,7 @@ def dpo_flags(model_dir: str, data: dict[str, str], out: Path, batch: int) -> li
 
 @pytest.fixture(scope="module")
 def one_process_dpo_losses(tiny_model_dir, preference_data, tmp_path_factory) -> list[float]:
-    from tunesmith.recipes import dpo
+    from tunesmith.preference import command as dpo
 
     trainer = dpo.run(dpo_flags(tiny_model_dir, preference_data, tmp_path_factory.mktemp("dpo") / "one", 4))
     return [r["loss"] for r in trainer.state.log_history if "loss" in r]

@@ -14,7 +14,6 @@ from tunesmith.data.collator import PreferencePackingCollator
 from tunesmith.data.preference import encode_pair
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import (
-    DPOArguments,
     FinetuningArguments,
     ModelArguments,
     TrainingArguments,
@@ -22,9 +21,11 @@ from tunesmith.hparams import (
     parse_run,
 )
 from tunesmith.models.loader import load_model
-from tunesmith.recipes import dpo
-from tunesmith.train.dpo_loss import preference_loss
-from tunesmith.train.dpo_trainer import DPOTrainer, sequence_logps
+from tunesmith.preference import command as dpo
+from tunesmith.preference.args import DPOArguments
+from tunesmith.preference.dpo_loss import preference_loss
+from tunesmith.preference.dpo_trainer import DPOTrainer, sequence_logps
+from tunesmith.preference.rules import RULES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -279,12 +280,14 @@ def test_impossible_settings_are_refused(dpo_args, finetuning_type, words):
     zero3 = TrainingArguments(output_dir="unused", deepspeed=str(REPO / "configs" / "ds_zero3.json"), use_cpu=True,
                               report_to="none")
     with pytest.raises(ConfigError, match=words):
-        check(dpo=dpo_args, finetuning=FinetuningArguments(finetuning_type=finetuning_type), training=zero3)
+        check(dpo=dpo_args, finetuning=FinetuningArguments(finetuning_type=finetuning_type), training=zero3,
+              feature_rules=RULES)
 
 
 def test_every_loss_may_train_every_weight_without_zero3():
     for loss_type in ("sigmoid", "ipo", "simpo", "orpo"):
-        check(dpo=DPOArguments(loss_type=loss_type), finetuning=FinetuningArguments(finetuning_type="full"))
+        check(dpo=DPOArguments(loss_type=loss_type), finetuning=FinetuningArguments(finetuning_type="full"),
+              feature_rules=RULES)
 
 
 def test_shipped_config_and_command():

@@ -19,7 +19,9 @@ from tunesmith.constants import IGNORE_INDEX, LOSS_PLOT_FILE
 from tunesmith.data.dataset import build_sft_datasets
 from tunesmith.errors import ConfigError
 from tunesmith.hparams import parse_run
-from tunesmith.recipes import dpo, reward, sft
+from tunesmith.preference import command as dpo
+from tunesmith.preference import reward
+from tunesmith.sft import command as sft
 from tunesmith.train.callbacks import logged_series
 
 # Replies of very different lengths, so that a mean of per-batch means is not the mean per token.

@@ -145,7 +145,7 @@ def test_folders_that_are_not_one_saved_dataset_are_refused_in_one_line(tmp_path
 def test_short_dpo_run_on_hh_transcripts_from_a_saved_dataset(tiny_model_dir, tmp_path):
     from datasets import Dataset
 
-    from tunesmith.recipes import dpo
+    from tunesmith.preference import command as dpo
 
     questions = ["What is 2 + 2?", "Capital of France?", "Can you help me?", "Say something nice."]
     rows = [{"chosen": f"\n\nHuman: Hi\n\nAssistant: Hello.\n\nHuman: {q}\n\nAssistant: {POLITE[i % 3]}",

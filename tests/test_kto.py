@@ -16,9 +16,11 @@ from tunesmith.data.collator import KTOPackingCollator, mismatched_replies
 from tunesmith.data.formats import DataError, Row
 from tunesmith.data.unpaired import build_kto_datasets, judged_from_row
 from tunesmith.errors import ConfigError
-from tunesmith.hparams import DPOArguments, TrainDataArguments, TrainingArguments, check
-from tunesmith.recipes import dpo
-from tunesmith.train.dpo_loss import kto_kl, kto_loss
+from tunesmith.hparams import TrainDataArguments, TrainingArguments, check
+from tunesmith.preference import command as dpo
+from tunesmith.preference.args import DPOArguments
+from tunesmith.preference.dpo_loss import kto_kl, kto_loss
+from tunesmith.preference.rules import RULES
 
 
 @pytest.fixture(autouse=True)
@@ -281,10 +283,10 @@ def test_settings_kto_cannot_use_are_refused(dpo_args, batch, match):
     training = TrainingArguments(output_dir="unused", per_device_train_batch_size=batch, use_cpu=True,
                                  report_to="none")
     with pytest.raises(ConfigError, match=match):
-        check(dpo=dpo_args, training=training)
+        check(dpo=dpo_args, training=training, feature_rules=RULES)
 
 
 def test_val_size_is_refused_naming_eval_data_path():
     with pytest.raises(ConfigError, match=r"--val_size with --loss_type kto: .* give them as --eval_data_path"):
         check(dpo=DPOArguments(loss_type="kto"), data=TrainDataArguments(data_path=["x"], val_size=0.1),
-              check_paths=False)
+              check_paths=False, feature_rules=RULES)

@@ -27,15 +27,13 @@ CORE: list[set[str]] = [
     {"generation"},
 ]
 # The feature packages, each a folder of args.py (its dataclasses), rules.py (its rows and the facts they read),
-# its code and command.py (the pipeline); it imports only the core. The packages not yet in that shape (issue #53)
-# keep their layers above the core, and import no feature either.
+# its code and command.py (the pipeline); it imports only the core. Every command is one (issue #53).
 FEATURES: set[str] = {"export", "pretrain", "distill", "rl", "serve", "chat", "ui", "sft", "inspect", "plan",
-                      "evaluation", "merge"}
+                      "evaluation", "merge", "preference"}
 TOP = {"cli", "cli_reference", "__main__"}  # cli_reference: the docs' CLI reference, generated from the parser
 LAYERS: list[set[str]] = [
     *CORE,
     FEATURES,
-    {"recipes"},
     TOP,
 ]
 LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}
@@ -175,7 +173,7 @@ def test_the_check_sees_relative_absolute_and_function_imports_but_not_the_main_
 from ..models import loader
 from . import template
 import tunesmith.train.checkpoints
-from tunesmith import recipes, errors
+from tunesmith import sft, errors
 
 
 def late():
@@ -183,14 +181,14 @@ def late():
 
 
 if __name__ == "__main__":
-    from ..recipes.inspect import main
+    from ..sft.command import main
 """
     problems = layer_violations(Path("data/fake.py"), source)
     assert [p.split(": ", 1)[0] for p in problems] == ["tunesmith/data/fake.py:2", "tunesmith/data/fake.py:4",
                                                        "tunesmith/data/fake.py:5", "tunesmith/data/fake.py:9"]
     assert problems[0] == ("tunesmith/data/fake.py:2: `from ..models import loader` imports models (layer 5) "
                            "into data (layer 4)")
-    assert "imports recipes (layer 9)" in problems[2] and "ChatEngine" in problems[3]
+    assert "imports sft (layer 8)" in problems[2] and "ChatEngine" in problems[3]
 
 
 def test_only_the_generation_engine_generates_or_samples_tokens():
@@ -258,16 +256,35 @@ def test_the_rl_rows_are_the_features_and_the_parser_checks_them_for_its_command
     from tunesmith.errors import ConfigError
     from tunesmith.hparams import parse_run
     from tunesmith.hparams.rules import RULES as CORE_RULES
-    from tunesmith.hparams.run_kinds import CORE_RUN_ARGUMENTS, feature_rules
+    from tunesmith.hparams.run_kinds import feature_rules
     from tunesmith.hparams.value_bounds import BOUNDS
     from tunesmith.rl.rules import RULES
 
     assert [r.name for r in CORE_RULES if {"ppo", "evaluation"} & set(r.roles)] == []
     assert [b for b in BOUNDS if b.role in ("ppo", "evaluation")] == []
     assert feature_rules("ppo") == feature_rules("eval_policy") == tuple(RULES)
-    assert all(feature_rules(kind) == () for kind in CORE_RUN_ARGUMENTS)
     flags = ["--data_path", "prompts.jsonl", "--reward_funcs", "exact_answer", "--output_dir", "out"]
     for bad, says in ((["--temperature", "0"], "--temperature must be positive"),
                       (["--cliprange", "0"], r"--cliprange must be > 0 \(got 0.0\)")):
         with pytest.raises(ConfigError, match=says):
             parse_run("ppo", [*flags, *bad], check_paths=False)
+
+
+def test_the_preference_rows_are_the_features_and_the_parser_checks_them_for_its_commands():
+    """The DPO/KTO, reward-model and scoring rows and bounds sit in tunesmith/preference/rules.py alone, and
+    `parse_run` still applies them to dpo, reward and score."""
+    from tunesmith.errors import ConfigError
+    from tunesmith.hparams import parse_run
+    from tunesmith.hparams.rules import RULES as CORE_RULES
+    from tunesmith.hparams.run_kinds import feature_rules
+    from tunesmith.hparams.value_bounds import BOUNDS
+    from tunesmith.preference.rules import RULES
+
+    assert [r.name for r in CORE_RULES if {"dpo", "reward", "score"} & set(r.roles)] == []
+    assert [b for b in BOUNDS if b.role in ("dpo", "reward", "score")] == []
+    assert feature_rules("dpo") == feature_rules("reward") == feature_rules("score") == tuple(RULES)
+    for kind, flags, says in (("dpo", ["--beta", "0"], r"--beta must be > 0 \(got 0.0\)"),
+                              ("reward", ["--center_rewards_coefficient", "-1"], "--center_rewards_coefficient must"),
+                              ("score", [], "--output_file is required")):
+        with pytest.raises(ConfigError, match=says):
+            parse_run(kind, ["--data_path", "pairs.jsonl", *flags], check_paths=False)

@@ -21,7 +21,8 @@ from tunesmith.errors import ConfigError
 from tunesmith.hparams import FinetuningArguments, ModelArguments, parse_run
 from tunesmith.merge.command import run as merge
 from tunesmith.models.loader import load_model
-from tunesmith.recipes import dpo, reward
+from tunesmith.preference import command as dpo
+from tunesmith.preference import reward
 from tunesmith.sft.command import run as sft
 from tunesmith.train.param_groups import split_lora_groups
 

@@ -17,11 +17,13 @@ from transformers import EvalPrediction
 
 from tunesmith.data.preference import encode_reply
 from tunesmith.errors import ConfigError
-from tunesmith.hparams import FinetuningArguments, ModelArguments, RewardArguments, check, parse_run
+from tunesmith.hparams import FinetuningArguments, ModelArguments, check, parse_run
 from tunesmith.models.loader import inference_model_args, load_for_inference, load_model
 from tunesmith.models.scoring import score_head, sequence_scores
-from tunesmith.recipes import reward, score
-from tunesmith.train.reward_trainer import pairwise_loss, preference_metrics
+from tunesmith.preference import reward, score
+from tunesmith.preference.args import RewardArguments
+from tunesmith.preference.reward_trainer import pairwise_loss, preference_metrics
+from tunesmith.preference.rules import RULES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +112,7 @@ def test_preference_metrics():
 
 def test_negative_centring_coefficient_is_refused():
     with pytest.raises(ConfigError, match=r"--center_rewards_coefficient must be >= 0 \(got -0.5\)"):
-        check(reward=RewardArguments(center_rewards_coefficient=-0.5))
+        check(reward=RewardArguments(center_rewards_coefficient=-0.5), feature_rules=RULES)
 
 
 def test_shipped_config_parses_and_points_at_the_demo_data():
@@ -297,7 +299,7 @@ def test_score_renders_a_row_with_its_tools_as_training_does(default_model_path)
     from tunesmith.data.formats import Row
     from tunesmith.data.preference import encode_pair_record, pair_from_row
     from tunesmith.models.loader import load_tokenizer
-    from tunesmith.recipes.score import _sequences
+    from tunesmith.preference.score import _sequences
 
     tokenizer = load_tokenizer(ModelArguments(model_name_or_path=default_model_path, chat_template="chatml_tools"))
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",

@@ -57,7 +57,7 @@ def test_two_ranks_follow_one_rank_on_pictures(pictures_data, default_model_path
 
 @pytest.mark.heavy  # the default tier runs a vision model on two ranks (ZeRO-3 above) and FSDP2 on text (test_fsdp)
 def test_dpo_on_pictures_under_fsdp2_follows_one_rank_and_saves_a_complete_adapter(default_model_path, tmp_path):
-    from tunesmith.recipes.dpo import run as dpo_main
+    from tunesmith.preference.command import run as dpo_main
 
     model_dir = build_vlm_dir("idefics3", tmp_path / "idefics3", default_model_path)
     pairs = write_preference_set(tmp_path)

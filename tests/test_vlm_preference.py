@@ -25,8 +25,8 @@ from tunesmith.errors import ConfigError
 from tunesmith.hparams import ModelArguments, TrainDataArguments
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.models.scoring import sequence_scores
-from tunesmith.recipes.dpo import run as dpo_main
-from tunesmith.train.dpo_trainer import sequence_logps
+from tunesmith.preference.command import run as dpo_main
+from tunesmith.preference.dpo_trainer import sequence_logps
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +164,8 @@ def test_reward_scores_of_a_padded_batch_with_pictures_equal_each_sequence_alone
 
 
 def test_a_gemma3_reward_model_learns_pairs_only_the_picture_decides_and_scores_them(vlm_dirs, pairs, tmp_path):
-    from tunesmith.recipes.reward import run as reward_main
-    from tunesmith.recipes.score import run as score_main
+    from tunesmith.preference.reward import run as reward_main
+    from tunesmith.preference.score import run as score_main
 
     out = tmp_path / "rm"
     trainer = reward_main(["--model_name_or_path", vlm_dirs["gemma3"], "--data_path", pairs, "--output_dir", str(out),
@@ -199,7 +199,7 @@ def test_stages_not_built_for_pictures_refuse_a_vision_model_in_one_line(stage, 
                                                                          tmp_path):
     import importlib
 
-    run = importlib.import_module(f"tunesmith.recipes.{stage}").run
+    run = importlib.import_module({"reward": "tunesmith.preference.reward", "dpo": "tunesmith.preference.command"}[stage]).run
     with pytest.raises(ConfigError, match=rf"^{says} on a vision-language model \(idefics3\): not built \(SFT, DPO "
                                           r".*reward models of gemma3 train on pictures"):
         run(["--model_name_or_path", vlm_dirs["idefics3"], "--data_path", pairs, "--output_dir", str(tmp_path / "out"),

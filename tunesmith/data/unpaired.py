@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from datasets import Dataset
 
 from ..constants import LOSS_FLAG, TOOL, USER
-from ..hparams import DPOArguments, TrainDataArguments
+from ..hparams import TrainDataArguments
 from .dataset import DataKind, ItemEncoding, build_dataset
 from .formats import Message, Row, check_role_order, conversation_from_row, offered_tools
 from .mix import RowSelection
@@ -41,6 +41,14 @@ logger = logging.getLogger(__name__)
 LABEL_KEYS = ("label", "kto_tag")  # TRL's and LLaMA-Factory's column, first found wins
 COMPLETION = "completion"
 DESIRABLE = "desirable"  # the column of the encoded examples (not `label`, which the Trainer reads as labels)
+
+
+class ReplyWeights(Protocol):
+    """KTO's weights of each kind of reply: --desirable_weight and --undesirable_weight (the preference feature's
+    DPOArguments, which the core does not import)."""
+
+    desirable_weight: float
+    undesirable_weight: float
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,7 @@ def check_balance(dataset: Dataset, desirable_weight: float, undesirable_weight:
                        "%s)", good, bad, ratio, low, high, undesirable_weight)
 
 
-def build_kto_datasets(tokenizer: Any, data_args: TrainDataArguments, dpo_args: DPOArguments, seed: int = 42,
+def build_kto_datasets(tokenizer: Any, data_args: TrainDataArguments, dpo_args: ReplyWeights, seed: int = 42,
                        report_dir: str | None = None) -> tuple[Dataset, Dataset | None]:
     """The judged replies of --data_path (chosen among its rows by --data_split, --data_weights and
     --max_samples, as for every kind), and the preference pairs of --eval_data_path, used whole."""

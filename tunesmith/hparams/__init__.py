@@ -7,14 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
-from .finetuning_args import DPOArguments, FinetuningArguments, RewardArguments
+from .finetuning_args import FinetuningArguments
 from .generating_args import GenerationArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
 from .rules import check, deepspeed_config, zero_stage
 from .run_config import save_run_config
 from .run_kinds import RUN_ARGUMENTS, feature_rules
-from .tool_args import ScoreArguments
 from .training_args import SFTTrainingArguments, TrainingArguments
 
 
@@ -28,6 +27,5 @@ def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | N
 __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
-    "PromptDataArguments", "FinetuningArguments", "RewardArguments", "DPOArguments", "GenerationArguments",
-    "SFTTrainingArguments", "TrainingArguments", "ScoreArguments",
+    "PromptDataArguments", "FinetuningArguments", "GenerationArguments", "SFTTrainingArguments", "TrainingArguments",
 ]

@@ -421,12 +421,6 @@ RULES: list[Rule] = [
          lambda a: a.finetuning.prompt_tuning_init_text and a.finetuning.finetuning_type != "prompt_tuning",
          "--prompt_tuning_init_text starts prompt tuning's virtual tokens from a text: use --finetuning_type "
          "prompt_tuning (got {finetuning.finetuning_type}), or drop it."),
-    Rule("reward_prompt_learning", ("reward", "finetuning"), _prompt_method,
-         "--finetuning_type {kind} cannot train a reward model: its score head is a new layer that a prompt-based "
-         "adapter does not train; use --finetuning_type lora or full."),
-    Rule("dpo_prompt_learning", ("dpo", "finetuning"), _prompt_method,
-         "--finetuning_type {kind} cannot be used with DPO: its pairs run as packed rows, where PEFT's virtual tokens "
-         "would precede only the first sequence of each row; use --finetuning_type lora or full."),
     Rule("adapter_kind", ("model", "finetuning", "training"), _adapter_kind_differs,
          "--adapter_name_or_path {path} is a {kind} adapter: continue it with --finetuning_type {kind} (got "
          "{finetuning.finetuning_type}), or start a new adapter without --adapter_name_or_path."),
@@ -533,12 +527,6 @@ RULES: list[Rule] = [
          "--init_lora_weights {finetuning.init_lora_weights} cannot be used with ZeRO-3 or FSDP: it splits each "
          "whole weight at load and converts the saved adapter from whole weights; use configs/ds_zero2.json, or "
          "--init_lora_weights true."),
-    Rule("init_residual_dpo_reference", ("dpo", "finetuning"),
-         lambda a: a.dpo.needs_reference and splits_base(a.finetuning.init_lora_weights),
-         "--init_lora_weights {finetuning.init_lora_weights} with --loss_type {dpo.loss_type}: the reference of a new "
-         "adapter is the model with its adapter switched off, which {finetuning.init_lora_weights} leaves as the "
-         "residual weights, not the model you start from; use --loss_type simpo or orpo (no reference), or train "
-         "the PiSSA/OLoRA adapter with SFT first and continue it (--adapter_name_or_path)."),
     Rule("router_aux_loss_coef", ("finetuning",),
          lambda a: a.finetuning.router_aux_loss_coef is not None and not a.finetuning.router_aux_loss_coef >= 0,
          "--router_aux_loss_coef must be >= 0 (got {finetuning.router_aux_loss_coef}); 0 leaves the router loss out."),
@@ -546,53 +534,6 @@ RULES: list[Rule] = [
          lambda a: a.finetuning.router_aux_loss_coef is not None and _non_sft_stage(a),
          "--router_aux_loss_coef weighs a mixture-of-experts router loss that only SFT adds, and this is a {stage} "
          "run: drop it."),
-    Rule("center_rewards", ("reward",),
-         lambda a: a.reward.center_rewards_coefficient is not None and a.reward.center_rewards_coefficient < 0,
-         "--center_rewards_coefficient must be >= 0 (got {reward.center_rewards_coefficient}); leave it unset to "
-         "train without centring."),
-    # -- DPO
-    Rule("dpo_beta", ("dpo",), lambda a: not a.dpo.beta > 0,
-         "--beta must be > 0 (got {dpo.beta}); 0.1 is typical for sigmoid/ipo/kto, 2.0 for simpo, 0.1 for orpo."),
-    Rule("dpo_label_smoothing", ("dpo",), lambda a: not 0.0 <= a.dpo.label_smoothing < 0.5,
-         "--label_smoothing must be in [0, 0.5) (got {dpo.label_smoothing}): it is the assumed fraction of flipped "
-         "pairs, and 0.5 or more would train towards the rejected replies."),
-    Rule("dpo_smoothing_sigmoid_only", ("dpo",),
-         lambda a: a.dpo.label_smoothing and a.dpo.loss_type != "sigmoid",
-         "--label_smoothing {dpo.label_smoothing} applies to --loss_type sigmoid only (got {dpo.loss_type}, whose "
-         "loss has no labels to smooth): drop it, or use --loss_type sigmoid."),
-    Rule("dpo_precompute_needs_reference", ("dpo",),
-         lambda a: a.dpo.precompute_ref_logps and not a.dpo.needs_reference,
-         "--precompute_ref_logps: --loss_type {dpo.loss_type} has no reference model to score; drop the flag."),
-    Rule("dpo_precompute_zero3", ("dpo", "training"),
-         lambda a: a.dpo.precompute_ref_logps and zero_stage(a.training) == 3,
-         "--precompute_ref_logps cannot be used with ZeRO-3: the pass runs before DeepSpeed gathers the sharded "
-         "weights. Drop it (the reference then runs in each step, sharded like the policy), or use ZeRO-2."),
-    Rule("dpo_full_reference_zero3", ("dpo", "finetuning", "training"),
-         lambda a: a.dpo.needs_reference and a.finetuning.finetuning_type == "full" and zero_stage(a.training) == 3,
-         "--loss_type {dpo.loss_type} with --finetuning_type full keeps a frozen copy of the model as its "
-         "reference, which this version does not shard under ZeRO-3. Use --finetuning_type lora (the reference is "
-         "the model without its adapter, sharded like the policy), ZeRO-2 with --precompute_ref_logps, or a "
-         "reference-free loss (--loss_type simpo or orpo)."),
-    Rule("kto_weights", ("dpo",), lambda a: not (a.dpo.desirable_weight > 0 and a.dpo.undesirable_weight > 0),
-         "--desirable_weight and --undesirable_weight must be > 0 (got {dpo.desirable_weight} and "
-         "{dpo.undesirable_weight}): they weigh KTO's loss on each kind of reply."),
-    Rule("kto_weights_kto_only", ("dpo",),
-         lambda a: a.dpo.loss_type != "kto" and (a.dpo.desirable_weight, a.dpo.undesirable_weight) != (1.0, 1.0),
-         "--desirable_weight and --undesirable_weight apply to --loss_type kto only (got {dpo.loss_type}, whose "
-         "pairs have one reply of each kind): drop them, or use --loss_type kto."),
-    Rule("kto_precompute", ("dpo",), lambda a: a.dpo.loss_type == "kto" and a.dpo.precompute_ref_logps,
-         "--precompute_ref_logps cannot be used with --loss_type kto: its KL estimate scores each batch's prompts "
-         "with other rows' replies, paired anew in every batch, which no pass before training can score; drop the "
-         "flag (the reference then runs in each step)."),
-    Rule("kto_batch", ("dpo", "training"),
-         lambda a: a.dpo.loss_type == "kto" and a.training.per_device_train_batch_size < 2,
-         "--loss_type kto with --per_device_train_batch_size {training.per_device_train_batch_size}: KTO estimates "
-         "its KL term from each batch's prompts paired with the batch's other replies, and one reply has none: use "
-         "2 or more (8 or more gives a steadier estimate; lower --gradient_accumulation_steps to keep the step size)."),
-    Rule("kto_val_size", ("dpo", "data"), lambda a: a.dpo.loss_type == "kto" and getattr(a.data, "val_size", 0) > 0,
-         "--val_size with --loss_type kto: KTO is evaluated on held-out preference pairs (how often the chosen reply "
-         "gets the higher implicit reward, as DPO is): give them as --eval_data_path (a file of pairs), or drop "
-         "--val_size."),
     # -- generation (chat's and serve's settings; their own rows are chat/rules.py's and serve/rules.py's)
     Rule("generation_temperature", ("generation",),
          lambda a: a.generation.do_sample and a.generation.temperature <= 0,
@@ -610,9 +551,6 @@ RULES: list[Rule] = [
          lambda a: a.generation.num_beams > 1 and _prompt_adapter(a.model),
          "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
          "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
-    # -- score
-    Rule("score_output_given", ("score",), lambda a: not a.score.output_file,
-         "--output_file is required: where to write one line of scores per input row."),
 ]
 
 

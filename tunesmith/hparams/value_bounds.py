@@ -75,6 +75,4 @@ BOUNDS: tuple[Bound, ...] = (
     # -- generation
     Bound("generation", "top_k", at_least(0), ">= 0", "0 turns it off"),
     Bound("generation", "repetition_penalty", positive, "> 0", "1.0 turns it off"),
-    # -- score, inspect
-    Bound("score", "batch_size", at_least(1), "at least 1"),
 )

@@ -71,7 +71,7 @@ class RewardModelScorer:
     """Scores replies with a sequence-classification reward model on the chat-template rendering of
     prompt + reply, re-rendered with the reward model's own tokenizer (which may differ from the
     policy's) -- the rendering the reward stage trained on -- and read where the reward stage reads
-    scores (tunesmith.train.reward_trainer.score_sequences: the last attended token)."""
+    scores (tunesmith.models.scoring.score_sequences: the last attended token)."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, policy_tokenizer: Any, batch_size: int = 8) -> None:
         self.model = model

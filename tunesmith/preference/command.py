@@ -31,9 +31,9 @@ from ..data.template import processor_of
 from ..data.unpaired import build_kto_datasets
 from ..models.attention import use_varlen_attention
 from ..models.loader import load_model, load_tokenizer
-from ..train.dpo_trainer import DPOTrainer, add_reference_adapter
-from ..train.kto_trainer import KTOTrainer
 from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
+from .dpo_trainer import DPOTrainer, add_reference_adapter
+from .kto_trainer import KTOTrainer
 
 
 def build_trainer(argv: Sequence[str] | None = None) -> tuple[DPOTrainer, str | None]:

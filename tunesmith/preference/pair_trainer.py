@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .sft_trainer import LoraTrainer
+from ..train.sft_trainer import LoraTrainer
 
 
 class PairTrainer(LoraTrainer):

@@ -24,10 +24,11 @@ from ..data.images import DEFAULT_MAX_IMAGE_PIXELS
 from ..data.preference import PreferencePair, encode_pair, encode_pair_record, is_pair_row, pair_from_row
 from ..data.template import processor_of
 from ..families import is_vision_language
-from ..hparams import DataArguments, ScoreArguments, parse_run
+from ..hparams import DataArguments, parse_run
 from ..models.loader import load_for_inference
 from ..models.scoring import score_sequences, sequence_scores
 from ..utils.io import atomic_write_jsonl
+from .args import ScoreArguments
 
 logger = logging.getLogger(__name__)
 

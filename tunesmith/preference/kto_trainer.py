@@ -1,5 +1,5 @@
 """KTO training (Ethayarajh et al. 2024, arXiv 2402.01306): DPOTrainer's reference plumbing, with the loss
-of train/dpo_loss.kto_loss on single replies, each desirable or undesirable, against a reference point z0
+of dpo_loss.kto_loss on single replies, each desirable or undesirable, against a reference point z0
 estimated in every batch from its prompts paired with other rows' replies (data/collator.KTOPackingCollator).
 
 Why not trl.KTOTrainer: the reasons DPOTrainer gives (its own config, its own tokenization, a second copy

@@ -1,4 +1,4 @@
-"""DPO training: a Trainer whose loss (train/dpo_loss.py) asks the policy to prefer the chosen reply
+"""DPO training: a Trainer whose loss (dpo_loss.py) asks the policy to prefer the chosen reply
 over the rejected one more than the reference model does (sigmoid, ipo), or outright (simpo, orpo).
 
 Why not trl.DPOTrainer: it needs its own DPOConfig (not our TrainingArguments), tokenizes its own way
@@ -19,7 +19,7 @@ from transformers import EvalPrediction
 
 from ..constants import IGNORE_INDEX
 from ..data.image_encoding import model_inputs
-from ..hparams import DPOArguments
+from .args import DPOArguments
 from .dpo_loss import PreferenceLoss, preference_loss
 from .pair_trainer import PairTrainer
 

@@ -21,8 +21,8 @@ from ..data.image_encoding import ImagePairCollator
 from ..data.preference import build_preference_datasets
 from ..data.template import processor_of
 from ..models.loader import load_model, load_tokenizer
-from ..train.reward_trainer import RewardTrainer
 from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
+from .reward_trainer import RewardTrainer
 
 
 def build_trainer(argv: Sequence[str] | None = None) -> tuple[RewardTrainer, str | None]:
