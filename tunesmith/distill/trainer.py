@@ -82,6 +82,9 @@ class DistillTrainer(LoraTrainer):
                                        synced=self.zero3) for batch in batches]
             num_items_in_batch = self._get_num_items_in_batch(batches, device)
             self.on_policy_steps += 1
+            if self.zero3:  # the weights ZeRO-3 gathered for sampling (in inference mode, and kept for reuse) are
+                # released, so the training forward gathers them again as tensors autograd may save
+                self.model_wrapped.empty_partition_cache()
         return batches, num_items_in_batch
 
     def on_policy_step(self, step: int) -> bool:
