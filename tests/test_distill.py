@@ -322,14 +322,20 @@ def test_the_default_student_is_checked_once_its_folder_is_known(other_vocabular
      r"--on_policy_max_new_tokens must be at least 1 \(got 0\) with --lmbda 0.5"),
     (("--finetuning_type", "prompt_tuning"), ConfigError,
      r"--finetuning_type prompt_tuning cannot be distilled into"),
-    (("--deepspeed", "configs/ds_zero3.json"), ConfigError,
-     r"--deepspeed configs/ds_zero3.json is ZeRO-3, .* use ZeRO-2"),
+    (("--teacher_quantization_bit", "4", "--deepspeed", "configs/ds_zero3.json"), ConfigError,
+     r"--teacher_quantization_bit 4 cannot be used with ZeRO-3, .* or use configs/ds_zero2.json"),
+    (("--teacher_quantization_bit", "8", "--deepspeed", "configs/ds_zero3.json"), ConfigError,
+     r"--teacher_quantization_bit 8 cannot be used with ZeRO-3"),
+    (("--teacher_dtype", "float32", "--bf16", "true", "--deepspeed", "configs/ds_zero3.json"), ConfigError,
+     r"--teacher_dtype float32 cannot be kept under ZeRO-3, which holds the teacher in the run's precision "
+     r"\(bfloat16, from --bf16/--fp16\)"),
     (("--label_smoothing_factor", "0.1"), ConfigError,
      r"--label_smoothing_factor 0.1 would do nothing in tunesmith distill"),
     (("--sequence_parallel_size", "2", "--deepspeed", "configs/ds_zero2.json", "--packing", "true"), ConfigError,
      r"--sequence_parallel_size 2: tunesmith distill does not cut rows across ranks"),
 ], ids=["teacher-given", "teacher-path", "teacher-adapter-path", "teacher-bits", "beta-range", "beta-unread",
-        "temperature", "sft-weight", "lmbda", "on-policy-tokens", "prompt-tuning", "zero3", "label-smoothing", "sequence-parallel"])
+        "temperature", "sft-weight", "lmbda", "on-policy-tokens", "prompt-tuning", "zero3-teacher-4bit",
+        "zero3-teacher-8bit", "zero3-teacher-dtype", "label-smoothing", "sequence-parallel"])
 def test_settings_that_cannot_work_are_refused_in_one_line(tiny_model_dir, teacher_dir, data, tmp_path, extra,
                                                            error, message, monkeypatch):
     monkeypatch.setattr(rules, "_world_size", lambda: 2)  # as under torchrun's two ranks, which can cut rows in two
@@ -352,7 +358,77 @@ def test_an_adapter_folder_as_the_teacher_is_that_adapter_on_its_base(tiny_model
     assert (run.distill.teacher_model_name_or_path, run.distill.teacher_adapter_name_or_path) == (teacher_dir, adapter)
 
 
-# -- two CPU ranks
+# -- DeepSpeed: one process, two CPU ranks
+
+
+def history_of(out) -> list[dict]:
+    return json.loads((out / "trainer_state.json").read_text())["log_history"]
+
+
+def assert_the_students_adapter_only(out, student: str) -> None:
+    """The output holds the student's adapter, complete (no ZeRO-3 placeholder saved), and nothing of the teacher:
+    no model weights, and only LoRA weights of the student's shapes, which load onto the student's base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.train.checkpoints import empty_tensors
+
+    assert sorted(p.name for p in out.glob("*.safetensors")) == ["adapter_model.safetensors"]
+    assert not empty_tensors(str(out)) and not list(out.glob("*model*.bin"))
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert saved and all("lora_" in k for k in saved)
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(student), str(out))
+    loaded = {k.replace(".default", ""): v for k, v in model.state_dict().items() if "lora_" in k}
+    assert {k: v.shape for k, v in saved.items()} == {k: loaded[k].shape for k in saved} and len(loaded) == len(saved)
+
+
+def test_one_process_under_zero3_trains_as_without_deepspeed(tiny_model_dir, teacher_dir, data, tmp_path):
+    """`python distill/train.py --deepspeed configs/ds_zero3.json`: the teacher in its own ZeRO-3 engine and the
+    student's on-policy replies generated from its sharded weights give the losses, trained tokens and held-out KL
+    of the same run without DeepSpeed, and a complete adapter of the student only."""
+    import os
+    import subprocess
+    import sys
+
+    from test_distributed import ROOT
+
+    common = ("--max_steps", "2", "--per_device_train_batch_size", "4", "--logging_steps", "1", "--val_size", "0.25",
+              "--lmbda", "1", "--on_policy_max_new_tokens", "5", "--packing", "true", "--lr_scheduler_type",
+              "constant")
+    plain = distill_main(flags(tiny_model_dir, teacher_dir, data, tmp_path / "plain", *common)).state.log_history
+    out = tmp_path / "zero3"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, str(ROOT / "distill/train.py"),
+                           *flags(tiny_model_dir, teacher_dir, data, out, *common, "--deepspeed",
+                                  "configs/ds_zero3.json")],
+                          capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    zero3 = history_of(out)
+    steps = [[(r["loss"], r["trained_tokens"]) for r in h if "loss" in r] for h in (plain, zero3)]
+    assert len(steps[1]) == 2 and steps[1][1][1] == 2 * 4 * 5  # both steps on the student's 5-token replies
+    assert [loss for loss, _ in steps[1]] == pytest.approx([loss for loss, _ in steps[0]], rel=1e-4)
+    assert [n for _, n in steps[1]] == [n for _, n in steps[0]]
+    assert zero3[-1]["eval_kl"] == pytest.approx(plain[-1]["eval_kl"], rel=1e-4)
+    assert_the_students_adapter_only(out, tiny_model_dir)
+
+
+def two_ranks_and_one(student: str, teacher: str, data: str, tmp_path, config: str) -> dict[int, tuple]:
+    """{ranks: (losses, eval_kl, output folder)} of one rank at batch 4 and two ranks at batch 2 (torchrun, gloo)."""
+    from test_distributed import launch
+
+    results = {}
+    for ranks, batch in ((1, "4"), (2, "2")):
+        out = tmp_path / f"ranks{ranks}"
+        launch("distill/train.py", ranks, *flags(student, teacher, data, out, "--max_steps", "2",
+                                                 "--per_device_train_batch_size", batch, "--logging_steps", "1",
+                                                 "--val_size", "0.25", "--distill_loss", "jsd",
+                                                 "--deepspeed", f"configs/{config}", "--lr_scheduler_type",
+                                                 "constant"))
+        history = history_of(out)
+        results[ranks] = ([r["loss"] for r in history if "loss" in r], history[-1]["eval_kl"], out)
+    return results
 
 
 # heavy tier, as test_distributed.py's ZeRO-2 torchrun run: 214 s for the two launches on the shared 2-core machine
@@ -361,20 +437,35 @@ def test_an_adapter_folder_as_the_teacher_is_that_adapter_on_its_base(tiny_model
 def test_two_ranks_under_zero2_follow_one_rank(tiny_model_dir, teacher_dir, data, tmp_path):
     """Two ranks (torchrun, gloo, DeepSpeed ZeRO-2) at the one-rank run's global batch: the same losses, the same
     held-out KL to the teacher (summed over both ranks' shares of the set), and a complete adapter."""
-    from test_distributed import launch
-
     from tunesmith.train.checkpoints import empty_tensors
 
-    results = {}
-    for ranks, batch in ((1, "4"), (2, "2")):
-        out = tmp_path / f"ranks{ranks}"
-        launch("distill/train.py", ranks, *flags(tiny_model_dir, teacher_dir, data, out, "--max_steps", "2",
-                                                 "--per_device_train_batch_size", batch, "--logging_steps", "1",
-                                                 "--val_size", "0.25", "--distill_loss", "jsd",
-                                                 "--deepspeed", "configs/ds_zero2.json", "--lr_scheduler_type",
-                                                 "constant"))
-        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-        results[ranks] = ([r["loss"] for r in history if "loss" in r], history[-1]["eval_kl"])
+    results = two_ranks_and_one(tiny_model_dir, teacher_dir, data, tmp_path, "ds_zero2.json")
+    for _, _, out in results.values():
         assert not empty_tensors(str(out)) and (out / "adapter_model.safetensors").exists()
     assert results[2][0] == pytest.approx(results[1][0], rel=2e-3) and len(results[2][0]) == 2
     assert results[2][1] == pytest.approx(results[1][1], rel=1e-3)
+
+
+# heavy tier, as the ZeRO-2 run: three launches, the third GKD's on-policy steps on two ranks
+@pytest.mark.distributed
+@pytest.mark.heavy
+def test_two_ranks_under_zero3_follow_one_rank_with_a_sharded_teacher(tiny_model_dir, teacher_dir, data, tmp_path):
+    """Two ranks under ZeRO-3, each holding half of the teacher (gathered by its own DeepSpeed engine in each
+    forward), at the one-rank run's global batch: the same losses and held-out KL, the student's adapter complete
+    and the teacher saved nothing. Then on-policy steps: both ranks sample from the sharded student in step."""
+    from test_distributed import launch
+
+    results = two_ranks_and_one(tiny_model_dir, teacher_dir, data, tmp_path, "ds_zero3.json")
+    for _, _, out in results.values():
+        assert_the_students_adapter_only(out, tiny_model_dir)
+    assert results[2][0] == pytest.approx(results[1][0], rel=2e-3) and len(results[2][0]) == 2
+    assert results[2][1] == pytest.approx(results[1][1], rel=1e-3)
+
+    out = tmp_path / "on_policy"
+    launch("distill/train.py", 2, *flags(tiny_model_dir, teacher_dir, data, out, "--max_steps", "2",
+                                         "--per_device_train_batch_size", "2", "--logging_steps", "1", "--lmbda", "1",
+                                         "--on_policy_max_new_tokens", "5", "--deepspeed", "configs/ds_zero3.json"))
+    steps = [r for r in history_of(out) if "loss" in r]
+    # every step on the student's 5-token replies (the tiny student never ends its turn so soon), both ranks' counted
+    assert [r["trained_tokens"] for r in steps] == [20, 40] and all(math.isfinite(r["loss"]) for r in steps)
+    assert_the_students_adapter_only(out, tiny_model_dir)

@@ -4,6 +4,7 @@ ranks (gloo), and a single process started without a launcher; and where a run's
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from typing import Any
@@ -49,6 +50,33 @@ def start_single_process_world(training_args: Any) -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if training_args.use_cpu and not torch.distributed.is_initialized():
         bind_deepspeed_comm()
+
+
+def zero3_inference_engine(model: torch.nn.Module, deepspeed_config: dict) -> Any:
+    """A frozen model that only runs forward beside a ZeRO-3 run (PPO's reward model, distillation's teacher): its
+    own DeepSpeed engine with the run's config and no optimizer, as TRL's prepare_deepspeed does. Under ZeRO-3
+    transformers loads every model inside deepspeed.zero.Init, so its weights are empty placeholders until an
+    engine gathers them, layer by layer, during the forward; every rank must then run the same forwards. The
+    config's training-only blocks go (DeepSpeed would build an optimizer or a schedule with nothing to step), and
+    its bucket sizes still "auto" are filled from this model's hidden size, as transformers fills the trained
+    model's."""
+    import deepspeed
+
+    config = copy.deepcopy(deepspeed_config)
+    config.pop("optimizer", None)
+    config.pop("scheduler", None)
+    zero = config.setdefault("zero_optimization", {})
+    zero.pop("offload_optimizer", None)
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    if hidden:
+        for key, value in (("reduce_bucket_size", hidden * hidden),
+                           ("stage3_prefetch_bucket_size", int(0.9 * hidden * hidden)),
+                           ("stage3_param_persistence_threshold", 10 * hidden)):
+            if zero.get(key) == "auto":
+                zero[key] = value
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()  # DeepSpeedEngine.eval returns None, not the module
+    return engine
 
 
 # ---------------------------------------------------------------------------- FSDP2

@@ -5,6 +5,7 @@ plus the SFT loss. The data is SFT's: rendered, masked (only the replies train) 
     tunesmith distill --teacher_model_name_or_path outputs/sft_demo --data_path data/demo/sft.jsonl --output_dir outputs/distill_demo
     tunesmith distill configs/distill_demo.yaml --distill_loss jsd --beta 0.5 --distill_temperature 2.0 --sft_weight 0.5
     torchrun --nproc_per_node 2 distill/train.py configs/distill_demo.yaml --deepspeed configs/ds_zero2.json
+    torchrun --nproc_per_node 2 distill/train.py configs/distill_demo.yaml --deepspeed configs/ds_zero3.json
 
 Read top to bottom: parse (SFT's flags and the distillation's) -> the student's tokenizer and data -> the student
 -> the teacher (eval mode, no gradients) -> train -> save. What it leaves out, for now:
@@ -12,8 +13,9 @@ Read top to bottom: parse (SFT's flags and the distillation's) -> the student's 
    vLLM); a sampled reply replaces an example's last reply only;
 2. offline KD (teacher logits precomputed to disk, as axolotl's kd plugin): the teacher runs per forward, see
    distill/trainer.py for why;
-3. vision-language models, prompt-based adapters, ZeRO-3, FSDP and sequence parallelism: refused in one line
-   (distill/rules.py).
+3. vision-language models, prompt-based adapters, FSDP, sequence parallelism and a quantized teacher under ZeRO-3:
+   refused in one line (distill/rules.py). Under ZeRO-3 the teacher is sharded too, in an inference engine of its
+   own (distill/trainer.py).
 """
 
 from __future__ import annotations

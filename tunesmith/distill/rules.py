@@ -36,6 +36,16 @@ def _teacher_vocabulary_differs(model: Any, distill: Any) -> dict | None:
     return {"teacher": teacher, "student": student, "difference": difference} if difference else None
 
 
+def _teacher_dtype_overridden(distill: Any, training: Any) -> dict | None:
+    """{"held": dtype} when ZeRO-3 would hold the teacher in another dtype than --teacher_dtype: transformers loads
+    it inside deepspeed.zero.Init, which casts every weight to the DeepSpeed config's precision (bf16 with --bf16,
+    fp16 with --fp16, else float32)."""
+    if zero_stage(training) != 3 or distill.teacher_dtype == "auto":
+        return None
+    held = "bfloat16" if training.bf16 else "float16" if training.fp16 else "float32"
+    return {"held": held} if distill.teacher_dtype != held else None
+
+
 RULES: list[Rule] = [
     # SFT's data flags, read whole: --streaming is what `tunesmith sft` alone reads (the core refuses it elsewhere)
     Rule("distill_streaming", ("data", "distill"), lambda a: a.data.streaming, STREAMING_IS_SFTS),
@@ -81,9 +91,16 @@ RULES: list[Rule] = [
                           _vision_folder),
          "tunesmith distill trains text models only ({path} is a vision-language model, of type {problem}); "
          "give a text model as the student and the teacher."),
-    Rule("distill_zero3", ("distill", "training"), lambda a: zero_stage(a.training) == 3,
-         "--deepspeed {training.deepspeed} is ZeRO-3, which would shard the teacher too, and its forward runs outside "
-         "DeepSpeed's engine: use ZeRO-2 (configs/ds_zero2.json), which keeps a whole teacher on every rank."),
+    # 4 bits: measured with DeepSpeed 0.19.8 and bitsandbytes 0.50.2, the teacher's first forward in its ZeRO-3
+    # engine gives the unsharded teacher's logits and every later one others (its weights regathered wrong).
+    Rule("distill_teacher_quantization_zero3", ("distill", "training"),
+         lambda a: a.distill.teacher_quantization_bit is not None and zero_stage(a.training) == 3,
+         "--teacher_quantization_bit {distill.teacher_quantization_bit} cannot be used with ZeRO-3, which does not "
+         "gather a bitsandbytes teacher's weights intact: leave it out (ZeRO-3 shards the teacher over the ranks "
+         "instead) or use configs/ds_zero2.json."),
+    Rule("distill_teacher_dtype_zero3", ("distill", "training"), lambda a: _teacher_dtype_overridden(a.distill, a.training),
+         "--teacher_dtype {distill.teacher_dtype} cannot be kept under ZeRO-3, which holds the teacher in the run's "
+         "precision ({held}, from --bf16/--fp16): leave --teacher_dtype out, or use configs/ds_zero2.json."),
     Rule("distill_fsdp", ("distill", "training"), lambda a: fsdp_requested(a.training),
          "tunesmith distill does not run under FSDP (the teacher would stay whole beside a sharded student); use "
          "DeepSpeed ZeRO-2 (--deepspeed configs/ds_zero2.json)."),

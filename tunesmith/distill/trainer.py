@@ -7,7 +7,12 @@ as axolotl's offline KD does: a dense [tokens x vocab] distribution is 49152 flo
 (about 200 kB, a whole dataset's worth of which outgrows a disk fast), and the top-k logits that make offline KD
 fit change the loss, which would no longer equal TRL's; a teacher forward without gradients costs about a third
 of the student's step. Offline KD to disk is left out. With --lmbda, a step's batches may hold the student's own
-replies instead of the data's (GKD's on-policy mix, distill/on_policy.py)."""
+replies instead of the data's (GKD's on-policy mix, distill/on_policy.py).
+
+Under ZeRO-2 every rank holds a whole teacher. Under ZeRO-3 transformers has loaded the teacher sharded, as the
+student: it runs in a DeepSpeed inference engine of its own (the run's config, no optimizer; TRL's
+prepare_deepspeed), which gathers its weights layer by layer in each forward, and the student's on-policy samples
+are generated synced across the ranks, since each of its forwards gathers too."""
 
 from __future__ import annotations
 
@@ -20,7 +25,9 @@ import torch
 
 from ..constants import IGNORE_INDEX
 from ..data.packing import FORWARD_SPLITS
+from ..distributed import zero3_inference_engine
 from ..generation import SamplingParams
+from ..hparams import zero_stage
 from ..train.sft_trainer import LoraTrainer
 from .args import DistillArguments
 from .losses import cross_entropy, generalized_jsd
@@ -46,9 +53,14 @@ class DistillTrainer(LoraTrainer):
         # compute_loss divides by num_items_in_batch, the step's reply tokens: the Trainer counts them and leaves the
         # loss undivided by the accumulation steps (its rule for a model whose loss takes num_items_in_batch).
         self.model_accepts_loss_kwargs = True
-        self.teacher = teacher.eval().requires_grad_(False)
-        if not getattr(teacher, "hf_device_map", None):  # a quantized teacher was placed as it loaded
-            self.teacher.to(self.args.device)
+        teacher.eval().requires_grad_(False)
+        self.zero3 = self.is_deepspeed_enabled and zero_stage(self.args) == 3
+        if self.zero3:  # loaded sharded (deepspeed.zero.Init): an engine of its own gathers it in each forward
+            self.teacher = zero3_inference_engine(teacher, self.accelerator.state.deepspeed_plugin.deepspeed_config)
+        else:
+            self.teacher = teacher
+            if not getattr(teacher, "hf_device_map", None):  # a quantized teacher was placed as it loaded
+                self.teacher.to(self.args.device)
         self.beta = distill.loss_beta
         self.temperature = distill.distill_temperature
         self.sft_weight = distill.sft_weight
@@ -66,10 +78,13 @@ class DistillTrainer(LoraTrainer):
         batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if batches and self.lmbda and self.on_policy_step(self.state.global_step):
             params = dataclasses.replace(self.sampling, seed=self.args.seed + self.state.global_step)
-            batches = [on_policy_batch(self.model, self.processing_class, batch, params, self.data_collator)
-                       for batch in batches]
+            batches = [on_policy_batch(self.model, self.processing_class, batch, params, self.data_collator,
+                                       synced=self.zero3) for batch in batches]
             num_items_in_batch = self._get_num_items_in_batch(batches, device)
             self.on_policy_steps += 1
+            if self.zero3:  # the weights ZeRO-3 gathered for sampling (in inference mode, and kept for reuse) are
+                # released, so the training forward gathers them again as tensors autograd may save
+                self.model_wrapped.empty_partition_cache()
         return batches, num_items_in_batch
 
     def on_policy_step(self, step: int) -> bool:

@@ -5,7 +5,6 @@ rl/losses/."""
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -27,6 +26,7 @@ from transformers.trainer_callback import CallbackHandler, ProgressCallback, Tra
 from ..constants import REWARD_PLOT_FILE
 from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
+from ..distributed import zero3_inference_engine
 from ..errors import PathError
 from ..generation import Engine
 from ..hparams import check, save_run_config, zero_stage
@@ -202,11 +202,7 @@ class PPOTrainer:
         whole copy."""
         if self.zero_stage != 3:
             return model.to(self.accelerator.device)
-        import deepspeed
-
-        engine, *_ = deepspeed.initialize(model=model, config=copy.deepcopy(self.accelerator.deepspeed_config))
-        engine.eval()  # DeepSpeedEngine.eval returns None, not the module
-        return engine
+        return zero3_inference_engine(model, self.accelerator.deepspeed_config)
 
     @property
     def unwrapped(self) -> ActorCritic:
