@@ -10,7 +10,7 @@ defaults and with its memory options, TRL's SFTTrainer at its documented best, a
 
 Variants (every one trains the same LoRA: tunesmith's loader's targets, every linear layer, r --lora_r,
 alpha 2r, dropout --lora_dropout; AdamW at --learning_rate; one conversation per optimizer step):
-  ours          tunesmith's LoraTrainer with sft_collator and packing=True at its defaults: one padding-free
+  ours          tunesmith's StageTrainer with sft_collator and packing=True at its defaults: one padding-free
                 row (sdpa_varlen), logits of trained positions only (on CPU the loss's gradient built chunk by
                 chunk), bf16 where the hardware has it (a LoRA base then loads in bf16), no checkpointing:
                 tunesmith's default for LoRA on a GPU, and on CPU up to --max_seq_length 2048
@@ -420,7 +420,7 @@ def ours_session(args: argparse.Namespace, checkpointing: bool | str, tiled: boo
     """tunesmith as `tunesmith sft --packing` drives it (scripts/bench_sft.py's run_ours)."""
     from tunesmith.hparams import FinetuningArguments, ModelArguments, SFTDataArguments
     from tunesmith.models.loader import load_model, load_tokenizer
-    from tunesmith.train.sft_trainer import LoraTrainer, sft_collator
+    from tunesmith.train.stage_trainer import StageTrainer, sft_collator
 
     model_args = ModelArguments(model_name_or_path=args.model, dtype="auto",
                                 quantization_bit=4 if args.method == "qlora" else None)
@@ -435,7 +435,7 @@ def ours_session(args: argparse.Namespace, checkpointing: bool | str, tiled: boo
         data_args = SFTDataArguments(max_seq_length=length, packing=True)
         collator = counting(sft_collator(model, tokenizer, data_args, training_args), counts)
         clock, callback = clock_callback()
-        trainer = LoraTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
+        trainer = StageTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
                               data_collator=collator, callbacks=[callback])
         trainer.train()
         return clock

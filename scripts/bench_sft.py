@@ -351,7 +351,7 @@ def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, 
              sdpa_loop: bool = False, liger: bool = False, compiled: bool = False,
              checkpointing: bool | str | None = None) -> dict:
     from tunesmith.hparams import SFTDataArguments as DataArguments
-    from tunesmith.train.sft_trainer import LoraTrainer, sft_collator
+    from tunesmith.train.stage_trainer import StageTrainer, sft_collator
 
     dataset, tokenizer, model, training_args = load(args, workdir, True, bf16=bf16, quantize=quantize,
                                                     checkpointing=checkpointing)
@@ -366,7 +366,7 @@ def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, 
     data_args = DataArguments(max_seq_length=args.max_seq_length, packing=True, max_forward_tokens=max_forward_tokens)
     clock, callback = trainer_clock()
     collator = BatchCounts(sft_collator(model, tokenizer, data_args, training_args))
-    trainer = LoraTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
+    trainer = StageTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
                           data_collator=collator, callbacks=[callback, *step_profiler(args)])
     if torch_loss:
         del model.get_base_model()._loss_function  # back to the class's ForCausalLMLoss

@@ -80,7 +80,7 @@ def test_a_short_first_step_runs_whole(monkeypatch):
 
 
 def test_the_trainer_trains_alike_however_the_budget_cuts_the_rows(tiny_model_dir, tmp_path, monkeypatch):
-    """LoraTrainer with a budget (a simulated device, probes of 64 tokens, then a 200-token limit): the first step's
+    """StageTrainer with a budget (a simulated device, probes of 64 tokens, then a 200-token limit): the first step's
     rows and the later ones are cut into forwards of whole conversations, and the losses are those of one forward a
     step."""
     import json
@@ -89,7 +89,7 @@ def test_the_trainer_trains_alike_however_the_budget_cuts_the_rows(tiny_model_di
 
     from tunesmith.data import packing
     from tunesmith.sft.command import run
-    from tunesmith.train import sft_trainer
+    from tunesmith.train import stage_trainer
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"messages": conversation(i)}) + "\n" for i in range(len(TOPICS))))
@@ -99,13 +99,13 @@ def test_the_trainer_trains_alike_however_the_budget_cuts_the_rows(tiny_model_di
             "sequential"]
     whole = run([*argv, "--output_dir", str(tmp_path / "whole"), "--max_forward_tokens", "0"])
 
-    monkeypatch.setattr(sft_trainer, "CPU_FORWARD_TOKENS", None)  # the GPU default: the trainer sizes the forwards
+    monkeypatch.setattr(stage_trainer, "CPU_FORWARD_TOKENS", None)  # the GPU default: the trainer sizes the forwards
     monkeypatch.setattr(forward_budget, "PROBE_TOKENS", 64)
     SimulatedDevice(weights=0, free=0, rate=0).install(monkeypatch)
     monkeypatch.setattr(ForwardBudget, "_limit_from_free_memory", lambda self: 200)
     cuts = []
     slice_row = packing.slice_packed_row
-    monkeypatch.setattr(sft_trainer, "slice_packed_row", lambda batch, start, end: cuts.append(end - start)
+    monkeypatch.setattr(stage_trainer, "slice_packed_row", lambda batch, start, end: cuts.append(end - start)
                         or slice_row(batch, start, end))
 
     def budget_on_this_cpu(self):
@@ -113,7 +113,7 @@ def test_the_trainer_trains_alike_however_the_budget_cuts_the_rows(tiny_model_di
             self._forward_budget = ForwardBudget(torch.device("cpu"))
         return self._forward_budget
 
-    monkeypatch.setattr(sft_trainer.LoraTrainer, "_forward_budget_on_cuda", budget_on_this_cpu)
+    monkeypatch.setattr(stage_trainer.StageTrainer, "_forward_budget_on_cuda", budget_on_this_cpu)
     monkeypatch.setattr(forward_budget.torch.cuda, "max_memory_allocated", lambda device=None: 10**6)
     cut = run([*argv, "--output_dir", str(tmp_path / "cut")])
     assert cut._forward_budget.limit == 200 and cut._forward_budget.bytes_per_token > 0

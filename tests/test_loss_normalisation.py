@@ -36,7 +36,7 @@ from tunesmith.boundary import entry_point
 from tunesmith.constants import IGNORE_INDEX
 from tunesmith.sft.command import run as sft_run
 from tunesmith.train import losses
-from tunesmith.train.sft_trainer import LoraTrainer, predicted_targets
+from tunesmith.train.stage_trainer import StageTrainer, predicted_targets
 
 TOLERANCE = 1e-5
 
@@ -105,7 +105,7 @@ def forward_record(inputs: dict) -> dict:
 @contextlib.contextmanager
 def recording(forwards: list[dict]) -> Iterator[None]:
     """Within the block, every training forward of an SFT run appends its forward_record to `forwards`."""
-    original = LoraTrainer.compute_loss
+    original = StageTrainer.compute_loss
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         if model.training:
@@ -113,7 +113,7 @@ def recording(forwards: list[dict]) -> Iterator[None]:
         return original(self, model, inputs, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(LoraTrainer, "compute_loss", compute_loss)
+        patch.setattr(StageTrainer, "compute_loss", compute_loss)
         yield
 
 

@@ -22,7 +22,7 @@ from tunesmith.merge.command import run as merge_main
 from tunesmith.models.loader import find_lora_targets
 from tunesmith.models.moe import expert_lora_parameters, fused_expert_parameters
 from tunesmith.sft.command import run as sft_main
-from tunesmith.train import sft_trainer
+from tunesmith.train import stage_trainer
 from tunesmith.train.router_loss import router_loss_for
 
 # Per architecture: its config's expert fields, the router weight's name in a layer, and what loading needs
@@ -76,7 +76,7 @@ def sft(model_dir, data, out, *extra: str):
                      "--save_strategy", "no", "--plot_loss", "false", "--seed", "0", "--report_to", "none", *extra])
 
 
-def first_update(model_dir, data, out, *extra: str) -> tuple[dict[str, torch.Tensor], sft_trainer.LoraTrainer]:
+def first_update(model_dir, data, out, *extra: str) -> tuple[dict[str, torch.Tensor], stage_trainer.StageTrainer]:
     """(-(the first optimizer update) of every router weight, the trainer) of a full fine-tune with plain SGD at
     learning rate 1 (no clipping, no schedule, float32): the update is the gradient of the step's objective."""
     trainer = sft(model_dir, data, out, "--finetuning_type", "full", "--max_steps", "1", "--optim", "sgd",
@@ -155,7 +155,7 @@ def test_router_loss_is_in_the_objective_with_the_models_coefficient(qwen3_moe_d
     padded = ("--packing", "false", "--per_device_train_batch_size", str(len(CONVERSATIONS)))
     default, trainer = first_update(qwen3_moe_dir, data, tmp_path / "default", *padded)
     zero, zero_trainer = first_update(qwen3_moe_dir, data, tmp_path / "zero", *padded, "--router_aux_loss_coef", "0")
-    monkeypatch.setattr(sft_trainer, "router_loss_for", lambda model, flag: None)  # router logits never asked for
+    monkeypatch.setattr(stage_trainer, "router_loss_for", lambda model, flag: None)  # router logits never asked for
     off, _ = first_update(qwen3_moe_dir, data, tmp_path / "off", *padded)
 
     assert all(torch.equal(zero[k], off[k]) for k in off)

@@ -102,10 +102,10 @@ def test_qlora_under_bf16_keeps_the_frozen_weights_and_activations_in_bf16(tiny_
         layer = next(m for m in trainer.model.modules() if isinstance(m, bnb.nn.Linear4bit))
         layer.register_forward_hook(lambda module, args, out: outputs.append(out.dtype))
 
-    from tunesmith.train.sft_trainer import LoraTrainer
-    original = LoraTrainer.train
+    from tunesmith.train.stage_trainer import StageTrainer
+    original = StageTrainer.train
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(LoraTrainer, "train", lambda self, *a, **k: record_output_dtype(self) or original(self, *a, **k))
+        patch.setattr(StageTrainer, "train", lambda self, *a, **k: record_output_dtype(self) or original(self, *a, **k))
         trainer = run_sft(tiny_model_dir, sft_data, tmp_path / "out", "--quantization_bit", "4", "--bf16", bf16)
     frozen = torch.bfloat16 if bf16 == "true" else torch.float32
     named = dict(trainer.model.named_parameters())
@@ -122,10 +122,10 @@ def test_steps_skip_the_train_mode_walk_yet_train_every_module_after_an_evaluati
     an evaluation (model.eval()) the next step still trains every module. total_flos is transformers' own count."""
     from transformers import Trainer
 
-    from tunesmith.train.sft_trainer import LoraTrainer
+    from tunesmith.train.stage_trainer import StageTrainer
 
     every_module_training, walks = [], []
-    original_loss, full_train = LoraTrainer.compute_loss, torch.nn.Module.train
+    original_loss, full_train = StageTrainer.compute_loss, torch.nn.Module.train
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         if model.training:
@@ -139,14 +139,14 @@ def test_steps_skip_the_train_mode_walk_yet_train_every_module_after_an_evaluati
 
     flags = ("--max_steps", "4", "--eval_data_path", sft_data, "--eval_strategy", "steps", "--eval_steps", "2")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(LoraTrainer, "compute_loss", compute_loss)
+        patch.setattr(StageTrainer, "compute_loss", compute_loss)
         patch.setattr(torch.nn.Module, "train", counted_train)
         trainer = run_sft(tiny_model_dir, sft_data, tmp_path / "out", *flags)
     assert every_module_training == [True] * 4
     assert False in walks  # evaluations set eval mode ...
     assert walks.count(True) <= 2  # ... and only the start and the step after one walked back (without: every step)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(LoraTrainer, "floating_point_ops", Trainer.floating_point_ops)
+        patch.setattr(StageTrainer, "floating_point_ops", Trainer.floating_point_ops)
         recounted = run_sft(tiny_model_dir, sft_data, tmp_path / "recounted", *flags)
     assert trainer.state.total_flos == recounted.state.total_flos > 0
 
@@ -156,7 +156,7 @@ def trained_tokens(trainer) -> list[int]:
 
 
 def test_resume_continues_the_same_trajectory(tiny_model_dir, sft_data, tmp_path, monkeypatch, caplog):
-    from tunesmith.train.sft_trainer import LoraTrainer
+    from tunesmith.train.stage_trainer import StageTrainer
 
     common = ("--max_steps", "4", "--lr_scheduler_type", "constant", "--save_strategy", "steps", "--save_steps", "2",
               "--per_device_train_batch_size", "2", "--lora_dropout", "0.0")
@@ -166,8 +166,8 @@ def test_resume_continues_the_same_trajectory(tiny_model_dir, sft_data, tmp_path
     # ... then the same command again, which finds checkpoint-2, says so and continues from it: it
     # computes only steps 3 and 4, and they match the uninterrupted run, trained-token count included.
     computed = []
-    original = LoraTrainer.compute_loss
-    monkeypatch.setattr(LoraTrainer, "compute_loss", lambda self, *a, **k: computed.append(1) or original(self, *a, **k))
+    original = StageTrainer.compute_loss
+    monkeypatch.setattr(StageTrainer, "compute_loss", lambda self, *a, **k: computed.append(1) or original(self, *a, **k))
     caplog.set_level(logging.INFO, logger="tunesmith")
     resumed = run_sft(tiny_model_dir, sft_data, tmp_path / "resumed", *common)
     assert f"resuming from {tmp_path / 'resumed' / 'checkpoint-2'} (step 2)" in caplog.messages

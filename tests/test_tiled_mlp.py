@@ -268,15 +268,15 @@ def test_the_command_refuses_a_mixture_of_experts_in_one_line(tokenizer, tmp_pat
 
 
 def test_the_flag_parses_and_the_trainer_installs_it(tokenizer, tmp_path):
-    from tunesmith.train.sft_trainer import LoraTrainer
+    from tunesmith.train.stage_trainer import StageTrainer
 
     argv = ["--data_path", "x.jsonl", "--output_dir", str(tmp_path)]
     assert parse_run("sft", argv, check_paths=False).training.tiled_mlp is False
     training = parse_run("sft", [*argv, "--tiled_mlp", "true"], check_paths=False).training
     assert training.tiled_mlp is True
     model = with_lora(tiny("qwen3", tokenizer))
-    LoraTrainer(model=model, args=training)
+    StageTrainer(model=model, args=training)
     assert mlp_is_tiled(model)
     plain = with_lora(tiny("qwen3", tokenizer))
-    LoraTrainer(model=plain, args=parse_run("sft", argv, check_paths=False).training)
+    StageTrainer(model=plain, args=parse_run("sft", argv, check_paths=False).training)
     assert not any(getattr(layer.mlp.forward, "tiled_mlp", False) for layer in plain.get_base_model().model.layers)

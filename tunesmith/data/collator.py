@@ -37,7 +37,7 @@ class PaddingCollator:
 class PackingCollator:
     """A batch of `{"input_ids", "labels"}` examples as one padding-free row of shape [1, total_tokens].
     With max_forward_tokens, a row longer than that also carries `forward_splits`: the token offsets
-    where LoraTrainer cuts it into forwards of whole examples (see forward_splits()); None leaves the forwards'
+    where StageTrainer cuts it into forwards of whole examples (see forward_splits()); None leaves the forwards'
     size to the trainer, from the free GPU memory (train/forward_budget.py); 0: one forward."""
 
     trained_logits_only: bool = True

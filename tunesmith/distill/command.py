@@ -31,7 +31,7 @@ from ..hparams import FinetuningArguments, ModelArguments, check
 from ..models.attention import use_varlen_attention
 from ..models.loader import load_model, load_tokenizer
 from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
-from ..train.sft_trainer import sft_collator
+from ..train.stage_trainer import sft_collator
 from .args import DistillArguments
 from .rules import RULES
 from .trainer import DistillTrainer

@@ -28,7 +28,7 @@ from ..data.packing import FORWARD_SPLITS
 from ..distributed import zero3_inference_engine
 from ..generation import SamplingParams
 from ..hparams import zero_stage
-from ..train.sft_trainer import LoraTrainer
+from ..train.stage_trainer import StageTrainer
 from .args import DistillArguments
 from .losses import cross_entropy, generalized_jsd
 from .on_policy import on_policy_batch
@@ -39,14 +39,14 @@ logger = logging.getLogger(__name__)
 TARGET_KEYS = ("labels", "shift_labels")
 
 
-class DistillTrainer(LoraTrainer):
+class DistillTrainer(StageTrainer):
     """Trains the student on loss = mean over reply tokens of [D_beta(teacher, student) + sft_weight * CE], with D
     the --distill_loss divergence at --distill_temperature; the mean is over the optimizer step's reply tokens (all
     processes), as SFT's loss is. Evaluation reports eval_loss and eval_perplexity (the student's SFT loss on the
     held-out replies), eval_kl (KL(teacher || student) per reply token, at temperature 1) and eval_distill_loss (the
     training divergence per reply token)."""
 
-    adds_router_loss = False  # its loss is its own: no router loss, no fused head (train/sft_trainer.py)
+    adds_router_loss = False  # its loss is its own: no router loss, no fused head (train/stage_trainer.py)
 
     def __init__(self, *args: Any, teacher: torch.nn.Module, distill: DistillArguments, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

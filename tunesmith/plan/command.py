@@ -114,8 +114,8 @@ class PlannedModel:
             materialize(self.model)
         self.attention = use_varlen_attention(self.model)  # as sft_collator does for --packing
         head = self.model.get_output_embeddings()
-        self.fused_head_vocab = head.weight.shape[0] if install_fused_head(self.model) else 0  # as LoraTrainer
-        use_tiled_mlp(self.model, args.training)  # as LoraTrainer
+        self.fused_head_vocab = head.weight.shape[0] if install_fused_head(self.model) else 0  # as StageTrainer
+        use_tiled_mlp(self.model, args.training)  # as StageTrainer
         if gpu.checkpointing:
             enable_checkpointing(self.model, args.training, gpu.offload)
         self.model.train()

@@ -1,4 +1,4 @@
-"""One optimizer step of a packed SFT row on fake tensors, as LoraTrainer runs it on a GPU, metered phase by phase:
+"""One optimizer step of a packed SFT row on fake tensors, as StageTrainer runs it on a GPU, metered phase by phase:
 the row from data/collator.PackingCollator, the loss from the tiled head where the trainer takes it
 (train/head_loss.py), checkpointing enabled as the Trainer enables it, backward, gradient clipping and the optimizer
 of the run's --optim (transformers' Trainer.get_optimizer_cls_and_kwargs)."""

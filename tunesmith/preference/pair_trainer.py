@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ..train.sft_trainer import LoraTrainer
+from ..train.stage_trainer import StageTrainer
 
 
-class PairTrainer(LoraTrainer):
+class PairTrainer(StageTrainer):
     """A subclass's compute_loss(..., return_outputs=True) gives (loss, per-pair predictions [pairs, k])."""
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..train.sft_trainer import sft_collator
+from ..train.stage_trainer import sft_collator
 
 
 @dataclass

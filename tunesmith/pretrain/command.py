@@ -25,12 +25,12 @@ from ..boundary import entry_point
 from ..data.dataset import build_datasets
 from ..models.loader import load_model, load_tokenizer
 from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
-from ..train.sft_trainer import LoraTrainer
+from ..train.stage_trainer import StageTrainer
 from .collator import pretrain_collator
 from .documents import text_kind
 
 
-def run(argv: Sequence[str] | None = None) -> LoraTrainer:
+def run(argv: Sequence[str] | None = None) -> StageTrainer:
     args, resume = prepare_training_run("pt", argv, __doc__)
 
     tokenizer = load_tokenizer(args.model)
@@ -40,7 +40,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
     set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
     model = load_model(args.model, args.finetuning, args.training)
 
-    trainer = LoraTrainer(
+    trainer = StageTrainer(
         model=model,
         args=args.training,
         train_dataset=train_dataset,

@@ -21,10 +21,10 @@ from ..data.streaming import streamed_sft_datasets
 from ..data.template import processor_of
 from ..models.loader import load_model, load_tokenizer
 from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
-from ..train.sft_trainer import LoraTrainer, sft_collator
+from ..train.stage_trainer import StageTrainer, sft_collator
 
 
-def run(argv: Sequence[str] | None = None) -> LoraTrainer:
+def run(argv: Sequence[str] | None = None) -> StageTrainer:
     args, resume = prepare_training_run("sft", argv, __doc__)
 
     tokenizer = load_tokenizer(args.model)
@@ -39,7 +39,7 @@ def run(argv: Sequence[str] | None = None) -> LoraTrainer:
     set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
     model = load_model(args.model, args.finetuning, args.training)
 
-    trainer = LoraTrainer(
+    trainer = StageTrainer(
         model=model,
         args=args.training,
         train_dataset=train_dataset,

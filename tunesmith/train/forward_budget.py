@@ -11,7 +11,7 @@ forward may hold from then on, logged once:
     forwards of at most 123456 tokens (free memory 61.2 GB, about 0.41 MB a token)
 
 A step longer than that runs as several forwards of whole conversations before its one optimizer step, with the same
-gradients (LoraTrainer._training_step_parts); a step that fits stays one forward. A single conversation longer than
+gradients (StageTrainer._training_step_parts); a step that fits stays one forward. A single conversation longer than
 the limit still runs as one forward, and is what --gradient_checkpointing (offload) and --max_seq_length are for.
 
 The measurement restarts torch's peak-memory statistics at the first forward (the only way to read one forward's

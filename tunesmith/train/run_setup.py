@@ -41,7 +41,7 @@ def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str
 
 
 def trainer_options(args: ParsedRun) -> dict[str, Any]:
-    """The keyword arguments every Trainer stage (train/sft_trainer.LoraTrainer and its subclasses) takes from the
+    """The keyword arguments every Trainer stage (train/stage_trainer.StageTrainer and its subclasses) takes from the
     parsed run as they are: the loss plot's callback, the run configs saved beside each save, and the learning rates
     of LoRA's matrices (--lora_learning_rate, --loraplus_lr_ratio)."""
     return {"callbacks": [LossPlotCallback()] if args.finetuning.plot_loss else [], "run_configs": args.configs,

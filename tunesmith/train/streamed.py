@@ -3,7 +3,7 @@ each checkpoint so that a resumed run continues at the example the stopped one w
 
 The Trainer's own resume of an iterable dataset re-reads it from the start and drops the batches already
 trained (skip_first_batches); here the stream is put back where it was instead, and the Trainer is told that
-nothing is to be skipped (LoraTrainer._run_epoch)."""
+nothing is to be skipped (StageTrainer._run_epoch)."""
 
 from __future__ import annotations
 

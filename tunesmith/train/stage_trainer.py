@@ -1,4 +1,4 @@
-"""LoraTrainer: the HF Trainer, plus what a chat fine-tune needs to be checkable afterwards."""
+"""StageTrainer: the HF Trainer, plus what a chat fine-tune needs to be checkable afterwards."""
 
 from __future__ import annotations
 
@@ -65,8 +65,9 @@ def train_returns_when_training(model: torch.nn.Module, modules: list[torch.nn.M
         del model.train
 
 
-class LoraTrainer(Trainer):
-    """Trains full models and PEFT adapters alike (PEFT's own save writes adapters; the Trainer
+class StageTrainer(Trainer):
+    """The Trainer every Trainer stage runs on (SFT and continued pre-training as it is; distillation, the reward
+    model and DPO/KTO as subclasses that override only their loss). Trains full models and PEFT adapters alike (PEFT's own save writes adapters; the Trainer
     gathers ZeRO-3 shards, or FSDP2's full state dict, first; FSDP2 runs on CPU ranks too). Adds: the count of trained tokens in the logs (continued across a
     resume), eval_loss per predicted token and eval_perplexity (evaluation_loop), the resolved run config
     beside every save, and a refusal to leave a save with empty (ungathered) tensors."""
