@@ -1,7 +1,7 @@
-"""The `tunesmith` command: `tunesmith STAGE [RUN_CONFIG.yaml] [--flag value ...]`, one sub-command per
-recipe (the stage scripts sft/train.py, reward/train.py, ... run the same recipes). Each sub-command's
-one-line summary is the first line of its recipe's docstring, read without importing the recipe, so
-`tunesmith --help` answers at once."""
+"""The `tunesmith` command: `tunesmith COMMAND [RUN_CONFIG.yaml] [--flag value ...]`, one sub-command per feature
+command (tunesmith/<feature>/command.py and the like; the stage scripts sft/train.py, reward/train.py, ... run the
+same ones). Each sub-command's one-line summary is the first line of its command module's docstring, read without
+importing the module, so `tunesmith --help` answers at once."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import __version__
 
-# sub-command -> recipe module, or a feature's command module (each has run(argv) and main = entry_point(run))
+# sub-command -> its feature's command module (each has run(argv) and main = entry_point(run))
 COMMANDS = {
     "sft": "tunesmith.sft.command",
     "pt": "tunesmith.pretrain.command",

@@ -1,6 +1,6 @@
 """The settings of `tunesmith distill` beside the SFT run's own (the student is the run's model, its data SFT's
-data, rendered, masked and packed as SFT does). The checks on their combinations are the `# distill` rows of
-hparams/rules.py."""
+data, rendered, masked and packed as SFT does). The checks on their combinations are the rows of rules.py
+beside this file, after the core's (hparams/rules.py)."""
 
 from __future__ import annotations
 
