@@ -83,7 +83,7 @@ RULES: list[Rule] = [
     Rule("distill_on_policy_tokens", ("distill",), lambda a: a.distill.lmbda > 0 and a.distill.on_policy_max_new_tokens < 1,
          "--on_policy_max_new_tokens must be at least 1 (got {distill.on_policy_max_new_tokens}) with --lmbda "
          "{distill.lmbda}: the longest reply the student samples."),
-    Rule("distill_prompt_learning", ("distill", "finetuning"), _prompt_method,
+    Rule("distill_prompt_learning", ("distill", "model", "finetuning"), _prompt_method,
          "--finetuning_type {kind} cannot be distilled into: the student's logits would include the virtual tokens "
          "the teacher never sees; use --finetuning_type lora or full."),
     Rule("distill_vision", ("distill", "model"),

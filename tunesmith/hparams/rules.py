@@ -1,15 +1,19 @@
 """One table of settings that cannot work, checked right after parsing, before any weight loads:
 each row names the flag, the value received and what to change, instead of a failure later inside a
-library. A row applies to a run that has every role it reads (model, data, finetuning, training,
-ppo, reward, dpo, generation, merge, score, evaluation); `check(**roles)` runs the table, then
-the rows of the command's feature package (its rules.py: tunesmith/export/rules.py), which serve that command
-alone."""
+library. These are the core's rows, about the roles several commands share (model, data, finetuning, training,
+generation); each command's own roles and rows are its feature package's (its rules.py, e.g. tunesmith/rl/rules.py
+for ppo, tunesmith/preference/rules.py for dpo, reward and score; hparams/run_kinds.FEATURE_RUNS names the package
+of each command). `check(**roles)` runs this table, then the command's feature's rows.
+
+A row declares what it reads (Rule: its roles, and the fields only some commands' dataclasses have, e.g.
+"data.packing", which DataArguments lacks and SFTDataArguments has), so `check` applies it to exactly the runs that
+have those, and its test needs no guard: a row that reads what it did not declare raises, never skips."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -55,14 +59,32 @@ def zero_stage(training_args: Any) -> int:
 
 @dataclass(frozen=True)
 class Rule:
-    """`broken(run)` is falsy when the settings are fine; otherwise True, or a dict of values for the
-    message's {placeholders} (which may also name any role's fields, e.g. {model.quantization_bit})."""
+    """One row. `broken(run)` is falsy when the settings are fine; otherwise True, or a dict of values for the
+    message's {placeholders} (which may also name any role's fields, e.g. {model.quantization_bit}).
+
+    The row applies to the runs that have all of `roles` and none of `without`. Each is a role ("model": the run has
+    a model) or a role's field ("data.packing": the run's data dataclass has a `packing` field; the data of
+    `tunesmith score` has none). `broken` reads only those: any field of a role it names that every command's
+    dataclass of that role has, and the fields it names. A read of anything else raises AttributeError (a bug in the
+    row), so a row is never skipped by accident."""
 
     name: str
     roles: tuple[str, ...]
     broken: Callable[[SimpleNamespace], Any]
     message: str
     error: type[Exception] = ConfigError
+    without: tuple[str, ...] = ()
+
+    def applies(self, roles: Mapping[str, Any]) -> bool:
+        """Whether a run of these roles (a role's dataclass by its name) has what the row reads."""
+        return all(_has(roles, need) for need in self.roles) and not any(_has(roles, need) for need in self.without)
+
+
+def _has(roles: Mapping[str, Any], need: str) -> bool:
+    """Whether the run has `need`: "ROLE" (given, not None), or "ROLE.FIELD" (a role whose dataclass has FIELD)."""
+    role, _, field = need.partition(".")
+    config = roles.get(role)
+    return config is not None and (not field or hasattr(config, field))
 
 
 def _first(values: list[str], problem: Callable[[str], str | None]) -> dict | None:
@@ -109,7 +131,7 @@ def _prompt_method(a: SimpleNamespace) -> dict | None:
     """{"kind"}: the prompt-based method a training run trains, by --finetuning_type or by the adapter it continues."""
     if a.finetuning.prompt_learning:
         return {"kind": a.finetuning.finetuning_type}
-    found = _prompt_adapter(a.model) if hasattr(a, "model") else None
+    found = _prompt_adapter(a.model)
     return {"kind": found["kind"]} if found else None
 
 
@@ -151,26 +173,29 @@ def _adapter_variant_differs(a: SimpleNamespace) -> dict | None:
     return {"flag": flag} if flag else None
 
 
-def _non_sft_stage(a: SimpleNamespace) -> dict | None:
-    """{"stage": ...} for a training run of another stage than SFT (whose own arguments are among its roles)."""
-    stage = next((role for role in ("reward", "dpo", "ppo") if getattr(a, role, None) is not None), None)
-    return {"stage": stage} if stage else None
+# What a training stage not built for pictures says to a vision-language model: all but SFT, DPO's paired losses and
+# the reward model of a type with a sequence-classification class (KTO's unpaired replies and PPO's rollouts take no
+# pictures yet). The rows are the stages' features' (preference/rules.py, rl/rules.py), with vision_stage_not_built.
+VISION_STAGE_NOT_BUILT = (
+    "{stage} on a vision-language model ({model_type}): not built (SFT, DPO with the sigmoid, ipo, simpo and orpo "
+    "losses, and reward models of {reward_types} train on pictures; chat, serve, merge and eval take them); train it "
+    "with one of those, or on its text with the language model alone.")
 
 
-def _vision_stage_missing(a: SimpleNamespace) -> dict | None:
-    """{"model_type": ..., "stage": ..., "reward_types": ...} for a vision-language model and a training stage not
-    built for it: all but SFT, DPO's paired losses and the reward model of a type with a sequence-classification
-    class (KTO's unpaired replies and PPO's rollouts take no pictures yet)."""
-    vision = _vision(a.model)
-    stage = _non_sft_stage(a) if vision else None
-    if not stage:
-        return None
-    reward_types = reward_model_types()
-    if stage["stage"] == "dpo":
-        stage = {"stage": "DPO with --loss_type kto"} if a.dpo.loss_type == "kto" else None
-    elif stage["stage"] == "reward" and vision["model_type"] in reward_types:
-        stage = None
-    return stage and {**vision, **stage, "reward_types": ", ".join(reward_types)}
+def vision_stage_not_built(model: Any, stage: str) -> dict | None:
+    """VISION_STAGE_NOT_BUILT's values when the model is a vision-language model ({"model_type", "stage",
+    "reward_types"}), None for a text model."""
+    vision = _vision(model)
+    return vision and {**vision, "stage": stage, "reward_types": ", ".join(reward_model_types())}
+
+
+def router_loss_is_sfts(stage: str) -> Rule:
+    """The row of a training stage other than SFT (`stage`, the role of its own arguments) that refuses
+    --router_aux_loss_coef; the stage's feature lists it."""
+    return Rule("router_aux_loss_coef_sft_only", ("finetuning", stage),
+                lambda a: a.finetuning.router_aux_loss_coef is not None and {"stage": stage},
+                "--router_aux_loss_coef weighs a mixture-of-experts router loss that only SFT adds, and this is a "
+                "{stage} run: drop it.")
 
 
 def _vision_folder(path: str) -> str | None:
@@ -187,7 +212,8 @@ def _vision(model: Any) -> dict | None:
 
 
 def _sequence_parallel(a: SimpleNamespace) -> int:
-    return getattr(a.training, "sequence_parallel_size", 1)
+    """--sequence_parallel_size, of the training dataclass that has it (SFTTrainingArguments: sft, pt, distill, plan)."""
+    return a.training.sequence_parallel_size
 
 
 # What a run that reads its data whole says to --streaming, which only `tunesmith sft` reads: this table's row, for
@@ -206,11 +232,11 @@ def _bound_rule(bound: Bound) -> Rule:
     """The row of one value's bound: `--FIELD must be NEED (got VALUE); ADVICE.`"""
 
     def broken(a: SimpleNamespace) -> bool:
-        value = getattr(getattr(a, bound.role), bound.field, None)
+        value = getattr(getattr(a, bound.role), bound.field)  # the role and field the bound names
         return value is not None and (bound.when is None or bound.when(a)) and not bound.ok(value)
 
     advice = f"; {bound.advice}" if bound.advice else ""
-    return Rule(f"{bound.role}_{bound.field}_value", (bound.role,), broken,
+    return Rule(f"{bound.role}_{bound.field}_value", (f"{bound.role}.{bound.field}",), broken,
                 f"--{bound.field} must be {bound.need} (got {{{bound.role}.{bound.field}}}){advice}.")
 
 
@@ -223,8 +249,9 @@ RULES: list[Rule] = [
     Rule("data_path_given", ("data",), lambda a: not a.data.data_path,
          "--data_path is required: one or more data files or folders (JSONL, JSON, Parquet; raw .txt for tunesmith "
          "pt), e.g. data/demo/sft.jsonl."),
-    Rule("data_files", ("data",), lambda a: _first(a.data.data_path + getattr(a.data, "eval_data_path", []),
-                                                    problem_with_data_file),
+    Rule("data_files", ("data",), lambda a: _first(a.data.data_path, problem_with_data_file),
+         "data file {path}: {problem}.", PathError),
+    Rule("eval_data_files", ("data.eval_data_path",), lambda a: _first(a.data.eval_data_path, problem_with_data_file),
          "data file {path}: {problem}.", PathError),
     Rule("model_path", ("model",),
          lambda a: a.model.model_name_or_path and looks_local(a.model.model_name_or_path)
@@ -301,22 +328,16 @@ RULES: list[Rule] = [
          "--use_liger_kernel needs a CUDA GPU and the liger-kernel package (pip install liger-kernel; its kernels "
          "are Triton, GPU only): drop the flag on CPU."),
     # -- vision-language models (models/vision.py)
-    Rule("vision_packing", ("model", "data"),
-         lambda a: getattr(a.data, "packing", False) and (v := _vision(a.model))
+    Rule("vision_packing", ("model", "data.packing"),
+         lambda a: a.data.packing and (v := _vision(a.model))
          and not family(v["model_type"]).packable and v,
          "--packing with a vision-language model ({model_type}): packed exactly for "
          + ", ".join(types_where("packable")) + " only (Gemma 3's picture tokens attend to each other both ways, "
          "which a causal packed row does not compute; Qwen3-VL's positions are not checked); use --packing false."),
-    Rule("vision_packing_forward_tokens", ("model", "data"),
-         lambda a: getattr(a.data, "max_forward_tokens", None) and getattr(a.data, "packing", False)
-         and _vision(a.model),
+    Rule("vision_packing_forward_tokens", ("model", "data.packing", "data.max_forward_tokens"),
+         lambda a: a.data.max_forward_tokens and a.data.packing and _vision(a.model),
          "--max_forward_tokens {data.max_forward_tokens} with a vision-language model: a packed row runs in one "
          "forward (a split would cut its pictures' inputs); drop it, or lower --per_device_train_batch_size."),
-    Rule("vision_stage", ("model", "training"),
-         _vision_stage_missing,
-         "{stage} on a vision-language model ({model_type}): not built (SFT, DPO with the sigmoid, ipo, simpo "
-         "and orpo losses, and reward models of {reward_types} train on pictures; chat, serve, merge and eval take "
-         "them); train it with one of those, or on its text with the language model alone."),
     Rule("vision_prompt_learning", ("model", "finetuning"),
          lambda a: a.finetuning.prompt_learning and _vision(a.model),
          "--finetuning_type {finetuning.finetuning_type} with a vision-language model ({model_type}): its virtual "
@@ -326,57 +347,57 @@ RULES: list[Rule] = [
          "--train_vision_tower / --train_projector: {model.model_name_or_path} is not a vision-language model (no "
          "vision_config in its config.json, or no processor in its folder); leave them out."),
     # -- sequence parallelism (train/sequence_parallel.py)
-    Rule("sequence_parallel_size_value", ("training",), lambda a: _sequence_parallel(a) < 1,
+    Rule("sequence_parallel_size_value", ("training.sequence_parallel_size",), lambda a: _sequence_parallel(a) < 1,
          "--sequence_parallel_size must be at least 1 (got {training.sequence_parallel_size}); 1 is off."),
-    Rule("sequence_parallel_deepspeed", ("training",), lambda a: _sequence_parallel(a) > 1 and not a.training.deepspeed,
+    Rule("sequence_parallel_deepspeed", ("training.sequence_parallel_size",), lambda a: _sequence_parallel(a) > 1 and not a.training.deepspeed,
          "--sequence_parallel_size {training.sequence_parallel_size} runs on DeepSpeed's Ulysses: add --deepspeed "
          "configs/ds_zero2.json (or ds_zero3.json); FSDP does not cut sequences."),
-    Rule("sequence_parallel_packing", ("data", "training"),
-         lambda a: _sequence_parallel(a) > 1 and not getattr(a.data, "packing", False),
+    Rule("sequence_parallel_packing", ("data.packing", "training.sequence_parallel_size"),
+         lambda a: _sequence_parallel(a) > 1 and not a.data.packing,
          "--sequence_parallel_size {training.sequence_parallel_size} needs --packing true: the ranks cut one "
          "padding-free row, whose conversations keep their boundaries across the cut."),
-    Rule("sequence_parallel_world", ("training",),
+    Rule("sequence_parallel_world", ("training.sequence_parallel_size",),
          lambda a: _sequence_parallel(a) > 1 and _world_size() % _sequence_parallel(a) and {"world": _world_size()},
          "--sequence_parallel_size {training.sequence_parallel_size}: this launch has {world} process(es), not a "
          "multiple of it; launch N x {training.sequence_parallel_size} (torchrun --nproc_per_node, --nnodes)."),
-    Rule("sequence_parallel_vision", ("model", "training"),
+    Rule("sequence_parallel_vision", ("model", "training.sequence_parallel_size"),
          lambda a: _sequence_parallel(a) > 1 and _vision(a.model),
          "--sequence_parallel_size with a vision-language model ({model_type}): its pictures cannot be cut across "
          "ranks; train on one rank per row (leave the flag out)."),
-    Rule("sequence_parallel_label_smoothing", ("training",),
+    Rule("sequence_parallel_label_smoothing", ("training.sequence_parallel_size",),
          lambda a: _sequence_parallel(a) > 1 and a.training.label_smoothing_factor,
          "--label_smoothing_factor {training.label_smoothing_factor} with --sequence_parallel_size: each rank "
          "computes its tokens' plain cross-entropy; drop one of them."),
     # -- data
-    Rule("max_forward_tokens_needs_packing", ("data",),
-         lambda a: getattr(a.data, "max_forward_tokens", None) is not None and not a.data.packing,
+    Rule("max_forward_tokens_needs_packing", ("data.max_forward_tokens",),
+         lambda a: a.data.max_forward_tokens is not None and not a.data.packing,
          "--max_forward_tokens {data.max_forward_tokens} splits packed batches: add --packing true, or drop it "
          "(a padded batch runs in one forward; lower --per_device_train_batch_size to use less memory)."),
-    Rule("max_forward_tokens_deepspeed", ("data", "training"),
-         lambda a: getattr(a.data, "max_forward_tokens", None) and a.training.deepspeed,
+    Rule("max_forward_tokens_deepspeed", ("data.max_forward_tokens", "training"),
+         lambda a: a.data.max_forward_tokens and a.training.deepspeed,
          "--max_forward_tokens {data.max_forward_tokens} cannot be used with --deepspeed: DeepSpeed takes an "
          "optimizer step at every backward, so a batch cannot run as several. Drop it, or lower "
          "--per_device_train_batch_size to use less memory."),
-    Rule("max_forward_tokens", ("data",), lambda a: (getattr(a.data, "max_forward_tokens", None) or 0) < 0,
+    Rule("max_forward_tokens", ("data.max_forward_tokens",), lambda a: (a.data.max_forward_tokens or 0) < 0,
          "--max_forward_tokens {data.max_forward_tokens}: give a number of tokens, or 0 for the whole batch at once."),
-    Rule("val_size", ("data",), lambda a: not 0.0 <= getattr(a.data, "val_size", 0.0) < 1.0,
+    Rule("val_size", ("data.val_size",), lambda a: not 0.0 <= a.data.val_size < 1.0,
          "--val_size must be in [0, 1) (got {data.val_size}): the share of --data_path held out for evaluation."),
-    Rule("val_size_and_eval_data_path", ("data",),
-         lambda a: getattr(a.data, "val_size", 0.0) > 0 and getattr(a.data, "eval_data_path", None),
+    Rule("val_size_and_eval_data_path", ("data.val_size", "data.eval_data_path"),
+         lambda a: a.data.val_size > 0 and a.data.eval_data_path,
          "--val_size {data.val_size} and --eval_data_path both give evaluation data: keep one (--val_size holds out "
          "a share of --data_path)."),
-    Rule("eval_strategy_without_data", ("data", "training"),
-         lambda a: hasattr(a.data, "val_size") and not (a.data.eval_data_path or a.data.val_size > 0)
-         and a.training.eval_strategy != "no" and {"strategy": getattr(a.training.eval_strategy, "value", "")},
+    Rule("eval_strategy_without_data", ("data.val_size", "data.eval_data_path", "training"),
+         lambda a: not (a.data.eval_data_path or a.data.val_size > 0)
+         and a.training.eval_strategy != "no" and {"strategy": a.training.eval_strategy.value},
          "--eval_strategy {strategy} has no evaluation data to evaluate: give --eval_data_path FILE or --val_size "
          "0.1 (a held-out share of --data_path), or drop --eval_strategy."),
-    Rule("max_seq_length", ("data",), lambda a: getattr(a.data, "max_seq_length", 8) < 8,
+    Rule("max_seq_length", ("data.max_seq_length",), lambda a: a.data.max_seq_length < 8,
          "--max_seq_length must be at least 8 tokens (got {data.max_seq_length})."),
     Rule("data_selection_in_training", ("data",),
-         lambda a: (a.data.data_weights or a.data.data_split) and not (hasattr(a, "training") or hasattr(a, "inspect"))
+         lambda a: (a.data.data_weights or a.data.data_split)
          and {"flag": "data_split" if a.data.data_split else "data_weights"},
          "--{flag} chooses the rows a training stage (or inspect) uses; this command reads its --data_path whole: "
-         "drop the flag."),
+         "drop the flag.", without=("training", "inspect")),
     Rule("data_weights_numbers", ("data",),
          lambda a: a.data.data_weights and (numbers(a.data.data_weights) is None or min(numbers(a.data.data_weights)) < 0
                                             or not sum(numbers(a.data.data_weights)))
@@ -398,14 +419,17 @@ RULES: list[Rule] = [
          "--data_split {value} gives stage {stage} (part {data.split_part}) no rows: give its part a share above 0."),
     Rule("max_samples", ("data",), lambda a: a.data.max_samples is not None and a.data.max_samples < 1,
          "--max_samples must be at least 1 (got {data.max_samples}); leave it out to use every row."),
-    Rule("streaming_stage", ("data",),
-         lambda a: getattr(a.data, "streaming", False) and not (hasattr(a.data, "train_on") and hasattr(a, "training")),
-         STREAMING_IS_SFTS),
-    Rule("shuffle_buffer_without_streaming", ("data",),
-         lambda a: getattr(a.data, "shuffle_buffer", None) is not None and not a.data.streaming,
+    # --streaming is SFT's: a run whose data is not SFT conversations (no --train_on: reward, dpo, pt), or that trains
+    # nothing (inspect), refuses it
+    Rule("streaming_stage", ("data.streaming",), lambda a: a.data.streaming, STREAMING_IS_SFTS,
+         without=("data.train_on",)),
+    Rule("streaming_without_training", ("data.streaming",), lambda a: a.data.streaming, STREAMING_IS_SFTS,
+         without=("training",)),
+    Rule("shuffle_buffer_without_streaming", ("data.shuffle_buffer",),
+         lambda a: a.data.shuffle_buffer is not None and not a.data.streaming,
          "--shuffle_buffer {data.shuffle_buffer} shuffles a --streaming run's examples; without --streaming every "
          "example is shuffled: add --streaming true, or drop --shuffle_buffer."),
-    Rule("shuffle_buffer", ("data",), lambda a: (getattr(a.data, "shuffle_buffer", None) or 0) < 0,
+    Rule("shuffle_buffer", ("data.shuffle_buffer",), lambda a: (a.data.shuffle_buffer or 0) < 0,
          "--shuffle_buffer must be 0 (file order) or more examples (got {data.shuffle_buffer})."),
     # -- fine-tuning
     Rule("lora_rank", ("finetuning",), lambda a: a.finetuning.finetuning_type == "lora" and a.finetuning.lora_r < 1,
@@ -430,14 +454,14 @@ RULES: list[Rule] = [
          "--adapter_name_or_path {model.adapter_name_or_path}: a p_tuning adapter without prompt_encoder.safetensors "
          "(which tunesmith writes beside it) holds the encoder's output but not the MLP to train further; train a "
          "new one, or resume the run that made it (--resume_from_checkpoint)."),
-    Rule("prompt_learning_packing", ("data", "finetuning"),
-         lambda a: getattr(a.data, "packing", False) and a.finetuning.prompt_learning,
+    Rule("prompt_learning_packing", ("data.packing", "finetuning"),
+         lambda a: a.data.packing and a.finetuning.prompt_learning,
          "--packing cannot be used with --finetuning_type {finetuning.finetuning_type}: PEFT puts the virtual tokens "
          "once in front of each row, and a packed row holds many examples, all but the first of which would train "
          "without them; drop --packing (padded batches)."),
     Rule("prompt_learning_label_smoothing", ("finetuning", "training"),
          lambda a: a.finetuning.finetuning_type in ("prompt_tuning", "p_tuning")
-         and getattr(a.training, "label_smoothing_factor", 0),
+         and a.training.label_smoothing_factor,
          "--label_smoothing_factor cannot be used with --finetuning_type {finetuning.finetuning_type}: transformers' "
          "smoothed loss lines the labels up with logits that begin with the virtual tokens' positions, so every "
          "target would be scored at the wrong token; drop it, or use prefix_tuning or lora."),
@@ -530,10 +554,6 @@ RULES: list[Rule] = [
     Rule("router_aux_loss_coef", ("finetuning",),
          lambda a: a.finetuning.router_aux_loss_coef is not None and not a.finetuning.router_aux_loss_coef >= 0,
          "--router_aux_loss_coef must be >= 0 (got {finetuning.router_aux_loss_coef}); 0 leaves the router loss out."),
-    Rule("router_aux_loss_coef_sft_only", ("finetuning",),
-         lambda a: a.finetuning.router_aux_loss_coef is not None and _non_sft_stage(a),
-         "--router_aux_loss_coef weighs a mixture-of-experts router loss that only SFT adds, and this is a {stage} "
-         "run: drop it."),
     # -- generation (chat's and serve's settings; their own rows are chat/rules.py's and serve/rules.py's)
     Rule("generation_temperature", ("generation",),
          lambda a: a.generation.do_sample and a.generation.temperature <= 0,
@@ -555,16 +575,22 @@ RULES: list[Rule] = [
 
 
 def check(check_paths: bool = True, feature_rules: Sequence[Rule] = (), **roles: Any) -> None:
-    """Raise the error of the first broken rule among those whose roles are all given: this table's rows, then
-    the command's feature's own (`feature_rules`, e.g. tunesmith/export/rules.py's). check_paths=False leaves out
-    the rows about files and folders (for settings read on another machine than the run's)."""
+    """Raise the error of the first broken rule among those that apply to a run of these roles (Rule.applies): this
+    table's rows, then the command's feature's own (`feature_rules`, e.g. tunesmith/export/rules.py's).
+    check_paths=False leaves out the rows about files and folders (for settings read on another machine than the
+    run's). A row that reads what it did not declare raises its AttributeError, with the row's name."""
     namespace = SimpleNamespace(**roles)
     for rule in (*RULES, *feature_rules):
-        if not all(roles.get(role) is not None for role in rule.roles):
+        if not rule.applies(roles):
             continue
         if not check_paths and rule.error is PathError:
             continue
-        found = rule.broken(namespace)
+        try:
+            found = rule.broken(namespace)
+        except AttributeError as e:
+            e.add_note(f"in the rule {rule.name!r}, whose roles are {rule.roles}: a field only some commands' "
+                       "dataclasses have is named as ROLE.FIELD")
+            raise
         if found:
             values = found if isinstance(found, dict) else {}
             raise rule.error(rule.message.format(**roles, **values))

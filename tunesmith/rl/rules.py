@@ -14,6 +14,7 @@ from ..errors import PathError
 # The core table's helpers that its own rows share with these (as export/rules.py takes them).
 from ..hparams.finetuning_args import splits_base
 from ..hparams.rules import (
+    VISION_STAGE_NOT_BUILT,
     Rule,
     _batch,
     _bound_rule,
@@ -22,6 +23,8 @@ from ..hparams.rules import (
     _problem,
     _prompt_method,
     _vision_folder,
+    router_loss_is_sfts,
+    vision_stage_not_built,
     zero_stage,
 )
 from ..hparams.value_bounds import Bound, at_least, in_range, positive
@@ -66,8 +69,11 @@ BOUNDS: tuple[Bound, ...] = (
 )
 
 RULES: list[Rule] = [
+    Rule("vision_ppo", ("model", "ppo", "training"), lambda a: vision_stage_not_built(a.model, "ppo"),
+         VISION_STAGE_NOT_BUILT),  # the rollouts take no pictures yet
+    router_loss_is_sfts("ppo"),
     *map(_bound_rule, BOUNDS),
-    Rule("ppo_prompt_learning", ("ppo", "finetuning"), _prompt_method,
+    Rule("ppo_prompt_learning", ("ppo", "model", "finetuning"), _prompt_method,
          "--finetuning_type {kind} cannot be used with PPO/GRPO/RLOO: the value model is a second adapter on the "
          "policy's model, and PEFT holds one prompt-based adapter per model; use --finetuning_type lora or full."),
     Rule("lora_variant_ppo", ("ppo", "finetuning"),
