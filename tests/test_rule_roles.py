@@ -114,8 +114,10 @@ CASES = {
         "--router_aux_loss_coef weighs a mixture-of-experts": "reward dpo ppo",
     }),
     "prompt_label_smoothing": (["--finetuning_type", "prompt_tuning", "--label_smoothing_factor", "0.1"], {
-        "--label_smoothing_factor cannot be used with": "sft distill reward dpo ppo plan",
+        "--label_smoothing_factor cannot be used with": "sft distill ppo plan",
         "--packing cannot be used with --finetuning_type": "pt",
+        "--finetuning_type prompt_tuning cannot train a reward": "reward",  # rows marked `first`: the stage first
+        "--finetuning_type prompt_tuning cannot be used with DPO": "dpo",
     }),
     "prefix_label_smoothing": (["--finetuning_type", "prefix_tuning", "--label_smoothing_factor", "0.1"], {
         "ok": "sft plan",
@@ -186,9 +188,12 @@ CASES = {
         "--max_forward_tokens 64 with a vision-language model: a": "sft pt distill inspect plan",
     }),
     # the one change: reward and ppo said "reward/ppo on a vision-language model: not built" first, a core row then;
-    # that row is their features' now, checked after the core's (both settings are refused, one message at a time)
+    # that row is their features' now, checked after the core's; reward and dpo say first that they cannot train a
+    # prompt-based method at all (their rows marked `first`, as the old table's order had them before the core's)
     "vision_prompt": (["--model_name_or_path", "idefics3", "--finetuning_type", "prompt_tuning"], {
-        "--finetuning_type prompt_tuning with a vision-language": "sft pt distill reward dpo ppo plan",
+        "--finetuning_type prompt_tuning with a vision-language": "sft pt distill ppo plan",
+        "--finetuning_type prompt_tuning cannot train a reward": "reward",
+        "--finetuning_type prompt_tuning cannot be used with DPO": "dpo",
     }),
     "vision_flags": (["--train_projector", "true"], {
         "--train_vision_tower / --train_projector: None is not a": "sft pt distill reward dpo ppo plan",

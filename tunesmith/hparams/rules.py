@@ -66,7 +66,9 @@ class Rule:
     a model) or a role's field ("data.packing": the run's data dataclass has a `packing` field; the data of
     `tunesmith score` has none). `broken` reads only those: any field of a role it names that every command's
     dataclass of that role has, and the fields it names. A read of anything else raises AttributeError (a bug in the
-    row), so a row is never skipped by accident."""
+    row), so a row is never skipped by accident. A feature's row with `first` is checked before the core's: a
+    refusal of what the command cannot do at all, which would make the core's advice on the same settings moot (DPO
+    with a prompt-tuning adapter: "DPO cannot train it", not "continue it with --finetuning_type prompt_tuning")."""
 
     name: str
     roles: tuple[str, ...]
@@ -74,6 +76,7 @@ class Rule:
     message: str
     error: type[Exception] = ConfigError
     without: tuple[str, ...] = ()
+    first: bool = False
 
     def applies(self, roles: Mapping[str, Any]) -> bool:
         """Whether a run of these roles (a role's dataclass by its name) has what the row reads."""
@@ -576,11 +579,12 @@ RULES: list[Rule] = [
 
 def check(check_paths: bool = True, feature_rules: Sequence[Rule] = (), **roles: Any) -> None:
     """Raise the error of the first broken rule among those that apply to a run of these roles (Rule.applies): this
-    table's rows, then the command's feature's own (`feature_rules`, e.g. tunesmith/export/rules.py's).
+    table's rows, then the command's feature's own (`feature_rules`, e.g. tunesmith/export/rules.py's), whose rows
+    marked `first` go before this table's.
     check_paths=False leaves out the rows about files and folders (for settings read on another machine than the
     run's). A row that reads what it did not declare raises its AttributeError, with the row's name."""
     namespace = SimpleNamespace(**roles)
-    for rule in (*RULES, *feature_rules):
+    for rule in (*[r for r in feature_rules if r.first], *RULES, *[r for r in feature_rules if not r.first]):
         if not rule.applies(roles):
             continue
         if not check_paths and rule.error is PathError:

@@ -40,7 +40,7 @@ RULES: list[Rule] = [
     # -- the reward model
     Rule("reward_prompt_learning", ("reward", "model", "finetuning"), _prompt_method,
          "--finetuning_type {kind} cannot train a reward model: its score head is a new layer that a prompt-based "
-         "adapter does not train; use --finetuning_type lora or full."),
+         "adapter does not train; use --finetuning_type lora or full.", first=True),
     Rule("center_rewards", ("reward",),
          lambda a: a.reward.center_rewards_coefficient is not None and a.reward.center_rewards_coefficient < 0,
          "--center_rewards_coefficient must be >= 0 (got {reward.center_rewards_coefficient}); leave it unset to "
@@ -48,7 +48,7 @@ RULES: list[Rule] = [
     # -- DPO and KTO
     Rule("dpo_prompt_learning", ("dpo", "model", "finetuning"), _prompt_method,
          "--finetuning_type {kind} cannot be used with DPO: its pairs run as packed rows, where PEFT's virtual tokens "
-         "would precede only the first sequence of each row; use --finetuning_type lora or full."),
+         "would precede only the first sequence of each row; use --finetuning_type lora or full.", first=True),
     Rule("init_residual_dpo_reference", ("dpo", "finetuning"),
          lambda a: a.dpo.needs_reference and splits_base(a.finetuning.init_lora_weights),
          "--init_lora_weights {finetuning.init_lora_weights} with --loss_type {dpo.loss_type}: the reference of a new "
