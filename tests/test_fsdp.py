@@ -106,6 +106,10 @@ def test_sft_full_saves_the_whole_model_and_resumes(tiny_model_dir, data, tmp_pa
     after = AutoModelForCausalLM.from_pretrained(str(out)).state_dict()
     assert {k: v.shape for k, v in after.items()} == {k: v.shape for k, v in before.items()}
     assert not torch.equal(after["model.layers.0.self_attn.q_proj.weight"], before["model.layers.0.self_attn.q_proj.weight"])
+    # the head tied to the embeddings is written once, as a one-process save writes it (the gathered state dict held
+    # it as a copy of its own, which transformers' save kept: the file held the embeddings twice)
+    assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))
+    assert torch.equal(after["lm_head.weight"], after["model.embed_tokens.weight"])
 
     # checkpoint-2 holds the gathered model and FSDP's optimizer state: step 3 again, the same step.
     resumed = tmp_path / "resumed"
@@ -207,6 +211,8 @@ def test_pt_full_follows_one_rank_and_saves_the_whole_model(tiny_model_dir, pt_t
     one_rank = AutoModelForCausalLM.from_pretrained(str(tmp_path / "one")).state_dict()
     assert {k: v.shape for k, v in after.items()} == {k: v.shape for k, v in before.items()}
     assert all(not torch.equal(after[k], before[k]) for k in before)
+    saved = load_file(str(out / "model.safetensors"))  # the tied head once, as the one-process run saves it
+    assert sorted(saved) == sorted(load_file(str(tmp_path / "one" / "model.safetensors")))
     # Adam's first steps move each weight by about the learning rate whatever its gradient's size, so a weight
     # whose gradient is near 0 may step either way on two ranks: the steps agree on average, not weight by weight.
     for k in before:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import Trainer
+from transformers import PreTrainedModel, Trainer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
 from ..constants import CPU_FORWARD_TOKENS, IGNORE_INDEX
@@ -393,6 +393,8 @@ class StageTrainer(Trainer):
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         output_dir = output_dir or self.args.output_dir
+        if state_dict is not None:  # gathered (FSDP2's full state dict, ZeRO-3's): tied weights are copies there
+            state_dict = without_tied_copies(self.accelerator.unwrap_model(self.model), state_dict)
         super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             save_encoder(self.accelerator.unwrap_model(self.model), output_dir)
@@ -404,6 +406,19 @@ class StageTrainer(Trainer):
                     f"{output_dir}: saved {len(empty)} empty tensors ({empty[:3]}...): under ZeRO-3 set "
                     "\"stage3_gather_16bit_weights_on_model_save\": true (configs/ds_zero3.json does)"
                 )
+
+
+def without_tied_copies(model: torch.nn.Module, state_dict: dict) -> dict:
+    """A full model's gathered state dict without the second copy of each tied weight (a head tied to the
+    embeddings): transformers' save drops a tied key only where the two tensors share storage, which a gathered state
+    dict's copies do not, so the file held the embeddings twice (a reload ties them again, so only the size showed).
+    A key is dropped only where its tensor equals its source's; an adapter's state dict is returned as it is."""
+    if not isinstance(model, PreTrainedModel):
+        return state_dict
+    tied = model.get_expanded_tied_weights_keys(all_submodels=True)  # {copy: source}, empty where the config unties
+    copies = {name for name, source in tied.items() if name in state_dict and source in state_dict
+              and torch.equal(state_dict[name], state_dict[source])}
+    return {name: tensor for name, tensor in state_dict.items() if name not in copies}
 
 
 def predicted_targets(inputs: dict[str, Any]) -> torch.Tensor | None:
