@@ -193,6 +193,7 @@ def test_pt_lora_follows_one_rank_and_saves_a_complete_adapter(tiny_model_dir, p
     assert_complete_adapter(tiny_model_dir, out)
 
 
+@pytest.mark.heavy  # the gathered full save (tied head once) is the default tier's in the SFT full test; pt's LoRA too
 def test_pt_full_follows_one_rank_and_saves_the_whole_model(tiny_model_dir, pt_text, tmp_path):
     from transformers import AutoModelForCausalLM
 
