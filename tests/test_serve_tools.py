@@ -30,11 +30,12 @@ import torch
 from conftest import running_server, wait_until_healthy
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from tunesmith.data.call_scores import first_call
 from tunesmith.data.template import apply_chat_template_override, encode_prompt, render_text
 from tunesmith.generation.bans import Bans
 from tunesmith.serve.logprobs import TokenTexts
 from tunesmith.serve.reply import BARE_CALL_STARTS, CALL_TAG_START, ReplyShape, ReplySplitter, template_text
-from tunesmith.serve.tools import CallFormat, ToolChoice, first_call, parse_calls
+from tunesmith.serve.tools import CallFormat, ToolChoice, parse_calls
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key"

@@ -10,21 +10,17 @@ the request offered and carry an object of arguments; anything else is no call, 
 back as text: a model's malformed call is the model's answer, not a server error.
 
 Scoring a reply's call against the one it should make (`score_call`, for compare and the shipped
-tunesmith_tool_calls lm-eval task) is data/call_scores.py's, re-exported here: evaluation/ scores calls and
-imports only the core."""
+tunesmith_tool_calls lm-eval task) is data/call_scores.py's: the server does not score calls."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Parsing lives in data/tool_calls.py, below serve/, since the RL rollouts parse and run calls too, and scoring in
-# data/call_scores.py, since compare and the lm-eval task score calls; their names are re-exported here, so the
-# server and its callers import them from here as before.
-from ..data.call_scores import CALL_SCORES, first_call, same_arguments, score_call, score_calls
+# Parsing lives in data/tool_calls.py, below serve/, since the RL rollouts parse and run calls too; its names are
+# re-exported here, so the server and its callers import them from here as before.
 from ..data.tool_calls import CLOSE, OPEN, CallFormat, ToolCall, call_id, parse_calls, tool_names
 
-__all__ = ["CALL_SCORES", "CLOSE", "OPEN", "CallFormat", "ToolCall", "ToolChoice", "call_id", "first_call",
-           "parse_calls", "same_arguments", "score_call", "score_calls", "tool_names"]
+__all__ = ["CLOSE", "OPEN", "CallFormat", "ToolCall", "ToolChoice", "call_id", "parse_calls", "tool_names"]
 
 
 @dataclass(frozen=True)
