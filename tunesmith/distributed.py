@@ -59,7 +59,9 @@ def zero3_inference_engine(model: torch.nn.Module, deepspeed_config: dict) -> An
     engine gathers them, layer by layer, during the forward; every rank must then run the same forwards. The
     config's training-only blocks go (DeepSpeed would build an optimizer or a schedule with nothing to step), and
     its bucket sizes still "auto" are filled from this model's hidden size, as transformers fills the trained
-    model's."""
+    model's. Not TRL's prepare_deepspeed itself: it sets those sizes as dotted top-level keys
+    ("zero_optimization.reduce_bucket_size"), which leave the nested "auto" values in place, and distillation builds
+    its teacher's engine before transformers has filled them."""
     import deepspeed
 
     config = copy.deepcopy(deepspeed_config)
