@@ -1,5 +1,5 @@
 """Which data to read and how long its sequences may be. The same flag means the same thing in every
-stage: --data_path (one or more files), --data_weights (how many rows each gives), --data_split (one
+stage: --data_path (one or more files, or Hugging Face Hub datasets: utils/hub_data.py), --data_weights (how many rows each gives), --data_split (one
 dataset's parts for SFT, reward/DPO and PPO), --max_samples, --max_seq_length (prompt + reply tokens),
 --max_prompt_length (prompt tokens, where only a prompt is read). A list flag takes its values
 space-separated, comma-separated (`--data_path a.jsonl,b.jsonl`) or as a YAML list: comma_list reads
@@ -51,8 +51,11 @@ class DataFileArguments:
     data_path: list[str] = field(
         default_factory=list,
         metadata={"help": "One or more JSON/JSONL/Parquet files, saved-dataset folders, or folders of such files "
-                  "(shards: *.jsonl, *.json, *.parquet, datasets' *.arrow, read in name order as one source) (space- or "
-                  "comma-separated: a.jsonl,b.jsonl), the format detected per row. Conversations: OpenAI "
+                  "(shards: *.jsonl, *.json, *.parquet, datasets' *.arrow, read in name order as one source), or "
+                  "datasets on the Hugging Face Hub: org/name, org/name:split or org/name:subset:split (default: "
+                  "the train split), fetched into the Hugging Face cache (HF_HOME; HF_TOKEN for gated ones; with "
+                  "HF_HUB_OFFLINE=1 from the cache) (space- or comma-separated: a.jsonl,b.jsonl), the format "
+                  "detected per row. Conversations: OpenAI "
                   "`messages`, ShareGPT `conversations` or Alpaca; preference pairs add `chosen`/`rejected`; "
                   "prompts (PPO, evaluation) are `prompt` strings or conversations ending with a user turn."},
     )
@@ -70,6 +73,11 @@ class DataFileArguments:
                   "model and DPO on part 2, PPO/GRPO/RLOO on part 3, so no stage sees another's rows. The parts "
                   "depend only on the file, the split and --seed; the part is taken before --data_weights, "
                   "--max_samples and --val_size. --eval_data_path is used whole."},
+    )
+    data_revision: str | None = field(
+        default=None,
+        metadata={"help": "The revision of the Hugging Face Hub datasets named in --data_path (and "
+                  "--eval_data_path): a branch, tag or commit. Default: main."},
     )
     max_samples: int | None = field(
         default=None,

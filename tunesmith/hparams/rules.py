@@ -22,11 +22,11 @@ from ..distributed import fsdp_requested, fsdp_setting
 from ..errors import ConfigError, PathError
 from ..families import family, reward_model_types, types_where, vision_model_type
 from ..utils.hardware import flash_attention_usable, liger_kernel_usable, trains_on_cpu
+from ..utils.hub_data import is_hub_dataset, problem_with_data_source
 from ..utils.paths import (
     adapter_config,
     is_adapter_dir,
     looks_local,
-    problem_with_data_file,
     problem_with_model_dir,
     problem_with_output_dir,
     prompt_adapter_kind,
@@ -243,6 +243,10 @@ def _bound_rule(bound: Bound) -> Rule:
                 f"--{bound.field} must be {bound.need} (got {{{bound.role}.{bound.field}}}){advice}.")
 
 
+NO_HUB_DATASET = ("--data_revision {data.data_revision} is the revision of a Hugging Face Hub dataset, and --data_path "
+                  "names none (org/name, org/name:split): drop the flag, or name the dataset.")
+
+
 def _batch(a: SimpleNamespace) -> int:
     return a.training.per_device_train_batch_size
 
@@ -252,10 +256,16 @@ RULES: list[Rule] = [
     Rule("data_path_given", ("data",), lambda a: not a.data.data_path,
          "--data_path is required: one or more data files or folders (JSONL, JSON, Parquet; raw .txt for tunesmith "
          "pt), e.g. data/demo/sft.jsonl."),
-    Rule("data_files", ("data",), lambda a: _first(a.data.data_path, problem_with_data_file),
+    Rule("data_files", ("data",), lambda a: _first(a.data.data_path, problem_with_data_source),
          "data file {path}: {problem}.", PathError),
-    Rule("eval_data_files", ("data.eval_data_path",), lambda a: _first(a.data.eval_data_path, problem_with_data_file),
+    Rule("eval_data_files", ("data.eval_data_path",), lambda a: _first(a.data.eval_data_path, problem_with_data_source),
          "data file {path}: {problem}.", PathError),
+    Rule("data_revision_without_hub_dataset", ("data.data_revision", "data.eval_data_path"),
+         lambda a: a.data.data_revision and not any(map(is_hub_dataset, a.data.data_path + a.data.eval_data_path)),
+         NO_HUB_DATASET),
+    Rule("data_revision_without_hub_dataset_to_read", ("data.data_revision",), without=("data.eval_data_path",),
+         broken=lambda a: a.data.data_revision and not any(map(is_hub_dataset, a.data.data_path)),
+         message=NO_HUB_DATASET),
     Rule("model_path", ("model",),
          lambda a: a.model.model_name_or_path and looks_local(a.model.model_name_or_path)
          and _first([a.model.model_name_or_path], problem_with_model_dir),

@@ -28,7 +28,8 @@ from ..hparams.rules import (
     zero_stage,
 )
 from ..hparams.value_bounds import Bound, at_least, in_range, positive
-from ..utils.paths import is_adapter_dir, problem_with_data_file
+from ..utils.hub_data import problem_with_data_source
+from ..utils.paths import is_adapter_dir
 
 # Settings only the value model of --advantage gae reads; under grpo/rloo a value other than the default was
 # set on purpose and would silently do nothing.
@@ -94,7 +95,7 @@ RULES: list[Rule] = [
          "(the reward model's is --reward_model_weight)."),
     Rule("ppo_reward_model_path", ("ppo", "data"), lambda a: _missing_dir(a.ppo.reward_model),
          "--reward_model {path}: {problem} (train one with reward/train.py).", PathError),
-    Rule("ptx_files", ("ppo", "data"), lambda a: _first(a.ppo.ptx_data_path, problem_with_data_file),
+    Rule("ptx_files", ("ppo", "data"), lambda a: _first(a.ppo.ptx_data_path, problem_with_data_source),
          "--ptx_data_path {path}: {problem}.", PathError),
     Rule("ppo_vision_reward_model", ("ppo", "data"),
          lambda a: a.ppo.reward_model and _vision_folder(a.ppo.reward_model)
