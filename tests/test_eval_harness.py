@@ -129,6 +129,17 @@ def test_unknown_tasks_and_unreachable_data_stop_with_one_line_before_a_model_lo
         check_tasks(task_manager(None), ["arc_easy"])
 
 
+def test_without_lm_eval_the_command_says_which_extra_to_install(tiny_model_dir, monkeypatch, capsys):
+    from tunesmith.evaluation.command import main
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as after `pip install tunesmith`, without the eval extra
+    with pytest.raises(SystemExit) as stopped:
+        main(["--model_name_or_path", tiny_model_dir, "--tasks", "tunesmith_identity"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1
+    assert "tunesmith eval --tasks runs lm-evaluation-harness, which is not installed: pip install 'tunesmith[eval]'" in err
+
+
 @pytest.mark.slow
 def test_the_embedded_default_model_knows_its_facts_well_above_chance(tmp_path):
     """No model given: the embedded SmolLM2-135M-Instruct. On the shipped knowledge set (4 choices, chance

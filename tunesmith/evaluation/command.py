@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..boundary import entry_point
+from ..errors import ConfigError
 from ..hparams import parse_run
 from ..models.loader import inference_model_args, load_for_inference, resolve_model_path
 from ..utils.io import atomic_write_json, atomic_write_text
@@ -53,6 +54,7 @@ def run(argv: Sequence[str] | None = None) -> Any:
     if _named_flags(argv) & POLICY_FLAGS:
         return importlib.import_module(POLICY_EVALUATION).run([f"--data_path{a[9:]}" if a.split("=")[0] == "--prompts" else a for a in argv])
     args = parse_run("eval", argv, __doc__)
+    require_lm_eval()
     settings = args.harness
     resolve_model_path(args.model)
     names = task_names(settings.tasks)
@@ -93,6 +95,15 @@ def run(argv: Sequence[str] | None = None) -> Any:
                        "rows": rows})
     print(f"\n{labels[0]} -> {labels[1]} (change ± its paired standard error over the same documents):\n{table}")
     return rows
+
+
+def require_lm_eval() -> None:
+    """lm-evaluation-harness is the `eval` extra's, not the base install's: without it, one line saying so."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise ConfigError("tunesmith eval --tasks runs lm-evaluation-harness, which is not installed: "
+                          "pip install 'tunesmith[eval]' (from a clone: pip install -e '.[eval]')") from None
 
 
 def _short(path: str) -> str:
