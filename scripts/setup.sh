@@ -30,14 +30,16 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
   # No CUDA here: take the CPU build and pin it, so that no later requirement pulls several GB of CUDA
   # packages. PyPI's Linux torch is the CUDA build; the CPU one (2.13.0+cpu, which ==2.13.0 matches and
-  # pip prefers) is on PyTorch's CPU index, added as an extra index: where that index cannot be reached,
-  # pip warns, retries for about 30 s and goes on with what the other sources hold (a local CPU wheel on
-  # machines set up so). macOS's PyPI wheels are CPU builds already. TORCH_CPU_INDEX= leaves the index out.
+  # pip prefers) is on PyTorch's CPU index, added as an extra index for torch alone (--no-deps: its
+  # dependencies come from the usual sources next). Where that index cannot be reached, pip warns, retries
+  # for about 30 s and goes on with what the other sources hold (a local CPU wheel on machines set up so).
+  # macOS's PyPI wheels are CPU builds already. TORCH_CPU_INDEX= leaves the index out.
   TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
   TORCH_CPU_INDEX="${TORCH_CPU_INDEX-https://download.pytorch.org/whl/cpu}"
-  TORCH_FROM=()
-  [[ "$(uname -s)" == Linux && -n "$TORCH_CPU_INDEX" ]] && TORCH_FROM=(--extra-index-url "$TORCH_CPU_INDEX")
-  "${PIP[@]}" ${TORCH_FROM[@]+"${TORCH_FROM[@]}"} "torch==${TORCH_VERSION}"
+  if [[ "$(uname -s)" == Linux && -n "$TORCH_CPU_INDEX" ]]; then
+    "${PIP[@]}" --no-deps --extra-index-url "$TORCH_CPU_INDEX" "torch==${TORCH_VERSION}"
+  fi
+  "${PIP[@]}" "torch==${TORCH_VERSION}"
   echo "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')" > "$VENV/constraints.txt"
   export PIP_CONSTRAINT="$VENV/constraints.txt"
 fi
