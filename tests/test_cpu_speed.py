@@ -115,6 +115,19 @@ def test_native_bf16_on_this_cpu_is_what_the_cpu_reports():
     assert hardware.native_bf16(on_cpu=True) == ("avx512_bf16" in flags or "amx_bf16" in flags)
 
 
+def test_a_gpu_that_only_emulates_bf16_is_not_given_bf16(monkeypatch):
+    """A T4 or V100 (compute capability 7.x) makes bfloat16 tensors, emulated: torch.cuda.is_bf16_supported() says
+    yes by default; `auto` wants the hardware's own (8.0 and newer)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)  # emulation works
+    for major, native in ((7, False), (8, True)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, m=major: SimpleNamespace(major=m))
+        assert hardware.native_bf16(on_cpu=False) is native
+
+
 def test_bf16_keeps_trained_weights_in_float32(tiny_model_dir, tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), bf16=True, use_cpu=True)
     model_args = ModelArguments(model_name_or_path=tiny_model_dir)

@@ -61,7 +61,7 @@ def resolve_dtype(model_args: ModelArguments, training_args: Any = None, trains_
         return torch.float32 if trains_base and trains_on_cpu(training_args) else torch.bfloat16
     if training_args is not None and getattr(training_args, "fp16", False):
         return torch.float16
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+    if native_bf16(on_cpu=False):
         return torch.bfloat16
     return torch.float32
 

@@ -18,8 +18,8 @@ def native_bf16(on_cpu: bool) -> bool:
     """bfloat16 matrix products run in hardware: a CUDA GPU that supports bf16, or a CPU with AVX512-BF16
     or AMX (Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and later). Elsewhere torch emulates
     bf16 on CPU, slower than float32, so `auto` stays in float32 there."""
-    if not on_cpu:
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if not on_cpu:  # not torch's default including_emulation=True, which says yes on a T4 or V100 (emulated bf16)
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
