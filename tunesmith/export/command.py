@@ -13,7 +13,7 @@ models with a byte-level BPE or SentencePiece-style tokenizer are written; other
 so is a sliding window llama.cpp would not apply (Mistral's; Qwen2/3's with use_sliding_window) unless
 --drop_sliding_window. f32, f16, bf16 and q8_0 are written here; q4_k_m, q5_k_m and q6_k by llama.cpp's own
 quantizer from an f16 file.
-A Qwen2-VL or Gemma 3 vision-language model is written as its language model (--output_file) plus
+A Qwen2-VL, Qwen2.5-VL or Gemma 3 vision-language model is written as its language model (--output_file) plus
 llama.cpp's mmproj file beside it, mmproj-<name>.gguf, and checked on a picture too (vision_export.py).
 
 The GGUF is written under a temporary name beside --output_file and checked before it gets its name:
