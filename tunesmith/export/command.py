@@ -1,10 +1,10 @@
 """Export a model or a LoRA adapter as one GGUF file for llama.cpp and Ollama, with its tokenizer, the
 chat template it was trained with and an Ollama Modelfile, checked against the source model.
 
-    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file outputs/sft_demo.gguf
-    python merge/export_gguf.py --model_name_or_path outputs/sft_demo_merged --output_file OUT.gguf --dtype q8_0
-    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file OUT.gguf --dtype q4_k_m
-    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file ADAPTER.gguf --adapter_only
+    tunesmith export --model_name_or_path outputs/sft_demo --output_file outputs/sft_demo.gguf
+    tunesmith export --model_name_or_path outputs/sft_demo_merged --output_file OUT.gguf --dtype q8_0
+    tunesmith export --model_name_or_path outputs/sft_demo --output_file OUT.gguf --dtype q4_k_m
+    tunesmith export --model_name_or_path outputs/sft_demo --output_file ADAPTER.gguf --adapter_only
 
 --model_name_or_path is a model folder (merged, or fully fine-tuned) or an adapter folder, which is
 merged into its base (the one adapter_config.json records) in memory first, or, with --adapter_only,
