@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w-]*)")
-CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+SPAN_OVER_LINES = re.compile(r"(`+)((?:(?!\n\s*\n).)+?)\1", flags=re.S)  # not across a paragraph break
 # M, DIR, RUN_CONFIG.yaml, F.gguf, <stage>, a shell variable
 PLACEHOLDER = re.compile(r"^([A-Z][A-Z0-9_]*(\.[a-z]+)?|<[\w-]+>|.*\$.*)$")
 # The stage scripts: each a shim that runs one command's main (sft/train.py runs tunesmith.sft.command's).
@@ -92,6 +92,15 @@ def prose(text: str) -> Iterator[tuple[int, str]]:
             yield number, line
 
 
+def prose_spans(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each inline code span outside fenced blocks, one wrapped over lines included."""
+    kept = dict(prose(text))
+    lines = [kept.get(number, "") for number in range(1, len(text.splitlines()) + 1)]
+    joined_text = "\n".join(lines)
+    for match in SPAN_OVER_LINES.finditer(joined_text):
+        yield joined_text.count("\n", 0, match.start()) + 1, " ".join(match.group(2).split())
+
+
 def joined(lines: list[str], first: int) -> Iterator[tuple[int, str]]:
     """Shell lines with their `\\` continuations joined, and a `$ ` prompt dropped."""
     pending, start = "", first
@@ -114,11 +123,9 @@ def shown_commands() -> list[Shown]:
         for language, first, body in blocks(text):
             if language in SHELL_LANGUAGES:
                 found += [Shown(name, n, line, True) for n, line in joined(body, first) if command_of(line)]
-        for number, line in prose(text):
-            for match in CODE_SPAN.finditer(line):
-                span = match.group(2).strip()
-                if command_of(span):
-                    found.append(Shown(name, number, span, False))
+        for number, span in prose_spans(text):
+            if command_of(span):
+                found.append(Shown(name, number, span, False))
     return found
 
 
@@ -262,10 +269,9 @@ def test_every_repository_path_the_pages_name_exists():
                 for number, line in joined(body, first):
                     for token in words(line):
                         missing += path_problems(name, number, token)
-        for number, line in prose(text):
-            for match in CODE_SPAN.finditer(line):
-                for token in match.group(2).split():
-                    missing += path_problems(name, number, token, in_prose=True)
+        for number, span in prose_spans(text):
+            for token in span.split():
+                missing += path_problems(name, number, token, in_prose=True)
     assert not missing, "\n".join(missing)
 
 
