@@ -13,6 +13,7 @@ is a record of runs, its width left as it was."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import subprocess
@@ -174,6 +175,12 @@ def policy_flags() -> set[str]:
     return set(POLICY_FLAGS)
 
 
+@functools.cache
+def known_flags(invocation: Invocation) -> frozenset[str]:
+    """Every option string of the invocation's parser, without its dashes (one parser built per invocation)."""
+    return frozenset(s[2:] for s in parser_of(invocation)._option_string_actions if s.startswith("--"))
+
+
 def filled_in(argv: list[str]) -> list[str]:
     """The arguments with table shorthand undone: `[--flag X]` brackets and `a\\|b` alternatives (the first kept)."""
     out = []
@@ -194,7 +201,7 @@ def problems_of(shown: Shown) -> list[str]:
         return [f"no command `tunesmith {command}`"]
     argv = filled_in(argv)
     invocation = invocation_of(command, argv)
-    known = {s[2:] for s in parser_of(invocation)._option_string_actions if s.startswith("--")}
+    known = known_flags(invocation)
     problems = []
     for token in argv:
         if not token.startswith("--"):
