@@ -1,5 +1,6 @@
-"""One short run of every stage on CUDA (marker `gpu`, skipped without a GPU; CI stays on CPU). Where a GPU is
-lent: `bash .gpu/run.sh shell python3 -m pytest -q -m gpu` (the kit in ../shared/gpu/). Each stage runs as a user
+"""One short run of every stage on CUDA (marker `gpu`, skipped without a GPU; CI stays on CPU). On a machine
+with CUDA: `python -m pytest -q -m gpu` (where the GPU has no network, a kit outside the repository carries the
+wheels and the tokenizer into `.gpu/`). Each stage runs as a user
 runs it, in its own process, on the tiny random model with the default model's tokenizer and the demo data, in
 bf16 where the GPU computes it; the checks are the ones that failed there before: the reward model's float32
 head on a bf16 body, packed rows' logits_to_keep, QLoRA, and a complete save that loads back."""

@@ -287,7 +287,7 @@ def test_demo_data_is_what_the_generator_writes(tmp_path):
     assert all(exact_answer([], [f"Answer: {r['answer']}"], answer=[r["answer"]]) == [1.0] for r in held_out)
 
 
-def test_eval_rl_reports_accuracy_and_format_with_paired_errors(tmp_path, policy_dir, tokenizer, capsys):
+def test_eval_rl_reports_accuracy_and_format_with_paired_errors(tmp_path, policy_dir, tokenizer, capsys, caplog):
     from tunesmith.evaluation import command as evaluation
 
     data = tmp_path / "q.jsonl"
@@ -297,10 +297,11 @@ def test_eval_rl_reports_accuracy_and_format_with_paired_errors(tmp_path, policy
                                 encode_prompts(tokenizer, [Prompt(Row("q", 1, {}), [{"role": "user", "content": "hi"}])] * 4,
                                                512))
     trained.train()
-    # through the one front door, `tunesmith eval`, with the spelling --prompts
+    # through the one front door, `tunesmith eval`, with the old spelling --prompts: taken, and said to be old
     result = evaluation.run(["--policy", str(tmp_path / "policy"), "--prompts", str(data), "--max_new_tokens", "4",
                               "--reward_funcs", "exact_answer", "answer_format", "--show", "1",
                               "--output_file", str(tmp_path / "e.jsonl")])
+    assert "--prompts is deprecated, use --data_path" in caplog.text
     assert result["prompts"] == 4 and result["exact_answer_baseline"] == 0.0
     assert {"answer_format_change", "answer_format_change_stderr", "kl_policy_baseline"} <= set(result)
     printed = capsys.readouterr().out

@@ -157,6 +157,16 @@ def test_the_command_prints_its_lines_and_refuses_a_folder_without_config_json(t
     assert "tunesmith plan plans packed rows: add --packing true" in capsys.readouterr().err
 
 
+def test_no_model_given_plans_the_default_model(tmp_path, capsys, monkeypatch):
+    """As every command does, the plan takes the embedded default model when --model_name_or_path is left out (its
+    folder stood in for here by a small config: converting the real one is the slow tier's)."""
+    from tunesmith.models import loader
+
+    monkeypatch.setattr(loader, "ensure_default_model", lambda: Path(config_dir(tmp_path / "default")))
+    main(["--packing", "true", "--plan_tokens", "128"])
+    assert f"model: {tmp_path / 'default'} (llama," in capsys.readouterr().out
+
+
 def test_8bit_weights_are_int8_rows_and_a_float32_scale_a_row(tmp_path):
     plan = planned(config_dir(tmp_path), "--quantization_bit", "8")
     linears = [(64, 64), (32, 64), (32, 64), (64, 64), (128, 64), (128, 64), (64, 128)] * 2

@@ -2,9 +2,9 @@
 same chat-template code that training uses.
 
     tunesmith chat                                             # the embedded SmolLM2-135M-Instruct
-    python chat/cli.py --model_name_or_path outputs/sft_demo   # an adapter dir (base from adapter_config.json)
-    python chat/cli.py --model_name_or_path M --adapter_name_or_path A --do_sample false --max_new_tokens 128
-    printf 'Hi!\\nWhat did I just say?\\n' | python chat/cli.py --do_sample false --output jsonl > answers.jsonl
+    tunesmith chat --model_name_or_path outputs/sft_demo   # an adapter dir (base from adapter_config.json)
+    tunesmith chat --model_name_or_path M --adapter_name_or_path A --do_sample false --max_new_tokens 128
+    printf 'Hi!\\nWhat did I just say?\\n' | tunesmith chat --do_sample false --output jsonl > answers.jsonl
 
 Commands start with /: /clear (forget the history; the system prompt stays), /system TEXT (set the
 system prompt; `/system` alone: back to the template's default), /save FILE (append the conversation to

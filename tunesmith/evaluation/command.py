@@ -5,7 +5,7 @@ vs tuned with paired standard errors, or generated answers scored by reward mode
         --apply_chat_template --compare_to base --output_path outputs/eval
     tunesmith eval --model_name_or_path M --tasks arc_easy --num_fewshot 5 --limit 200   # a hub task
     tunesmith eval --tasks my_task --include_path my_tasks/                               # your own YAML
-    tunesmith eval --policy outputs/grpo_demo --prompts data/demo/grpo_eval.jsonl --reward_funcs exact_answer
+    tunesmith eval --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl --reward_funcs exact_answer
 
 With --tasks, the numbers are lm-eval's: the same as `lm_eval --model hf --model_args
 pretrained=M[,peft=A]` with the same settings, and its results JSON goes where `lm_eval --output_path`
@@ -13,7 +13,7 @@ puts it (<output_path>/<model name>/results_<time>.json). No model given: the em
 --compare_to base (the model under the adapter) or --compare_to PATH runs the other model on the same
 documents and prints per task and metric both scores, the change and its paired standard error
 (compare.md and compare.json in --output_path).
-With --policy, --prompts/--data_path, --reward_model or --reward_funcs: the policy evaluation (replies of
+With --policy, --data_path, --reward_model or --reward_funcs: the policy evaluation (replies of
 a baseline and a tuned policy scored, with KL); `tunesmith eval --policy P --help` lists its flags.
 """
 
@@ -52,7 +52,8 @@ POLICY_EVALUATION = "tunesmith.rl.evaluate_command"
 def run(argv: Sequence[str] | None = None) -> Any:
     argv = list(argv or [])
     if _named_flags(argv) & POLICY_FLAGS:
-        return importlib.import_module(POLICY_EVALUATION).run([f"--data_path{a[9:]}" if a.split("=")[0] == "--prompts" else a for a in argv])
+        # passed as given: its parser maps an old spelling (--prompts, --sft, --ppo) with a deprecation line
+        return importlib.import_module(POLICY_EVALUATION).run(argv)
     args = parse_run("eval", argv, __doc__)
     require_lm_eval()
     settings = args.harness

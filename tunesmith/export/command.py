@@ -1,10 +1,10 @@
 """Export a model or a LoRA adapter as one GGUF file for llama.cpp and Ollama, with its tokenizer, the
 chat template it was trained with and an Ollama Modelfile, checked against the source model.
 
-    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file outputs/sft_demo.gguf
-    python merge/export_gguf.py --model_name_or_path outputs/sft_demo_merged --output_file OUT.gguf --dtype q8_0
-    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file OUT.gguf --dtype q4_k_m
-    python merge/export_gguf.py --model_name_or_path outputs/sft_demo --output_file ADAPTER.gguf --adapter_only
+    tunesmith export --model_name_or_path outputs/sft_demo --output_file outputs/sft_demo.gguf
+    tunesmith export --model_name_or_path outputs/sft_demo_merged --output_file OUT.gguf --dtype q8_0
+    tunesmith export --model_name_or_path outputs/sft_demo --output_file OUT.gguf --dtype q4_k_m
+    tunesmith export --model_name_or_path outputs/sft_demo --output_file ADAPTER.gguf --adapter_only
 
 --model_name_or_path is a model folder (merged, or fully fine-tuned) or an adapter folder, which is
 merged into its base (the one adapter_config.json records) in memory first, or, with --adapter_only,
@@ -13,7 +13,7 @@ models with a byte-level BPE or SentencePiece-style tokenizer are written; other
 so is a sliding window llama.cpp would not apply (Mistral's; Qwen2/3's with use_sliding_window) unless
 --drop_sliding_window. f32, f16, bf16 and q8_0 are written here; q4_k_m, q5_k_m and q6_k by llama.cpp's own
 quantizer from an f16 file.
-A Qwen2-VL or Gemma 3 vision-language model is written as its language model (--output_file) plus
+A Qwen2-VL, Qwen2.5-VL or Gemma 3 vision-language model is written as its language model (--output_file) plus
 llama.cpp's mmproj file beside it, mmproj-<name>.gguf, and checked on a picture too (vision_export.py).
 
 The GGUF is written under a temporary name beside --output_file and checked before it gets its name:

@@ -1,8 +1,8 @@
 """Merge a LoRA adapter into its base model, or several models into one through mergekit: load -> merge -> save
 (atomically) -> verify.
 
-    python merge/merge_lora.py --adapter_name_or_path outputs/sft_demo --output_dir outputs/sft_demo_merged
-    python merge/merge_lora.py --adapter_name_or_path outputs/rm_demo --model_name_or_path BASE \\
+    tunesmith merge --adapter_name_or_path outputs/sft_demo --output_dir outputs/sft_demo_merged
+    tunesmith merge --adapter_name_or_path outputs/rm_demo --model_name_or_path BASE \\
         --output_dir OUT --dtype bfloat16
 
 The base defaults to the one recorded in the adapter's adapter_config.json. Writes safetensors
@@ -16,10 +16,10 @@ quantize the merged weights again and lose most of what the adapter learned. Rew
 
 Several models (fine-tunes of one base, or LoRA adapters of one base) merge into one through mergekit:
 
-    python merge/merge_lora.py --method linear --models outputs/sft_demo_merged outputs/dpo_demo_merged \\
+    tunesmith merge --method linear --models outputs/sft_demo_merged outputs/dpo_demo_merged \\
         --weights 1 1 --output_dir outputs/soup
-    python merge/merge_lora.py --method ties --model_name_or_path BASE --models A B --density 0.5 --output_dir OUT
-    python merge/merge_lora.py --method slerp --models outputs/sft_demo outputs/dpo_demo --slerp_t 0.3 --output_dir OUT
+    tunesmith merge --method ties --model_name_or_path BASE --models A B --density 0.5 --output_dir OUT
+    tunesmith merge --method slerp --models outputs/sft_demo outputs/dpo_demo --slerp_t 0.3 --output_dir OUT
 
 Each adapter among --models is merged into its recorded base first (the LoRA merge above, checked, into a
 temporary folder); mergekit's run_merge then merges the full models; the folder gets the first model's tokenizer,

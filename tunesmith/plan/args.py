@@ -31,7 +31,8 @@ class PlanArguments:
                                "its logits cover these positions only."})
     memory_gb: float | None = field(
         default=None, metadata={"help": "GPU memory in GB (2**30 bytes) for the longest conversation that fits in "
-                                "one step. Default: the local GPU's total memory; required where there is none."})
+                                "one step. Default: the local GPU's total memory; without a GPU and without this flag, no "
+                                "longest conversation is searched for (the step's memory is still planned)."})
     longest_up_to: int = field(
         default=1 << 21, metadata={"help": "The longest conversation searched for, in tokens."})
     world_size: int | None = field(

@@ -18,7 +18,13 @@ from torch import nn
 
 from ..errors import ConfigError, PathError
 from ..families import is_vision_language
-from ..models.loader import attach_adapter, quantization_config, resolve_attn_implementation, resolve_dtype
+from ..models.loader import (
+    attach_adapter,
+    quantization_config,
+    resolve_attn_implementation,
+    resolve_dtype,
+    resolve_model_path,
+)
 from ..utils.config_facts import text_config
 
 
@@ -52,8 +58,8 @@ def as_on_a_gpu() -> Iterator[None]:
 def read_config(model_args: Any) -> Any:
     from transformers import AutoConfig
 
-    path = model_args.model_name_or_path
-    if not path or not os.path.isfile(os.path.join(path, "config.json")):
+    path = resolve_model_path(model_args)  # none given: the embedded default model, as every command takes it
+    if not os.path.isfile(os.path.join(path, "config.json")):
         raise PathError(f"--model_name_or_path {path}: no config.json in it; give a model folder (the plan reads "
                         "its config.json alone, no weights)")
     try:

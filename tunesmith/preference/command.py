@@ -7,10 +7,10 @@ and at the end. --loss_type kto (KTO, arXiv 2402.01306) trains on single replies
 undesirable (`label` true/false; a pair gives one of each) against the reference in every step, and reports
 the same eval_accuracy on the held-out pairs of --eval_data_path.
 
-    python dpo/train.py configs/dpo_lora_demo.yaml
-    python dpo/train.py --adapter_name_or_path outputs/sft_demo --data_path data/demo/preference.jsonl \\
+    tunesmith dpo configs/dpo_lora_demo.yaml
+    tunesmith dpo --adapter_name_or_path outputs/sft_demo --data_path data/demo/preference.jsonl \\
         --eval_data_path data/demo/preference_eval.jsonl --output_dir outputs/dpo [--loss_type simpo --beta 2.0]
-    python dpo/train.py configs/dpo_lora_demo.yaml --loss_type kto --output_dir outputs/kto_demo   # pairs, split
+    tunesmith dpo configs/dpo_lora_demo.yaml --loss_type kto --output_dir outputs/kto_demo   # pairs, split
 
 A vision-language model (docs/vision.md) trains on pairs whose context shows pictures (any loss but kto).
 """

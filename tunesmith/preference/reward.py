@@ -2,8 +2,8 @@
 chosen reply outscores the rejected one. With --eval_data_path or --val_size, held-out eval_accuracy and
 eval_margin at every checkpoint and at the end.
 
-    python reward/train.py configs/reward_lora_demo.yaml
-    python reward/train.py --data_path data/demo/preference.jsonl --eval_data_path data/demo/preference_eval.jsonl \\
+    tunesmith reward configs/reward_lora_demo.yaml
+    tunesmith reward --data_path data/demo/preference.jsonl --eval_data_path data/demo/preference_eval.jsonl \\
         --output_dir outputs/rm [--finetuning_type full] [--center_rewards_coefficient 0.01]
 
 A vision-language model of a type with a sequence-classification class (Gemma 3) trains on pairs with pictures.

@@ -1,7 +1,7 @@
 """Score conversations or preference pairs with a trained reward model, one output line per input row:
 load the reward model -> read rows -> render as in training -> score -> write.
 
-    python reward/score.py --model_name_or_path outputs/rm_demo --data_path data/demo/preference_eval.jsonl \\
+    tunesmith score --model_name_or_path outputs/rm_demo --data_path data/demo/preference_eval.jsonl \\
         --output_file outputs/rm_demo/eval_scores.jsonl
 
 Each input row gives one output line, in order: a preference pair {"chosen": s, "rejected": s}, a

@@ -2,14 +2,14 @@
 a reward model and/or verifiable reward functions; the policy (LoRA on the SFT model by default) is held near
 the reference by a KL term.
 
-    python ppo/train.py configs/ppo_lora_demo.yaml
-    python ppo/train.py --adapter_name_or_path outputs/sft_demo --reward_model outputs/rm_demo \\
+    tunesmith ppo configs/ppo_lora_demo.yaml
+    tunesmith ppo --adapter_name_or_path outputs/sft_demo --reward_model outputs/rm_demo \\
         --data_path data/demo/prompts.jsonl --output_dir outputs/ppo_demo --max_steps 30
-    python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/ppo_demo --reward_model outputs/rm_demo
-    python ppo/train.py configs/grpo_demo.yaml     # GRPO: answers with `Answer: N`, rewarded by exact_answer
-    python scripts/eval_policy.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
+    tunesmith eval --baseline outputs/sft_demo --policy outputs/ppo_demo --reward_model outputs/rm_demo
+    tunesmith ppo configs/grpo_demo.yaml     # GRPO: answers with `Answer: N`, rewarded by exact_answer
+    tunesmith eval --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
         --reward_funcs exact_answer answer_format --max_new_tokens 32
-    python ppo/train.py configs/grpo_tools_demo.yaml   # GRPO whose rollouts call a calculator (--tool_funcs)
+    tunesmith ppo configs/grpo_tools_demo.yaml   # GRPO whose rollouts call a calculator (--tool_funcs)
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ a fixed seed; KL(policy || baseline) per reply is estimated from replies sampled
 temperature 1 (the mean of log p_policy - log p_baseline over them, an unbiased estimate; a log-ratio on
 greedy replies would not be one).
 
-    python scripts/eval_policy.py --baseline outputs/sft_demo --policy outputs/dpo_demo --reward_model outputs/rm_demo
-    python scripts/eval_policy.py ... --data_path data/demo/prompts_eval.jsonl --do_sample true --seed 0
-    python scripts/eval_policy.py --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
+    tunesmith eval --baseline outputs/sft_demo --policy outputs/dpo_demo --reward_model outputs/rm_demo
+    tunesmith eval ... --data_path data/demo/prompts_eval.jsonl --do_sample true --seed 0
+    tunesmith eval --policy outputs/grpo_demo --data_path data/demo/grpo_eval.jsonl \\
         --reward_funcs exact_answer answer_format --max_new_tokens 32
 
 prints e.g.
@@ -23,7 +23,7 @@ With --tool_funcs package.module:function (a policy trained to call tools), both
 is a call runs the function and the model goes on after its result, up to --max_tool_calls calls; the rewards
 score the whole trajectory, the KL counts only the tokens the policy wrote, and the prompts are rendered with the
 policy's chat template (the one that lists its tools), for both models:
-    python scripts/eval_policy.py --policy outputs/grpo_tools --data_path q.jsonl --reward_funcs exact_answer \
+    tunesmith eval --policy outputs/grpo_tools --data_path q.jsonl --reward_funcs exact_answer \
         --tool_funcs my_tools:add,my_tools:multiply --max_tool_calls 3
 """
 

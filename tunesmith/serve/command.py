@@ -2,9 +2,9 @@
 chat template that training used.
 
     tunesmith serve                                              # the embedded SmolLM2-135M-Instruct
-    python chat/serve.py --model_name_or_path outputs/sft_demo   # an adapter dir (base from adapter_config.json)
-    python chat/serve.py --model_name_or_path M --adapter_name_or_path A --host 127.0.0.1 --port 8000 --api_key KEY
-    python chat/serve.py --adapter identity=outputs/sft_demo --adapter tools=outputs/sft_tools_demo   # several
+    tunesmith serve --model_name_or_path outputs/sft_demo   # an adapter dir (base from adapter_config.json)
+    tunesmith serve --model_name_or_path M --adapter_name_or_path A --host 127.0.0.1 --port 8000 --api_key KEY
+    tunesmith serve --adapter identity=outputs/sft_demo --adapter tools=outputs/sft_tools_demo   # several
 
 --dtype auto serves in bfloat16 where the hardware computes it natively (a CPU with AVX512-BF16/AMX, a
 GPU with bf16), float32 elsewhere; --dtype float32 gives the answers chat and compare give, bit for bit.

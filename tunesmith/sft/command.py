@@ -2,9 +2,9 @@
 causal LM on multi-turn conversations: only the replies are trained (see `tunesmith inspect`). With
 --eval_data_path or --val_size, held-out loss and perplexity at every checkpoint and at the end.
 
-    python sft/train.py configs/sft_lora_demo.yaml
-    python sft/train.py --data_path data/demo/sft.jsonl --output_dir outputs/sft [--quantization_bit 4]
-    python sft/train.py --data_path data/demo/sft.jsonl --output_dir outputs/sft_pt --finetuning_type prompt_tuning
+    tunesmith sft configs/sft_lora_demo.yaml
+    tunesmith sft --data_path data/demo/sft.jsonl --output_dir outputs/sft [--quantization_bit 4]
+    tunesmith sft --data_path data/demo/sft.jsonl --output_dir outputs/sft_pt --finetuning_type prompt_tuning
     torchrun --nproc_per_node 2 sft/train.py configs/sft_lora_demo.yaml --deepspeed configs/ds_zero3.json
     accelerate launch --config_file configs/fsdp2.yaml sft/train.py configs/sft_lora_demo.yaml
 """
