@@ -21,13 +21,12 @@ from ..models.loader import load_tokenizer
 from . import runs as runs_mod
 from .chat import ModelCache, session, stream_reply
 from .command_lines import MERGE_METHODS, Confinement, TrainForm, shown, train_flags, tunesmith_argv
-from .flag_rules import check_run
 from .jobs import Job, tail
+from .run_limits import check_run
 
 PREVIEW_ROWS = 3
 DEMO_CONFIG = os.path.join("configs", "sft_lora_demo.yaml")
 SHIPPED_TASKS = ("tunesmith_identity", "tunesmith_arithmetic", "tunesmith_tool_calls", "tunesmith_knowledge")
-GGUF_DTYPES = ("f16", "q8_0", "f32", "bf16", "q4_k_m", "q5_k_m", "q6_k")
 STEP_PATTERN = re.compile(r"(\d+)/(\d+) \[")  # tqdm's "3/76 [00:10<..."
 
 

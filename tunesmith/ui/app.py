@@ -14,8 +14,8 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..errors import UserError
 from ..utils.network import LOOPBACK_HOSTS
-from .actions import GGUF_DTYPES, SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
-from .command_lines import LORA_INITS, MERGE_METHODS, METHODS, STAGES, TrainForm
+from .actions import SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
+from .command_lines import GGUF_DTYPES, LORA_INITS, MERGE_METHODS, METHODS, STAGES, TrainForm
 from .runs import COLUMNS
 
 CSS = ".ts-row pre {white-space: pre-wrap; font-size: 0.85em} .ts-row mark {background: #b7f5c0}"
