@@ -262,7 +262,8 @@ def _follow_export_job(bench: Workbench, build_argv: Any) -> Iterator[tuple]:
     for text in bench.follow("export", argv):
         yield gr.skip(), gr.skip(), text
     text = bench.jobs["export"].log(200000)
-    yield pd.DataFrame(bench.produced_files(argv), columns=["file", "MB"]), check_lines(text), text[-20000:]
+    yield (pd.DataFrame(bench.produced_files(argv), columns=["file", "MB"]), check_lines(bench.jobs["export"]),
+           text[-20000:])
 
 
 def _merge_form(bench: Workbench, files: Any, checks: Any, log: Any) -> None:
