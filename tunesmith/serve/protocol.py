@@ -279,35 +279,29 @@ class OpenAIRequest(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def integer_in_bounds(cls, value: Any, info: ValidationInfo) -> Any:
+    def in_bounds(cls, value: Any, info: ValidationInfo) -> Any:
+        """An integer (INTEGERS: never a boolean) or a number (NUMBERS: an integer taken as a float) within its
+        bounds; null: the field's default."""
         key = info.field_name
-        if key not in cls.INTEGERS:
+        if key not in cls.INTEGERS and key not in cls.NUMBERS:
             return value
         if value is None:
             return cls.model_fields[key].get_default(call_default_factory=True)
-        low, high, bound = cls.INTEGERS[key]
-        if high is MAX_BATCH:
-            high, bound = info.context["max_n"], MAX_BATCH_BOUND.format(max_n=info.context["max_n"])
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise APIError(400, f"`{key}` must be an integer, got {json.dumps(value)}", key)
+        integer = key in cls.INTEGERS
+        if integer:
+            low, high, bound = cls.INTEGERS[key]
+            if high is MAX_BATCH:
+                high, bound = info.context["max_n"], MAX_BATCH_BOUND.format(max_n=info.context["max_n"])
+            bound = bound or f"in {low}..{high}"
+        else:
+            low, high = cls.NUMBERS[key]
+            bound = f"in [{low:g}, {high:g}]"
+        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+            raise APIError(400, f"`{key}` must be {'an integer' if integer else 'a number'}, got {json.dumps(value)}",
+                           key)
         if not low <= value <= high:
-            raise APIError(400, f"`{key}` must be {bound or f'in {low}..{high}'} (got {value})", key)
-        return value
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def number_in_bounds(cls, value: Any, info: ValidationInfo) -> Any:
-        key = info.field_name
-        if key not in cls.NUMBERS:
-            return value
-        if value is None:
-            return cls.model_fields[key].get_default(call_default_factory=True)
-        low, high = cls.NUMBERS[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise APIError(400, f"`{key}` must be a number, got {json.dumps(value)}", key)
-        if not low <= value <= high:
-            raise APIError(400, f"`{key}` must be in [{low:g}, {high:g}] (got {value})", key)
-        return float(value)
+            raise APIError(400, f"`{key}` must be {bound} (got {value})", key)
+        return value if integer else float(value)
 
     @field_validator("stop", mode="before", check_fields=False)
     @classmethod
