@@ -11,6 +11,7 @@ change of log-perplexity with its paired standard error, and each question's gre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from tunesmith.data.text_documents import document_ids, read_text_rows
+from tunesmith.generation import BASE, Engine, SamplingParams
 from tunesmith.pretrain.command import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,18 +34,20 @@ def mean_nll(model, ids: list[int]) -> float:
         return model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss.float().item()
 
 
-def greedy(model, tokenizer, prompt: str, tokens: int = 8) -> str:
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+def greedy(engine: Engine, tokenizer, prompts: list[str], adapter: str | None, tokens: int = 8) -> list[str]:
+    """Each prompt's greedy continuation (raw text, no chat template), through the generation engine; adapter=BASE:
+    the trained model with its adapter off."""
+    ids = [tokenizer(prompt)["input_ids"] for prompt in prompts]
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    return [c[0].text for c in engine.generate(ids, params, adapter=adapter)]
 
 
-def measure(model, tokenizer, documents: list[list[int]], questions: list[dict]) -> dict:
-    return {"nll": [mean_nll(model, ids) for ids in documents],
-            "tokens": [len(ids) - 1 for ids in documents],
-            "answers": [greedy(model, tokenizer, q["prompt"]) for q in questions]}
+def measure(model, tokenizer, documents: list[list[int]], questions: list[dict], base: bool) -> dict:
+    """base: the trained model with its adapter off, the weights the run started from."""
+    with model.disable_adapter() if base else contextlib.nullcontext():
+        nll = [mean_nll(model, ids) for ids in documents]
+    answers = greedy(Engine(model, tokenizer), tokenizer, [q["prompt"] for q in questions], BASE if base else None)
+    return {"nll": nll, "tokens": [len(ids) - 1 for ids in documents], "answers": answers}
 
 
 def main(argv: list[str]) -> dict:
@@ -52,9 +56,8 @@ def main(argv: list[str]) -> dict:
     documents = [document_ids(tokenizer, row.data["text"]) for row in read_text_rows(str(HELDOUT),
                                                                                        separator="blank_line")]
     questions = [json.loads(line) for line in QUESTIONS.read_text(encoding="utf-8").splitlines()]
-    with model.disable_adapter():
-        before = measure(model, tokenizer, documents, questions)
-    after = measure(model, tokenizer, documents, questions)
+    before = measure(model, tokenizer, documents, questions, base=True)
+    after = measure(model, tokenizer, documents, questions, base=False)
 
     def perplexity(m: dict) -> float:  # over every held-out token
         return math.exp(sum(n * t for n, t in zip(m["nll"], m["tokens"])) / sum(m["tokens"]))

@@ -20,6 +20,7 @@ pytest.importorskip("gradio", reason="gradio is not installed (pip install -e '.
 from conftest import save_random_adapter, write_jsonl  # noqa: E402
 
 from tunesmith.errors import ConfigError, PathError  # noqa: E402
+from tunesmith.evaluation.compare import write_compare_json  # noqa: E402
 from tunesmith.hparams import parse_run  # noqa: E402
 from tunesmith.train.checkpoints import checkpoint_step, last_complete_checkpoint  # noqa: E402
 from tunesmith.ui import runs  # noqa: E402
@@ -254,7 +255,7 @@ def test_export_writes_the_gguf_and_modelfile_and_shows_the_checks(trained):
     assert bench.jobs["export"].returncode == 0, shown_log[-1]
     files = [Path(f).name for f, size in bench.produced_files(argv)]
     assert files == ["sft_1-f32.gguf", "sft_1-f32.Modelfile"]
-    assert check_lines(bench.jobs["export"].log())
+    assert check_lines(bench.jobs["export"])
 
 
 def test_evaluate_on_a_file_of_prompts_gives_a_table(trained, ui_data):
@@ -430,8 +431,10 @@ def test_eval_and_export_run_the_cli_commands(tmp_path, ui_data):
         f"tunesmith export --model_name_or_path {adapter} --output_file {tmp_path / 'runs' / 'gguf' / 'sft_1-q8_0.gguf'}"
         " --dtype q8_0 --overwrite_output_file")
     assert shown(bench.export_argv("merge", adapter))[:47] == f"tunesmith merge --adapter_name_or_path {adapter}"[:47]
-    log = "\nQ: Who are you?\n  base        | fine-tuned\n  I am an AI  | I am\n              | Tunesmith.\n"
-    assert compare_table(log) == [{"question": "Who are you?", "base": "I am an AI", "tuned": "I am Tunesmith."}]
+    written = write_compare_json(str(tmp_path / "compare"), {  # as `tunesmith compare --output_path` writes it
+        "base": {"label": "base"}, "tuned": {"label": "fine-tuned"},
+        "rows": [{"question": "Who are you?", "base": "I am an AI", "tuned": "I am Tunesmith."}]})
+    assert compare_table(written) == [{"question": "Who are you?", "base": "I am an AI", "tuned": "I am Tunesmith."}]
 
 
 def test_the_merge_form_runs_tunesmith_merge_with_a_method(tmp_path, tokenizer):
@@ -460,7 +463,7 @@ def test_the_merge_form_runs_tunesmith_merge_with_a_method(tmp_path, tokenizer):
     assert bench.jobs["export"].wait(timeout=240) == 0, log[-3000:]
     files = [os.path.basename(path) for path, _ in bench.produced_files(argv)]
     assert {"model.safetensors", "tokenizer.json", "tunesmith_config.json"} <= set(files)
-    assert "merged 2 models by linear" in check_lines(bench.jobs["export"].log(200000))
+    assert "merged 2 models by linear" in check_lines(bench.jobs["export"])
 
 
 def test_runs_are_read_from_metrics_or_the_trainer_state(tmp_path):

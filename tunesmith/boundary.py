@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import UserError
+from .utils.events import emit
 from .utils.logging import setup_logging
 
 EXIT_USER_ERROR = 2
@@ -37,10 +38,10 @@ def entry_point(run: Callable[[list[str]], Any]) -> Callable[[Sequence[str] | No
             close_progress_bars()
             if debug_requested(args):
                 traceback.print_exc()
-            print(f"tunesmith: {e.kind}: {e}", file=sys.stderr, flush=True)
+            _say_error(f"tunesmith: {e.kind}: {e}")
             sys.exit(EXIT_USER_ERROR)
         except KeyboardInterrupt:
-            print("tunesmith: interrupted", file=sys.stderr, flush=True)
+            _say_error("tunesmith: interrupted")
             sys.exit(EXIT_INTERRUPTED)
         finally:
             leave_process_group()
@@ -48,6 +49,12 @@ def entry_point(run: Callable[[list[str]], Any]) -> Callable[[Sequence[str] | No
             exit_without_teardown()
 
     return main
+
+
+def _say_error(line: str) -> None:
+    """The one line, on stderr and as the `error` event (utils/events.py) of a program that follows the run."""
+    print(line, file=sys.stderr, flush=True)
+    emit("error", text=line)
 
 
 def close_progress_bars() -> None:

@@ -76,6 +76,11 @@ class CompareArguments:
         metadata={"help": "Also count the answers of each column that contain this word (case-insensitive), "
                   "e.g. the new name a fine-tune teaches."},
     )
+    output_path: str | None = field(
+        default=None,
+        metadata={"help": "Also write the comparison as compare.json in this folder (as `tunesmith eval --compare_to` "
+                  "writes its own): each question with the two answers, the columns' names, and the counts."},
+    )
 
 
 # The dataclasses `tunesmith eval` parses, in the order tunesmith_config.json records them.

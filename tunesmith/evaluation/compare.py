@@ -10,7 +10,8 @@ each column makes are scored too.
 Each column renders the prompts with its own chat template and answers them through the generation
 engine, greedily so that the comparison is repeatable (--num_beams for beam search). Base
 vs adapter keeps one model in memory: the base answers come from the same model with its adapter off.
-Columns are laid out by display width, so Chinese, Japanese and emoji line up.
+Columns are laid out by display width, so Chinese, Japanese and emoji line up. With --output_path, the same
+comparison is written as compare.json there (what the web UI shows).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..data.prompts import Prompt, build_prompts
 from ..generation import BASE, Engine, SamplingParams
 from ..hparams import parse_run
 from ..models.loader import inference_model_args, load_for_inference
+from ..utils.io import atomic_write_json
 
 
 def answers(engine: Engine, prompts: list[Prompt], params: SamplingParams, adapter: str | None = None) -> list[str]:
@@ -61,17 +63,32 @@ def run(argv: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
         labels = ("base", "fine-tuned")
     rows = [(p.messages[-1]["content"], b, t) for p, b, t in zip(prompts, base, tuned)]
     print_side_by_side(rows, args.compare.width, labels)
+    record: dict = {"base": {"label": labels[0]}, "tuned": {"label": labels[1]},  # as eval's compare.json names them
+                    "rows": [{"question": q, "base": b, "tuned": t} for q, b, t in rows]}
     expected = [p.row.data.get("expected_call") for p in prompts]
     if all(isinstance(e, dict) for e in expected):
-        for column, replies in ((labels[0], base), (labels[1], tuned)):
-            counts = score_calls(replies, expected)
+        record["tool_calls"] = {}
+        for key, column, replies in (("base", labels[0], base), ("tuned", labels[1], tuned)):
+            counts = record["tool_calls"][key] = score_calls(replies, expected)
             print(f"tool calls, {column}: " + ", ".join(f"{k.replace('_', ' ')} {v}/{len(rows)}" for k, v in counts.items()))
     word = args.compare.count_word
     if word:
         before = sum(word.lower() in b.lower() for b in base)
         after = sum(word.lower() in t.lower() for t in tuned)
+        record["count_word"] = {"word": word, "base": before, "tuned": after}
         print(f"\nanswers containing {word!r}: {labels[0]} {before}/{len(rows)} -> {labels[1]} {after}/{len(rows)}")
+    if args.compare.output_path:
+        write_compare_json(args.compare.output_path, record)
     return rows
+
+
+def write_compare_json(folder: str, record: dict) -> str:
+    """compare.json in `folder`: {"base": {"label"}, "tuned": {"label"}: the columns, "rows": [{"question", "base",
+    "tuned"}: the answers], and where counted "tool_calls" and "count_word"}."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "compare.json")
+    atomic_write_json(path, record)
+    return path
 
 
 def _name(path: str | None) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from ..constants import ASSISTANT, SYSTEM, USER
 from ..data.formats import Message
 from ..data.template import render_text
+from ..utils.events import report_warning
 from ..utils.io import atomic_write_text
 from .gguf_arch import Architecture
 from .gguf_llama_cpp import SETUP_HINT, LlamaCppCheck, check_in_llama_cpp, greedy_references
@@ -111,7 +112,7 @@ def check_text_gguf(spec: Architecture, path: str, tokenizer: Any, refs: TextRef
         # transformers rebuilds a tokenizer from the file in its own way (it drops the ▁ that a SentencePiece-style
         # tokenizer puts after special tokens, for one): llama.cpp, which reads the file as it is meant to be read,
         # decides on tokens below.
-        logger.warning("transformers' GGUF tokenizer encodes %s; checking tokens in llama.cpp", check.token_mismatch)
+        report_warning(logger, "transformers' GGUF tokenizer encodes %s; checking tokens in llama.cpp", check.token_mismatch)
     problem = read_back_refusal(check, tolerance, tokens_checked_elsewhere=in_llama_cpp) if check else None
     in_llama = None
     if not problem and in_llama_cpp:

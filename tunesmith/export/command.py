@@ -48,6 +48,7 @@ from ..families import is_vision_language
 from ..hparams import ModelArguments, parse_run
 from ..hparams.run_config import as_saved, merge_record
 from ..models.merging import load_adapted, load_merged
+from ..utils.events import report, report_warning
 from .args import EXPORT_RELATIVE_TOLERANCES, ExportArguments
 from .checks import (
     GREEDY_NEW_TOKENS,
@@ -100,12 +101,12 @@ def _log_coverage(why_not_read_back: str, in_llama_cpp: bool) -> None:
     not_read_back = f"not read back with transformers' GGUF loader ({why_not_read_back})"
     if in_llama_cpp:
         if why_not_read_back:
-            logger.warning("checked in llama.cpp only: %s", not_read_back)
+            report_warning(logger, "checked in llama.cpp only: %s", not_read_back)
     elif why_not_read_back:
-        logger.warning("NOT CHECKED: %s, and not in llama.cpp: llama-cpp-python is not installed (%s)", not_read_back,
+        report_warning(logger, "NOT CHECKED: %s, and not in llama.cpp: llama-cpp-python is not installed (%s)", not_read_back,
                        UNCHECKED_HINT)
     else:
-        logger.warning("checked with transformers' GGUF loader only, not in llama.cpp: llama-cpp-python is not "
+        report_warning(logger, "checked with transformers' GGUF loader only, not in llama.cpp: llama-cpp-python is not "
                        "installed (%s)", UNCHECKED_HINT)
 
 
@@ -113,7 +114,7 @@ def _warn_dropped_window(model) -> None:
     """Say once what --drop_sliding_window gave up (architecture() refuses the window without it)."""
     spec, window = architecture(model, drop_sliding_window=True), sliding_window(model.config)
     if window and not spec.writes_sliding_window:
-        logger.warning("written without its sliding window of %d tokens (--drop_sliding_window): llama.cpp's %s "
+        report_warning(logger, "written without its sliding window of %d tokens (--drop_sliding_window): llama.cpp's %s "
                        "attends to the whole context, so answers match the model's only for contexts up to %d "
                        "tokens", window[0], spec.name, window[0])
 
@@ -210,33 +211,33 @@ def export_adapter(model_args: ModelArguments, args: ExportArguments) -> ExportR
                 raise ExportError(f"the adapter GGUF written from {source} over its base does not match the merged "
                                   f"model: {problem}; nothing written to {args.output_file}")
         else:
-            logger.warning("NOT CHECKED: an adapter GGUF is checked in llama.cpp only, and llama-cpp-python is not "
+            report_warning(logger, "NOT CHECKED: an adapter GGUF is checked in llama.cpp only, and llama-cpp-python is not "
                            "installed (%s)", UNCHECKED_HINT)
         publish(tmp, target)
     checked = time.perf_counter()
     result = ExportResult(str(target), None, model_args.dtype, target.stat().st_size, written - started,
                           checked - written, None, 0.0, check)
-    print(f"exported the adapter {source} alone -> {result.output_file} ({result.dtype}, "
+    report(f"exported the adapter {source} alone -> {result.output_file} ({result.dtype}, "
           f"{result.size_bytes / 2**20:.2f} MiB) in {result.write_seconds:.1f} s; "
           + (f"checked in {result.check_seconds:.1f} s" if check else "NOT CHECKED (see the warning above)"))
     if check:
-        print(llama_cpp_line(check, "over its base, against the merged model"))
-    print(f"llama.cpp: llama-cli -m BASE.gguf --lora {result.output_file} (BASE.gguf: tunesmith export of the base "
+        report(llama_cpp_line(check, "over its base, against the merged model"))
+    report(f"llama.cpp: llama-cli -m BASE.gguf --lora {result.output_file} (BASE.gguf: tunesmith export of the base "
           f"model); Ollama: FROM the base's GGUF, ADAPTER {result.output_file}")
     return result
 
 
 def _report(r: ExportResult, source: str, untranslatable: str) -> None:
-    print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
+    report(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
           + read_back_summary(r))
     if r.llama_cpp:
-        print(llama_cpp_line(r.llama_cpp, "the f16 file it was quantized from" if r.quantized else "this file"))
+        report(llama_cpp_line(r.llama_cpp, "the f16 file it was quantized from" if r.quantized else "this file"))
     if r.quantized:
-        print(llama_cpp_line(r.quantized, f"{r.dtype}, by llama.cpp's quantizer"))
+        report(llama_cpp_line(r.quantized, f"{r.dtype}, by llama.cpp's quantizer"))
     if r.modelfile:
-        print(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME")
+        report(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME")
     else:
-        print(f"no Modelfile written: {untranslatable}. llama.cpp uses the chat template embedded in the GGUF "
+        report(f"no Modelfile written: {untranslatable}. llama.cpp uses the chat template embedded in the GGUF "
               "(llama-cli --jinja); for Ollama, write a TEMPLATE for it by hand.")
 
 

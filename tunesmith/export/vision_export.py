@@ -27,6 +27,7 @@ from ..data.images import image_part
 from ..data.template import encode_prompt, processor_of, render_text
 from ..errors import ExportError
 from ..hparams import ModelArguments
+from ..utils.events import report, report_warning
 from .args import ExportArguments
 from .checks import (
     RUN_CONFIG_KEY,
@@ -170,32 +171,32 @@ def export_vision(model: Any, tokenizer: Any, model_args: ModelArguments, args: 
 def _log_coverage(why_not_read_back: str, in_llama_cpp: bool, with_mtmd: bool) -> None:
     """One line for each check that could not run."""
     if why_not_read_back and not in_llama_cpp:
-        logger.warning("NOT CHECKED: the text GGUF is not read back with transformers' GGUF loader (%s), and not in "
+        report_warning(logger, "NOT CHECKED: the text GGUF is not read back with transformers' GGUF loader (%s), and not in "
                        "llama.cpp: llama-cpp-python is not installed (%s)", why_not_read_back, UNCHECKED_HINT)
     if not with_mtmd:
-        logger.warning("the mmproj file is NOT CHECKED: llama-cpp-python %s (%s)",
+        report_warning(logger, "the mmproj file is NOT CHECKED: llama-cpp-python %s (%s)",
                        "was built without its multimodal library (mtmd)" if in_llama_cpp else "is not installed",
                        UNCHECKED_HINT)
 
 
 def _report(r: VisionExportResult, source: str, untranslatable: str) -> None:
-    print(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) and its vision tower + "
+    report(f"exported {source} -> {r.output_file} ({r.dtype}, {r.size_bytes / 2**20:.1f} MiB) and its vision tower + "
           f"projector -> {r.mmproj_file} ({r.mmproj_bytes / 2**20:.1f} MiB) in {r.write_seconds:.1f} s; "
           + read_back_summary(r))
     if r.llama_cpp:
-        print(llama_cpp_line(r.llama_cpp, "the text model, text prompts"))
+        report(llama_cpp_line(r.llama_cpp, "the text model, text prompts"))
     if r.image:
         c = r.image
         ties = f", {c.ties} near-ties" if c.ties else ""
-        print(f"in llama.cpp {c.version} with the mmproj file, one picture ({c.image_tokens} image tokens, prompt laid "
+        report(f"in llama.cpp {c.version} with the mmproj file, one picture ({c.image_tokens} image tokens, prompt laid "
               f"out as transformers'): image embeddings within {c.embd_max_abs_diff:.3g} ({c.embd_relative_diff:.2e} "
               f"of the largest |feature|; bound {r.embd_tolerance:g}); greedy reply as transformers' at "
               f"{c.agree}/{c.steps} steps{ties}; max |logit difference| {c.logit_max_abs_diff:.3g} (largest |logit| "
               f"{c.logit_scale:.3g})")
     mmproj = os.path.basename(r.mmproj_file)
-    print(f"llama.cpp: llama-mtmd-cli -m {r.output_file} --mmproj {r.mmproj_file} (or llama-server ... --mmproj)")
+    report(f"llama.cpp: llama-mtmd-cli -m {r.output_file} --mmproj {r.mmproj_file} (or llama-server ... --mmproj)")
     if r.modelfile:
-        print(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME (the Modelfile's second FROM names "
+        report(f"Ollama: ollama create NAME -f {r.modelfile} && ollama run NAME (the Modelfile's second FROM names "
               f"{mmproj}; whether Ollama's own engine runs this projector depends on its version, not checked here)")
     else:
-        print(f"no Modelfile written: {untranslatable}.")
+        report(f"no Modelfile written: {untranslatable}.")

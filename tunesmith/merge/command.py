@@ -47,6 +47,7 @@ from ..hparams import ModelArguments, parse_run, save_run_config
 from ..hparams.run_config import merge_record
 from ..models.loader import load_tokenizer
 from ..models.merging import MergeError, adapter_task, load_adapted
+from ..utils.events import report
 from ..utils.io import atomic_directory
 from ..utils.paths import adapter_base_model, is_adapter_dir
 from .args import MERGE_RELATIVE_TOLERANCES, MergeArguments
@@ -117,7 +118,7 @@ def merge(model_args: ModelArguments, args: MergeArguments) -> MergeResult:
                 f"merged model from {adapter} differs from base {base} + adapter by {diff:.3g} "
                 f"(max |logit difference| on a probe conversation; tolerance {tolerance:.3g} for {dtype})"
             )
-    print(f"merged {adapter} into {base} -> {args.output_dir} ({task}, {dtype}): "
+    report(f"merged {adapter} into {base} -> {args.output_dir} ({task}, {dtype}): "
           f"max |logit difference| vs base + adapter = {diff:.3g} (tolerance {tolerance:.3g})")
     return MergeResult(args.output_dir, task, diff)
 
@@ -154,7 +155,7 @@ def merge_models(model_args: ModelArguments, args: MergeArguments) -> MergeResul
         if not torch.isfinite(logits).all():
             raise MergeError(f"--method {args.method} merge of {', '.join(args.models)} gives non-finite logits on "
                              "a probe conversation; check the --weights (linear divides by their sum)")
-    print(f"merged {len(args.models)} models by {args.method} -> {args.output_dir} ({dtype}): max |logit| on a "
+    report(f"merged {len(args.models)} models by {args.method} -> {args.output_dir} ({dtype}): max |logit| on a "
           f"probe conversation {logits.abs().max().item():.3g}")
     return MergeResult(args.output_dir, "causal_lm", None)
 

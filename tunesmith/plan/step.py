@@ -49,10 +49,6 @@ class StepMemory:
         return max(self.backbone_peak, self.backbone_kept + self.head_peak)
 
     @property
-    def backward_peak(self) -> int:
-        return max(self.head_backward_peak, self.layers_backward_peak)
-
-    @property
     def peak(self) -> int:
         """The device's peak in a step after the first, when the optimizer's state is held throughout (the first step
         creates it in optimizer.step() and peaks no higher): the forwards' and backwards' metered peak (the phases'

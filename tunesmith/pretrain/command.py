@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from transformers import set_seed
-
 from ..boundary import entry_point
 from ..data.dataset import build_datasets
-from ..models.loader import load_model, load_tokenizer
-from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
+from ..models.loader import load_tokenizer
+from ..train.run_setup import prepare_training_run, train_causal_lm
 from ..train.stage_trainer import StageTrainer
 from .collator import pretrain_collator
 from .documents import text_kind
@@ -37,21 +35,8 @@ def run(argv: Sequence[str] | None = None) -> StageTrainer:
     with args.training.main_process_first(desc="tokenize"):  # read, cut into pieces, cached (data/dataset.py)
         train_dataset, eval_dataset = build_datasets(text_kind(args.data), tokenizer, args.data, args.training.seed,
                                                      report_dir=args.training.output_dir)
-    set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
-    model = load_model(args.model, args.finetuning, args.training)
-
-    trainer = StageTrainer(
-        model=model,
-        args=args.training,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        data_collator=pretrain_collator(model, tokenizer, args.data, args.training),
-        **trainer_options(args),  # the loss plot, the run configs, LoRA's learning rates
-        router_aux_loss_coef=args.finetuning.router_aux_loss_coef,
-    )
-    train_save_evaluate(trainer, resume)
-    return trainer
+    return train_causal_lm(args, resume, train_dataset, eval_dataset, tokenizer,
+                           lambda model: pretrain_collator(model, tokenizer, args.data, args.training))
 
 
 main = entry_point(run)

@@ -163,7 +163,7 @@ def create_app(model: Any, models: list[ServedModel], serve: ServeArguments, gen
         raw = await request.body()
 
         def prepare() -> tuple[ChatRequest, ServedModel, list[int], ReplyShape]:
-            chat = protocol.parse_chat_request(protocol.parse_json_body(raw), serve.max_batch_size, serve.image_root)
+            chat = ChatRequest.parse(protocol.parse_json_body(raw), serve.max_batch_size, serve.image_root)
             served = server.model(chat.model)
             return chat, served, *_prompt(served, chat, serve.keep_tools_when_tool_choice_none)
 

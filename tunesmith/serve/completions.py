@@ -12,87 +12,89 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
+from pydantic import Field, ValidationInfo, field_validator
 
 from ..generation import Completion, Event, SamplingParams, TokenLogprob
 from ..generation import Request as Job
 from ..generation.detokenizer import IncrementalDecoder
 from . import protocol
 from .limits import cancelled_error, cancelled_when_gone
-from .protocol import APIError, _integer, _neutral, _number, _optional, _stop
+from .protocol import MAX_BATCH, APIError, OpenAIRequest
 
 if TYPE_CHECKING:
     from .app import ServedModel, Server
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this API
 MAX_LOGPROBS = 5  # OpenAI's limit on `logprobs`
-KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "logprobs", "echo",
-         "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user", "seed", "suffix"}
 PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 # -inf (a token the model rules out) has no JSON spelling; vLLM reports it as this.
 LOWEST_LOGPROB = -9999.0
 
 
-@dataclass
-class CompletionRequest:
+class CompletionRequest(OpenAIRequest):
     """A checked /v1/completions body; None where the client left a setting to the server's flags."""
 
-    prompts: list[str | list[int]]
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"user", "suffix"})  # suffix: at null only (refuse_unsupported)
+    NEUTRAL_ONLY: ClassVar[frozenset[str]] = frozenset({"logit_bias"})
+    REQUIRED: ClassVar[tuple[str, str]] = ("prompt", PROMPT_FORMS)
+    INTEGERS: ClassVar[dict[str, tuple[int, int | None, str | None]]] = {
+        "n": (1, MAX_BATCH, None), "best_of": (1, MAX_BATCH, None), "max_tokens": (0, 2**31 - 1, "at least 0"),
+        "logprobs": (0, MAX_LOGPROBS, f"in 0..{MAX_LOGPROBS}"), "seed": (-(2**63), 2**63 - 1, "a 64-bit integer")}
+    NUMBERS: ClassVar[dict[str, tuple[float, float]]] = {
+        "temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
+        "frequency_penalty": (-2.0, 2.0)}
+    TYPED: ClassVar[dict[str, type]] = {"model": str, "echo": bool, "stream": bool, "stream_options": dict}
+
+    prompt: list[str | list[int]]  # one prompt or several, each a string or token ids
     model: str | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
     echo: bool = False
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int = 1
+    best_of: int | None = None
+    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, validate_default=True)
     logprobs: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int = 1
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    stream: bool = False
-    include_usage: bool = False
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
 
+    @classmethod
+    def refuse_unsupported(cls, body: dict) -> None:
+        if body.get("suffix") is not None:
+            raise APIError(400, "`suffix` is not supported by this server (no fill-in-the-middle); leave it out",
+                           "suffix")
 
-def parse_completion_request(body: dict, max_n: int) -> CompletionRequest:
-    """Check every field of a completions body; the first problem raises a 400 naming it."""
-    unknown = sorted(set(body) - KNOWN)
-    if unknown:
-        raise APIError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
-    if body.get("suffix") is not None:
-        raise APIError(400, "`suffix` is not supported by this server (no fill-in-the-middle); leave it out", "suffix")
-    if not _neutral(body.get("logit_bias")):
-        raise APIError(400, "`logit_bias` is not supported by this server; leave it out", "logit_bias")
-    if "prompt" not in body:
-        raise APIError(400, f"`prompt` is required: {PROMPT_FORMS}", "prompt")
-    request = CompletionRequest(prompts=_prompts(body["prompt"]), model=_optional(body, "model", str))
-    request.echo = bool(_optional(body, "echo", bool))
-    request.stream = bool(_optional(body, "stream", bool))
-    request.include_usage = (_optional(body, "stream_options", dict) or {}).get("include_usage") is True
-    request.n = _integer(body, "n", 1, max_n, f"at most {max_n} (the server's --max_batch_size)") or 1
-    best_of = _integer(body, "best_of", 1, max_n, f"at most {max_n} (the server's --max_batch_size)")
-    if best_of is not None and best_of != request.n:
-        raise APIError(400, f"`best_of` ({best_of}) must equal `n` ({request.n}) or be left out: this server returns "
-                       "every reply it generates", "best_of")
-    max_tokens = _integer(body, "max_tokens", 0, 2**31 - 1, "at least 0")
-    request.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    if request.max_tokens == 0 and not request.echo:
-        raise APIError(400, "`max_tokens` 0 asks for nothing: give at least 1, or set `echo` (with `logprobs`) to "
-                       "score the prompt alone", "max_tokens")
-    request.logprobs = _integer(body, "logprobs", 0, MAX_LOGPROBS, f"in 0..{MAX_LOGPROBS}")
-    request.temperature = _number(body, "temperature", 0.0, 2.0)
-    request.top_p = _number(body, "top_p", 0.0, 1.0)
-    request.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0) or 0.0
-    request.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0) or 0.0
-    request.seed = _integer(body, "seed", -(2**63), 2**63 - 1, "a 64-bit integer")
-    request.stop = _stop(body.get("stop"))
-    return request
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def prompts(cls, value: Any) -> list[str | list[int]]:
+        return _prompts(value)
+
+    @field_validator("best_of", mode="after")
+    @classmethod
+    def every_reply_returned(cls, value: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if value is not None and value != n:
+            raise APIError(400, f"`best_of` ({value}) must equal `n` ({n}) or be left out: this server returns "
+                           "every reply it generates", "best_of")
+        return value
+
+    @field_validator("max_tokens", mode="after")
+    @classmethod
+    def something_asked(cls, value: int, info: ValidationInfo) -> int:
+        if value == 0 and not info.data.get("echo"):
+            raise APIError(400, "`max_tokens` 0 asks for nothing: give at least 1, or set `echo` (with `logprobs`) to "
+                           "score the prompt alone", "max_tokens")
+        return value
 
 
 def _is_token(value: Any) -> bool:
@@ -250,10 +252,10 @@ def add_completion_routes(app: FastAPI, server: Server) -> None:
 
 def _prepare(server: Server, raw: bytes) -> tuple[CompletionRequest, ServedModel, list[Prompt]]:
     """The body checked, its model found, its prompts tokenized and checked against the context."""
-    parsed = parse_completion_request(protocol.parse_json_body(raw), server.serve.max_batch_size)
+    parsed = CompletionRequest.parse(protocol.parse_json_body(raw), server.serve.max_batch_size)
     served = server.model(parsed.model)
-    names = ["`prompt`"] if len(parsed.prompts) == 1 else [f"`prompt[{k}]`" for k in range(len(parsed.prompts))]
-    prompts = [encode(p, served.tokenizer, name) for p, name in zip(parsed.prompts, names)]
+    names = ["`prompt`"] if len(parsed.prompt) == 1 else [f"`prompt[{k}]`" for k in range(len(parsed.prompt))]
+    prompts = [encode(p, served.tokenizer, name) for p, name in zip(parsed.prompt, names)]
     for prompt, name in zip(prompts, names):
         check_context(prompt, parsed.max_tokens, server.context, name)
     return parsed, served, prompts
@@ -316,7 +318,7 @@ async def _complete(submitted: list[tuple[Job, asyncio.Queue]], prompts: list[Pr
                     logprobs = _merge(_echo(prompt, job, served.tokenizer), logprobs)
             choices.append({"index": k * request.n + i, "text": text, "logprobs": logprobs,
                             "finish_reason": completion.finish_reason})
-    return {"id": _completion_id(), "object": "text_completion", "created": int(time.time()), "model": served.id,
+    return {"id": protocol.completion_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": served.id,
             "choices": choices, "usage": protocol.usage(sum(len(p.ids) for p in prompts), generated)}
 
 
@@ -325,7 +327,7 @@ async def _stream(submitted: list[tuple[Job, asyncio.Queue]], prompts: list[Prom
     """Chunks of object "text_completion", one per event (text, its tokens' logprobs, the finish); with
     `echo`, a choice's first chunk is its prompt, sent with its first event (the prompt's logprobs are
     known once it is prefilled). Then the usage when asked (`stream_options.include_usage`) and [DONE]."""
-    cid, tokenizer, n = _completion_id(), served.tokenizer, request.n
+    cid, tokenizer, n = protocol.completion_id("cmpl"), served.tokenizer, request.n
     echoed = [prompt.text if request.echo else "" for prompt in prompts]
     lengths = [len(echoed[c // n]) for c in range(len(prompts) * n)]  # each choice's text so far
     scored = [_ChoiceLogprobs(tokenizer, length) for length in lengths] if request.logprobs is not None else []
@@ -359,6 +361,3 @@ def _chunk(cid: str, model: str, index: int, text: str, finish_reason: str | Non
     return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
-
-def _completion_id() -> str:
-    return f"cmpl-{uuid.uuid4().hex}"

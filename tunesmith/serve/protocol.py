@@ -1,6 +1,12 @@
-"""The OpenAI chat-completions protocol as this server speaks it: a request body checked into a
-`ChatRequest` (with the tools offered, the tool choice and the log-probabilities asked for), the error
-object, and the completion, chunk and usage objects.
+"""The OpenAI protocol as this server speaks it: each request type a pydantic model (`ChatRequest` here,
+completions.py's `CompletionRequest`), their shared checks one validator per concern (`OpenAIRequest`: the fields
+known, the integers and numbers in bounds, the flags, the stop strings), the error object, and the completion, chunk
+and usage objects.
+
+Every check raises an APIError itself (pydantic lets an exception other than ValueError through as it is), so a
+refusal is today's one line naming the field, with its status, never pydantic's list of errors; a body's problems
+are found in the order of its model's fields, the first one refused. Fields an OpenAI client may send that change
+nothing here are dropped (`IGNORED`); any other field the model does not declare is refused.
 
 Messages are read by the data layer's own reader (data/formats.py), so the server accepts exactly
 what training accepts (roles, content strings or text parts, tool calls and results) and refuses the
@@ -12,9 +18,19 @@ import json
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..constants import ASSISTANT, LOSS_FLAG, TOOL, USER
 from ..data.formats import Message, Row, check_role_order, link_tool_results, openai_messages
@@ -31,8 +47,6 @@ IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "
 NEUTRAL_ONLY = {"functions", "function_call", "logit_bias", "response_format", "audio", "modalities", "prediction",
                 "web_search_options", "frequency_penalty", "presence_penalty"}
 NEUTRAL_VALUES: list[Any] = [False, 0, 0.0, [], {}, "none", "auto", ["text"], {"type": "text"}]
-KNOWN = {"messages", "model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "temperature",
-         "top_p", "stop", "seed", "tools", "tool_choice", "logprobs", "top_logprobs"} | IGNORED | NEUTRAL_ONLY
 # OpenAI takes 4; evaluation harnesses send more (lm-eval adds the end-of-text string to a task's
 # `until` list) and vLLM sets no limit, so this server takes 16. Each is matched on every piece of text.
 MAX_STOP_SEQUENCES = 16
@@ -74,26 +88,6 @@ class _RequestRow(Row):
         return APIError(400, f"{self.where(field)}: {message}", param=field)
 
 
-@dataclass
-class ChatRequest:
-    """A checked /v1/chat/completions body; None where the client left a setting to the server."""
-
-    messages: list[Message]
-    model: str | None = None
-    stream: bool = False
-    include_usage: bool = False
-    n: int = 1
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    tools: list[dict] | None = None
-    tool_choice: ToolChoice = field(default_factory=ToolChoice)
-    logprobs: bool = False
-    top_logprobs: int = 0
-
-
 def parse_json_body(raw: bytes) -> dict:
     """The body as a JSON object, nested at most MAX_JSON_DEPTH levels deep."""
     too_deep = APIError(400, f"the request body nests lists and objects more than {MAX_JSON_DEPTH} levels deep; "
@@ -125,43 +119,11 @@ def _depth(value: Any, stop: int) -> int:
     return depth
 
 
-def parse_chat_request(body: dict, max_n: int, image_root: str | None = None) -> ChatRequest:
-    """Check every field of a chat-completions body; the first problem raises a 400 naming it. Pictures named by
-    path are read under image_root only (None: data: URLs only)."""
-    unknown = sorted(set(body) - KNOWN)
-    if unknown:
-        raise APIError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
-    for key in sorted(NEUTRAL_ONLY & set(body)):
-        if not _neutral(body[key]):
-            raise APIError(400, f"`{key}` is not supported by this server; leave it out", key)
-    if "messages" not in body:
-        raise APIError(400, "`messages` is required: a list of {role, content} messages ending with a user message",
-                       "messages")
-    request = ChatRequest(messages=_messages(body, image_root), model=_optional(body, "model", str))
-    request.stream = bool(_optional(body, "stream", bool))
-    options = _optional(body, "stream_options", dict) or {}
-    request.include_usage = options.get("include_usage") is True
-    request.n = _integer(body, "n", 1, max_n, f"at most {max_n} (the server's --max_batch_size)") or 1
-    request.max_tokens = _max_tokens(body)
-    request.temperature = _number(body, "temperature", 0.0, 2.0)
-    request.top_p = _number(body, "top_p", 0.0, 1.0)
-    request.seed = _integer(body, "seed", -(2**63), 2**63 - 1, "a 64-bit integer")
-    request.stop = _stop(body.get("stop"))
-    request.tools = check_tools(body.get("tools"))
-    request.tool_choice = check_tool_choice(body.get("tool_choice"), request.tools)
-    request.logprobs = bool(_optional(body, "logprobs", bool))
-    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-    if top is not None and not request.logprobs:
-        raise APIError(400, "`top_logprobs` needs `logprobs: true`: ask for both, or leave top_logprobs out",
-                       "top_logprobs")
-    request.top_logprobs = top or 0
-    return request
-
-
-def _messages(body: dict, image_root: str | None = None) -> list[Message]:
-    # Earlier replies in a request are context, never trained: the reader's refusal of an empty reply
-    # (nothing to train) does not apply, so they go in as `"loss": false` and come out without it.
-    items = body["messages"]
+def read_messages(items: Any, image_root: str | None = None) -> list[Message]:
+    """A request's `messages` read as training reads them. Earlier replies in a request are context, never trained:
+    the reader's refusal of an empty reply (nothing to train) does not apply, so they go in as `"loss": false` and
+    come out without it."""
+    body = {"messages": items}
     if isinstance(items, list):
         _check_tool_call_ids(items)
         items = [{**m, LOSS_FLAG: False} if isinstance(m, dict) and m.get("role") == ASSISTANT else m for m in items]
@@ -244,58 +206,184 @@ def check_tool_choice(value: Any, tools: list[dict] | None) -> ToolChoice:
     return choice
 
 
-def _neutral(value: Any) -> bool:
+# Where a bound is the server's --max_batch_size (in the validation context as `max_n`).
+MAX_BATCH = None
+MAX_BATCH_BOUND = "at most {max_n} (the server's --max_batch_size)"
+
+
+def neutral(value: Any) -> bool:
+    """A value that asks for nothing: what an unsupported field may be sent at."""
     return value is None or any(value == v and type(value) is type(v) for v in NEUTRAL_VALUES)
 
 
-def _optional(body: dict, key: str, kind: type) -> Any:
-    value = body.get(key)
-    if value is not None and not isinstance(value, kind):
-        raise APIError(400, f"`{key}` must be {kind.__name__}, got {type(value).__name__}", key)
-    return value
+class OpenAIRequest(BaseModel):
+    """What every request type shares: its declared fields only, each checked by the validator of its concern.
+    A subclass lists its fields in the order they are checked, the bounds of its integers and numbers, and the
+    fields it takes and drops (IGNORED) or takes at a neutral value only (NEUTRAL_ONLY). Validate a body with
+    `parse(body, max_n, ...)`: the server's --max_batch_size bounds `n`."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    IGNORED: ClassVar[frozenset[str]] = frozenset()
+    NEUTRAL_ONLY: ClassVar[frozenset[str]] = frozenset()
+    REQUIRED: ClassVar[tuple[str, str]] = ("", "")  # (field, what it must hold)
+    # field: (lowest, highest or MAX_BATCH, how the bound reads where not "in LOW..HIGH")
+    INTEGERS: ClassVar[dict[str, tuple[int, int | None, str | None]]] = {}
+    NUMBERS: ClassVar[dict[str, tuple[float, float]]] = {}  # field: (lowest, highest)
+    TYPED: ClassVar[dict[str, type]] = {}  # field: the JSON type it must have (bool, str, dict)
+
+    @classmethod
+    def parse(cls, body: dict, max_n: int, image_root: str | None = None) -> Any:
+        """The checked request; `max_n`: the server's --max_batch_size; `image_root`: where pictures named by path
+        are read (None: data: URLs only)."""
+        try:
+            return cls.model_validate(body, context={"max_n": max_n, "image_root": image_root})
+        except ValidationError as e:  # a value our validators passed that the declared type still refuses
+            first = e.errors()[0]
+            field = ".".join(map(str, first["loc"])) or None
+            raise APIError(400, f"`{field}`: {first['msg']}" if field else first["msg"], field) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def known_fields_only(cls, body: dict) -> dict:
+        """An unknown field is refused (a misspelt one would otherwise change nothing, silently); an ignored one
+        dropped; one taken at a neutral value only is refused at any other; the required one must be there."""
+        unknown = sorted(set(body) - set(cls.model_fields) - cls.IGNORED - cls.NEUTRAL_ONLY)
+        if unknown:
+            raise APIError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0])
+        cls.refuse_unsupported(body)
+        for key in sorted(cls.NEUTRAL_ONLY & set(body)):
+            if not neutral(body[key]):
+                raise APIError(400, f"`{key}` is not supported by this server; leave it out", key)
+        required, what = cls.REQUIRED
+        if required and required not in body:
+            raise APIError(400, f"`{required}` is required: {what}", required)
+        return {key: value for key, value in body.items() if key in cls.model_fields}
+
+    @classmethod
+    def refuse_unsupported(cls, body: dict) -> None:
+        """A subclass's refusals of whole fields, before the neutral-only ones."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def json_type(cls, value: Any, info: ValidationInfo) -> Any:
+        kind = cls.TYPED.get(info.field_name)
+        if kind is None:
+            return value
+        if value is None:
+            return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+        if not isinstance(value, kind):
+            raise APIError(400, f"`{info.field_name}` must be {kind.__name__}, got {type(value).__name__}",
+                           info.field_name)
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def in_bounds(cls, value: Any, info: ValidationInfo) -> Any:
+        """An integer (INTEGERS: never a boolean) or a number (NUMBERS: an integer taken as a float) within its
+        bounds; null: the field's default."""
+        key = info.field_name
+        if key not in cls.INTEGERS and key not in cls.NUMBERS:
+            return value
+        if value is None:
+            return cls.model_fields[key].get_default(call_default_factory=True)
+        integer = key in cls.INTEGERS
+        if integer:
+            low, high, bound = cls.INTEGERS[key]
+            if high is MAX_BATCH:
+                high, bound = info.context["max_n"], MAX_BATCH_BOUND.format(max_n=info.context["max_n"])
+            bound = bound or f"in {low}..{high}"
+        else:
+            low, high = cls.NUMBERS[key]
+            bound = f"in [{low:g}, {high:g}]"
+        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+            raise APIError(400, f"`{key}` must be {'an integer' if integer else 'a number'}, got {json.dumps(value)}",
+                           key)
+        if not low <= value <= high:
+            raise APIError(400, f"`{key}` must be {bound} (got {value})", key)
+        return value if integer else float(value)
+
+    @field_validator("stop", mode="before", check_fields=False)
+    @classmethod
+    def stop_sequences(cls, value: Any) -> list[str]:
+        stops = [] if value is None else [value] if isinstance(value, str) else value
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise APIError(400, "`stop` must be a non-empty string or a list of them", "stop")
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise APIError(400, f"`stop` takes at most {MAX_STOP_SEQUENCES} sequences (got {len(stops)})", "stop")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        """A stream's last chunk carries the usage (`stream_options: {"include_usage": true}`)."""
+        options = getattr(self, "stream_options", None) or {}
+        return options.get("include_usage") is True
 
 
-def _integer(body: dict, key: str, low: int, high: int, bounds: str | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise APIError(400, f"`{key}` must be an integer, got {json.dumps(value)}", key)
-    if not low <= value <= high:
-        raise APIError(400, f"`{key}` must be {bounds or f'in {low}..{high}'} (got {value})", key)
-    return value
+class ChatRequest(OpenAIRequest):
+    """A checked /v1/chat/completions body; None where the client left a setting to the server."""
+
+    IGNORED: ClassVar[frozenset[str]] = frozenset(IGNORED)
+    NEUTRAL_ONLY: ClassVar[frozenset[str]] = frozenset(NEUTRAL_ONLY)
+    REQUIRED: ClassVar[tuple[str, str]] = ("messages", "a list of {role, content} messages ending with a user message")
+    INTEGERS: ClassVar[dict[str, tuple[int, int | None, str | None]]] = {
+        "n": (1, MAX_BATCH, None), "max_completion_tokens": (1, 2**31 - 1, "at least 1"),
+        "max_tokens": (1, 2**31 - 1, "at least 1"), "seed": (-(2**63), 2**63 - 1, "a 64-bit integer"),
+        "top_logprobs": (0, MAX_TOP_LOGPROBS, None)}
+    NUMBERS: ClassVar[dict[str, tuple[float, float]]] = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+    TYPED: ClassVar[dict[str, type]] = {"model": str, "stream": bool, "stream_options": dict, "logprobs": bool}
+
+    messages: list[dict[str, Any]]
+    model: str | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int = 1
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(default=None, validate_default=True)  # or max_completion_tokens, its new name
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice = Field(default_factory=ToolChoice)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, validate_default=True)  # 0 once checked, where not asked
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def conversation(cls, value: Any, info: ValidationInfo) -> list[Message]:
+        return read_messages(value, (info.context or {}).get("image_root"))
+
+    @field_validator("max_tokens", mode="after")
+    @classmethod
+    def one_reply_budget(cls, value: int | None, info: ValidationInfo) -> int | None:
+        given = {v for v in (info.data.get("max_completion_tokens"), value) if v is not None}
+        if len(given) > 1:
+            raise APIError(400, "`max_tokens` and `max_completion_tokens` differ: give one of them", "max_tokens")
+        return given.pop() if given else None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def offered_tools(cls, value: Any) -> list[dict] | None:
+        return check_tools(value)
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def choice_among_tools(cls, value: Any, info: ValidationInfo) -> ToolChoice:
+        return check_tool_choice(value, info.data.get("tools"))
+
+    @field_validator("top_logprobs", mode="after")
+    @classmethod
+    def top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int:
+        if value is not None and not info.data.get("logprobs"):
+            raise APIError(400, "`top_logprobs` needs `logprobs: true`: ask for both, or leave top_logprobs out",
+                           "top_logprobs")
+        return value or 0
 
 
-def _number(body: dict, key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise APIError(400, f"`{key}` must be a number, got {json.dumps(value)}", key)
-    if not low <= value <= high:
-        raise APIError(400, f"`{key}` must be in [{low:g}, {high:g}] (got {value})", key)
-    return float(value)
-
-
-def _max_tokens(body: dict) -> int | None:
-    given = {key: _integer(body, key, 1, 2**31 - 1, "at least 1") for key in ("max_completion_tokens", "max_tokens")}
-    values = {v for v in given.values() if v is not None}
-    if len(values) > 1:
-        raise APIError(400, "`max_tokens` and `max_completion_tokens` differ: give one of them", "max_tokens")
-    return values.pop() if values else None
-
-
-def _stop(value: Any) -> list[str]:
-    stops = [] if value is None else [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise APIError(400, "`stop` must be a non-empty string or a list of them", "stop")
-    if len(stops) > MAX_STOP_SEQUENCES:
-        raise APIError(400, f"`stop` takes at most {MAX_STOP_SEQUENCES} sequences (got {len(stops)})", "stop")
-    return stops
-
-
-def completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+def completion_id(prefix: str = "chatcmpl") -> str:
+    """A completion's id, as OpenAI spells them: chatcmpl-... (chat), cmpl-... (the legacy completions)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 
 from transformers import TrainerCallback
 
 from ..constants import LOSS_PLOT_FILE, METRICS_FILE
+from ..utils.events import emit
 from ..utils.io import atomic_write_jsonl
 from .layer_modes import LayerModes, checkpointed_layers, set_layer_modes
 
@@ -59,12 +61,29 @@ class MetricsFileCallback(TrainerCallback):
     """output_dir/metrics.jsonl: each logged record (training, evaluation) as one JSON line with its step,
     appended as it is logged, so a running job can be followed with `tail -f` and read without
     transformers. At the start it is rewritten from the trainer state: empty for a new run, and for a
-    resumed one the records up to its checkpoint (a killed run's later lines would repeat)."""
+    resumed one the records up to its checkpoint (a killed run's later lines would repeat).
+    The step reached goes out as a `progress` event too (utils/events.py: to the web UI that runs the stage), at
+    the start, at most once every PROGRESS_EVERY_S seconds, and at the last step."""
+
+    PROGRESS_EVERY_S = 1.0
+
+    def __init__(self) -> None:
+        self.progress_sent = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             os.makedirs(args.output_dir, exist_ok=True)
             atomic_write_jsonl(os.path.join(args.output_dir, METRICS_FILE), state.log_history)
+            self._progress(state)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and (time.monotonic() - self.progress_sent >= self.PROGRESS_EVERY_S
+                                            or state.global_step >= state.max_steps):
+            self._progress(state)
+
+    def _progress(self, state) -> None:
+        self.progress_sent = time.monotonic()
+        emit("progress", step=state.global_step, max_steps=state.max_steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:

@@ -6,13 +6,15 @@ Trainer stages do at the end: train, save, evaluate."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import set_seed
+
 from ..distributed import start_single_process_world
 from ..hparams import ParsedRun, parse_run
-from ..models.loader import resolve_model_path
+from ..models.loader import load_model, resolve_model_path
 from ..models.lora_variants import save_as_plain_lora
 from ..utils.io import publish_files, stop_when_disk_fills
 from .callbacks import LossPlotCallback
@@ -25,6 +27,7 @@ from .checkpoints import (
     stop_when_a_checkpoint_fills_the_disk,
 )
 from .finished_run import stop_if_finished
+from .stage_trainer import StageTrainer
 
 
 def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str | None) -> tuple[ParsedRun, str | None]:
@@ -47,6 +50,27 @@ def trainer_options(args: ParsedRun) -> dict[str, Any]:
     return {"callbacks": [LossPlotCallback()] if args.finetuning.plot_loss else [], "run_configs": args.configs,
             "lora_learning_rate": args.finetuning.lora_learning_rate,
             "loraplus_lr_ratio": args.finetuning.loraplus_lr_ratio}
+
+
+def train_causal_lm(args: ParsedRun, resume: str | None, train_dataset: Any, eval_dataset: Any,
+                    processing_class: Any, collator: Callable[[Any], Any]) -> StageTrainer:
+    """The end of the language-model stages (sft, pt): the model loaded, a StageTrainer over the datasets with
+    `collator(model)` (a collator depends on the model: padding-free attention, a vision tower), then
+    train_save_evaluate."""
+    set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
+    model = load_model(args.model, args.finetuning, args.training)
+    trainer = StageTrainer(
+        model=model,
+        args=args.training,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=processing_class,
+        data_collator=collator(model),
+        **trainer_options(args),  # the loss plot, the run configs, LoRA's learning rates
+        router_aux_loss_coef=args.finetuning.router_aux_loss_coef,
+    )
+    train_save_evaluate(trainer, resume)
+    return trainer
 
 
 def train_save_evaluate(trainer: Any, resume: str | None) -> None:

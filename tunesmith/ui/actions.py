@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import re
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,14 +20,12 @@ from ..models.loader import load_tokenizer
 from . import runs as runs_mod
 from .chat import ModelCache, session, stream_reply
 from .command_lines import MERGE_METHODS, Confinement, TrainForm, shown, train_flags, tunesmith_argv
-from .flag_rules import check_run
 from .jobs import Job, tail
+from .run_limits import check_run
 
 PREVIEW_ROWS = 3
 DEMO_CONFIG = os.path.join("configs", "sft_lora_demo.yaml")
 SHIPPED_TASKS = ("tunesmith_identity", "tunesmith_arithmetic", "tunesmith_tool_calls", "tunesmith_knowledge")
-GGUF_DTYPES = ("f16", "q8_0", "f32", "bf16", "q4_k_m", "q5_k_m", "q6_k")
-STEP_PATTERN = re.compile(r"(\d+)/(\d+) \[")  # tqdm's "3/76 [00:10<..."
 
 
 class Workbench:
@@ -115,19 +112,18 @@ class Workbench:
             return {"status": "idle", "step": 0, "total": None, "eta": None, "loss": [], "lr": [], "grad_norm": [],
                     "log": "", "error": None}
         rows = runs_mod.read_metrics(self.train_dir) if self.train_dir else []
-        log = job.log()
-        steps = STEP_PATTERN.findall(log)
         step = max((r.get("step", 0) for r in rows), default=0)
-        total = int(steps[-1][1]) if steps else self.train_max_steps
-        if steps:
-            step = max(step, int(steps[-1][0]))
+        total = self.train_max_steps
+        progress = job.events("progress")  # the trainer's step of max_steps (train/callbacks.MetricsFileCallback)
+        if progress:
+            step, total = max(step, progress[-1]["step"]), progress[-1]["max_steps"] or total
         eta = None
         if total and step and job.running:
             eta = job.elapsed() / step * max(total - step, 0)
         return {"status": job.status(), "step": step, "total": total, "eta": eta,
                 "loss": runs_mod.series(rows, ("loss", "eval_loss")),
                 "lr": runs_mod.series(rows, ("learning_rate",)), "grad_norm": runs_mod.series(rows, ("grad_norm",)),
-                "log": log, "error": job.error()}
+                "log": job.log(), "error": job.error()}
 
     def preview(self, dataset: str, model: str = "", rows: int = PREVIEW_ROWS) -> tuple[str, str]:
         """(HTML of the first rows rendered with the chat template, the trained text marked as `tunesmith
@@ -242,25 +238,26 @@ class Workbench:
         adapter = self.confinement.check(adapter, "adapter")
         flags = ["--adapter_name_or_path", adapter] + (["--model_name_or_path", self.confinement.check(model, "Model")]
                                                        if model and model.strip() else [])
+        name = os.path.basename(os.path.normpath(adapter))
         if prompts and prompts.strip():
-            return tunesmith_argv("compare", flags + ["--data_path", self.confinement.check(prompts, "prompts file")])
+            return tunesmith_argv("compare", flags + ["--data_path", self.confinement.check(prompts, "prompts file"),
+                                                      "--output_path", os.path.join(self.root, "compare", name)])
         if not tasks:
             raise PathError("pick at least one task, or give a file of prompts")
-        output = os.path.join(self.root, "eval", os.path.basename(os.path.normpath(adapter)))
+        output = os.path.join(self.root, "eval", name)
         flags += ["--tasks", ",".join(tasks), "--compare_to", "base", "--output_path", output]
         if limit:
             flags += ["--limit", str(int(limit) if float(limit).is_integer() else limit)]
         return tunesmith_argv("eval", flags)
 
     def eval_results(self, argv: list[str]) -> list[dict]:
-        """The table of a finished evaluation: compare.json's rows, or compare's questions and answers."""
-        if "eval" in argv:
-            path = os.path.join(argv[argv.index("--output_path") + 1], "compare.json")
-            if os.path.isfile(path):
-                with open(path, encoding="utf-8") as f:
-                    return json.load(f)["rows"]
+        """The table of a finished evaluation: the rows of the compare.json it wrote (`tunesmith eval`: per task
+        and metric; `tunesmith compare`: each question's two answers); none after a failed run (an earlier run's
+        file may be there)."""
+        job = self.jobs.get("eval")
+        if job is not None and job.returncode != 0:
             return []
-        return compare_table(self.jobs["eval"].log(200000))
+        return compare_table(os.path.join(argv[argv.index("--output_path") + 1], "compare.json"))
 
     def export_argv(self, action: str, source: str, dtype: str = "f16") -> list[str]:
         """merge (a folder beside the adapter) or GGUF (a .gguf and its Ollama Modelfile) of a run."""
@@ -302,27 +299,19 @@ class Workbench:
         return [[p, round(os.path.getsize(p) / 1e6, 2)] for p in paths if os.path.isfile(p)]
 
 
-def check_lines(log: str) -> str:
-    """The lines of an export's log that report its checks (logit differences, llama.cpp, the Modelfile)."""
-    keep = [line for line in log.splitlines() if re.search(r"check|logit|tolerance|Modelfile|wrote|saved|error", line,
-                                                           re.I)]
-    return "\n".join(keep[-20:])
+def check_lines(job: Job) -> str:
+    """What an export (or merge) job reported of what it wrote and how it was checked, and its one-line error if it
+    failed with one: its `check` and `error` events (utils/events.py)."""
+    return "\n".join(e["text"] for e in job.events() if e.get("event") in ("check", "error"))[-20000:]
 
 
-def compare_table(log: str) -> list[dict]:
-    """`tunesmith compare`'s printed columns back as rows: question, left answer, right answer."""
-    rows: list[dict] = []
-    for block in log.split("\nQ: ")[1:]:
-        lines = block.splitlines()
-        left, right = [], []
-        for line in lines[2:]:
-            if not line.startswith("  ") or " | " not in line and line.strip():
-                break
-            a, _, b = line[2:].partition(" | ")
-            left.append(a.strip())
-            right.append(b.strip())
-        rows.append({"question": lines[0], "base": " ".join(x for x in left if x), "tuned": " ".join(x for x in right if x)})
-    return rows
+def compare_table(path: str) -> list[dict]:
+    """The rows of a compare.json (evaluation/compare.py and evaluation/command.py write it); none where it is
+    missing (a run that failed)."""
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["rows"]
 
 
 def embedded_model_note() -> str:

@@ -14,8 +14,8 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..errors import UserError
 from ..utils.network import LOOPBACK_HOSTS
-from .actions import GGUF_DTYPES, SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
-from .command_lines import LORA_INITS, MERGE_METHODS, METHODS, STAGES, TrainForm
+from .actions import SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
+from .command_lines import GGUF_DTYPES, LORA_INITS, MERGE_METHODS, METHODS, STAGES, TrainForm
 from .runs import COLUMNS
 
 CSS = ".ts-row pre {white-space: pre-wrap; font-size: 0.85em} .ts-row mark {background: #b7f5c0}"
@@ -262,7 +262,8 @@ def _follow_export_job(bench: Workbench, build_argv: Any) -> Iterator[tuple]:
     for text in bench.follow("export", argv):
         yield gr.skip(), gr.skip(), text
     text = bench.jobs["export"].log(200000)
-    yield pd.DataFrame(bench.produced_files(argv), columns=["file", "MB"]), check_lines(text), text[-20000:]
+    yield (pd.DataFrame(bench.produced_files(argv), columns=["file", "MB"]), check_lines(bench.jobs["export"]),
+           text[-20000:])
 
 
 def _merge_form(bench: Workbench, files: Any, checks: Any, log: Any) -> None:

@@ -9,7 +9,7 @@ import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import get_args, get_type_hints
+from typing import Literal, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError, PathError
 from ..hparams import RUN_ARGUMENTS
@@ -37,11 +37,20 @@ FORM_FLAGS = {"--model_name_or_path": "Model", "--data_path": "Dataset", "--outp
 # The LoRA init box's choices: empty (the CLI's default, LoRA's own "true") and the CLI's other initialisations;
 # pissa_niter_N goes in the Advanced flags.
 LORA_INITS = ("", *(name for name in LORA_INITIALISATIONS if name != "true"))
-# The Export tab's merge methods: `tunesmith merge --method`'s values.
-# The Export tab's merge methods: `tunesmith merge --method`'s values, read from the merge feature's dataclass by its
-# kind of run (a feature imports no other; the page lists every kind's flags the same way, ui/flag_rules.py).
-_MERGE_ARGUMENTS = next(kind for kind in RUN_ARGUMENTS["merge"] if getattr(kind, "role", None) == "merge")
-MERGE_METHODS = get_args(get_args(get_type_hints(_MERGE_ARGUMENTS)["method"])[0])
+
+
+def flag_choices(command: str, role: str, name: str) -> tuple[str, ...]:
+    """The values `tunesmith COMMAND --NAME` takes: the Literal of the field in the command's dataclass of that role,
+    read through RUN_ARGUMENTS as the CLI's parser reads it (a feature imports no other, so the page never imports
+    the merge or export feature; it lists every kind's flags the same way, ui/run_limits.py)."""
+    kind = next(kind for kind in RUN_ARGUMENTS[command] if getattr(kind, "role", None) == role)
+    hint = get_type_hints(kind)[name]
+    return get_args(next(h for h in (hint, *get_args(hint)) if get_origin(h) is Literal))
+
+
+# The Export tab's choices: `tunesmith merge --method`'s values and `tunesmith export --dtype`'s GGUF tensor types.
+MERGE_METHODS = flag_choices("merge", "merge", "method")
+GGUF_DTYPES = flag_choices("export", "model", "dtype")
 EMBEDDED = ""  # the Model box left empty: the CLI's default, the embedded SmolLM2-135M-Instruct
 
 

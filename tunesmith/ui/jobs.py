@@ -1,5 +1,7 @@
 """The page's runs: one `tunesmith <stage>` process each, started from an argument list (no shell) in a
-process group of its own, its output (stdout and stderr) written to a log file that the page tails.
+process group of its own, its output (stdout and stderr) written to a log file that the page shows, and its
+events (utils/events.py: progress, check lines, the one-line error) to a JSON-lines file beside it that the page
+reads its state from, never from the printed text.
 Stop sends SIGINT, as Ctrl-C would: the run stops between steps, keeps the checkpoints it saved, and
 the same command started again resumes from the last one. A run that ignores it is sent SIGTERM, then
 SIGKILL."""
@@ -7,17 +9,16 @@ SIGKILL."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
 
+from ..utils.events import EVENTS_FILE_ENV, read_events
 from .command_lines import shown
 
 STOP_GRACE_S = 30.0  # how long a stopped run may take to leave before SIGTERM (and as long again before SIGKILL)
-# The boundary's one line; it may follow a progress bar that ended without a newline.
-ERROR_LINE = re.compile(r"tunesmith: (?:[a-z ]*error|interrupted)\b.*$", re.M)
+EVENTS_TAIL_BYTES = 1 << 20  # the newest events read (progress comes at most once a second)
 
 
 def _interruptible() -> None:
@@ -40,12 +41,14 @@ class Job:
         # Appended: a run started again in the same folder (a resume) keeps the log of its first part; this
         # job's own part starts at `offset`.
         self.offset = os.path.getsize(log_path) if os.path.isfile(log_path) else 0
+        self.events_path = os.path.splitext(log_path)[0] + ".events.jsonl"
+        open(self.events_path, "w").close()  # this job's own events only
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"$ {shown(self.argv)}\n")
             log.flush()
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            cwd=cwd, env={**os.environ, **(env or {})}, start_new_session=True,
-                                            preexec_fn=_interruptible)
+                                            cwd=cwd, env={**os.environ, **(env or {}), EVENTS_FILE_ENV: self.events_path},
+                                            start_new_session=True, preexec_fn=_interruptible)
 
     @property
     def running(self) -> bool:
@@ -94,12 +97,16 @@ class Job:
         """The end of this job's part of the log."""
         return tail(self.log_path, max_chars, self.offset)
 
+    def events(self, event: str | None = None) -> list[dict]:
+        """The newest of the events the run has sent (of one kind, where `event` is given), oldest first."""
+        return read_events(self.events_path, event, EVENTS_TAIL_BYTES)
+
     def error(self) -> str | None:
         """The CLI's one-line error (`tunesmith: config error: ...`) when the run ended with one."""
         if self.running or self.returncode == 0:
             return None
-        found = ERROR_LINE.findall(self.log(200000))
-        return found[-1] if found else None
+        errors = self.events("error")
+        return errors[-1]["text"] if errors else None
 
     def elapsed(self) -> float:
         return (self.ended or time.time()) - self.started

@@ -1,5 +1,5 @@
 """The rows of `tunesmith ui`: settings that cannot work, refused in one line after parsing and before the page is
-built (the parser checks them for this command only). What a run started from the page may set is flag_rules.py's."""
+built (the parser checks them for this command only). What a run started from the page may set is run_limits.py's."""
 
 from __future__ import annotations
 
