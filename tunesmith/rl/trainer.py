@@ -77,6 +77,7 @@ from .rollout import (
     RewardModelScorer,
     Rollout,
     Sampled,
+    generate_responses,
     pad_replies,
     policy_statistics,
     reply_tokens,
@@ -416,8 +417,14 @@ class PPOTrainer:
             return Generated([t.token_ids for t in runs], [t.trained for t in runs], [t.ended for t in runs],
                              [t.tool_calls for t in runs], [t.failed_calls for t in runs],
                              [t.logprobs for t in runs] if self.on_server else None)
-        completions = [c[0] for c in self.engine.generate([p.input_ids for p in prompts], self.sampling)]
-        return Generated.of(completions, with_logprobs=self.on_server)
+        if self.on_server:  # its replies come with its own log-probabilities
+            return Generated.of([c[0] for c in self.engine.generate([p.input_ids for p in prompts], self.sampling)],
+                                with_logprobs=True)
+        response_ids, response_mask, ended = generate_responses(
+            self.engine, [p.input_ids for p in prompts], self.sampling, self.tokenizer.pad_token_id)
+        replies = reply_tokens(response_ids, response_mask)
+        zeros = [0] * len(replies)
+        return Generated(replies, [[True] * len(r) for r in replies], ended.tolist(), zeros, zeros)
 
     def _score(self, prompts: list[Prompt], generated: Generated) -> Sampled:
         # a trajectory is scored whole, tool results included

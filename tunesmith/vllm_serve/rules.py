@@ -13,6 +13,6 @@ RULES: list[Rule] = [
          "--port must be between 1 and 65535 (got {vllm_serve.port})."),
     Rule("vllm_serve_lora_rank", ("vllm_serve",), lambda a: a.vllm_serve.max_lora_rank < 1,
          "--max_lora_rank must be at least 1 (got {vllm_serve.max_lora_rank})."),
-    Rule("vllm_serve_kv_cache", ("vllm_serve",), lambda a: a.vllm_serve.kv_cache_gib <= 0,
-         "--kv_cache_gib must be above 0 (got {vllm_serve.kv_cache_gib})."),
+    Rule("vllm_serve_kv_cache", ("vllm_serve",), lambda a: a.vllm_serve.kv_cache_gib < 1,
+         "--kv_cache_gib must be at least 1 (got {vllm_serve.kv_cache_gib}): vLLM takes whole GiB."),
 ]
