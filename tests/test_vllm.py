@@ -55,10 +55,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def vllm_sized_model(path: Path, tokenizer, seed: int = 0) -> str:
-    """A tiny random Llama vLLM's CPU attention takes (its head sizes start at 32)."""
-    return build_tiny_model_dir(path, tokenizer, seed=seed, num_attention_heads=2, num_key_value_heads=1,
-                                initializer_range=0.2)
+def vllm_sized_model(path: Path, tokenizer, seed: int = 0, tied: bool = False) -> str:
+    """A tiny random Llama vLLM's CPU attention takes (its head sizes start at 32), its output head its own (a full
+    fine-tune of a tied one is refused: see the test below)."""
+    return build_tiny_model_dir(path, tokenizer, seed=seed, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                initializer_range=0.2, tie_word_embeddings=tied)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +134,9 @@ def test_grpo_lora_on_a_vllm_server_hands_over_every_update(tmp_path, served, to
         assert {"is_ratio_mean", "is_ratio_max", "is_capped", "rollout_logp_diff", "time_sync"} <= row.keys()
         assert row["rollout_logp_diff"] < 1e-3  # float32 on both sides, weights synced before sampling
         assert row["is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
-    assert trainer.engine.model_name == "policy-step-2"  # step 2's weights were never sampled: synced at step 1
+    assert trainer.engine.model_name == "policy-step-1"  # the last rollout's weights: step 2's were never sampled
+    trainer.sync_rollout_weights()
+    assert trainer.engine.model_name == "policy-step-2"
     assert any(not torch.equal(before[n], p) for n, p in trainer.unwrapped.named_parameters() if n in before)
     assert_server_holds_the_policy(trainer, tokenizer)
     assert_stale_server_fails_the_check(trainer)
@@ -206,11 +209,19 @@ def test_full_fine_tuning_on_a_vllm_server_reloads_the_weights_after_every_updat
     try:
         log = trainer.train()
         assert all(row["rollout_logp_diff"] < 1e-3 for row in log)
+        trainer.sync_rollout_weights()
         assert trainer.engine.model_name == trainer.engine.base_model  # no adapter: the base itself was reloaded
         assert_server_holds_the_policy(trainer, tokenizer)
         assert_stale_server_fails_the_check(trainer)
     finally:  # the module's server serves the untrained model again
         trainer.engine._reload_full(Path(model_dir))
+
+
+def test_a_full_fine_tune_of_a_tied_head_on_vllm_is_refused_before_training(tmp_path, tokenizer, prompts):
+    tied = vllm_sized_model(tmp_path / "tied", tokenizer, tied=True)
+    with pytest.raises(ConfigError, match=r"output head is its input embeddings .* Train LoRA"):
+        grpo_on_vllm(tmp_path / "out", tied, tokenizer, prompts, "http://127.0.0.1:9",
+                     finetuning={"finetuning_type": "full"})
 
 
 @needs_vllm
@@ -262,3 +273,23 @@ def test_tool_trajectories_through_vllm_are_the_own_engines_token_for_token(tmp_
     for a, b in zip(on_server, at_home):
         assert a.token_ids == b.token_ids and a.trained == b.trained
         assert all(not math.isnan(lp) for lp, t in zip(a.logprobs, a.trained) if t)
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_distill_samples_its_on_policy_replies_on_the_vllm_server(tmp_path, served, tokenizer):
+    from tunesmith.distill.command import run
+
+    url, model_dir = served
+    trainer = run(["--model_name_or_path", model_dir, "--teacher_model_name_or_path", model_dir, "--data_path",
+                   str(ROOT / "data/demo/sft.jsonl"), "--max_samples", "8", "--max_steps", "2", "--lmbda", "1",
+                   "--on_policy_max_new_tokens", "8", "--rollout_engine", "vllm", "--vllm_url", url, "--output_dir",
+                   str(tmp_path / "distill"), "--per_device_train_batch_size", "2", "--save_strategy", "no",
+                   "--report_to", "none", "--max_seq_length", "256", "--lora_r", "8", "--lora_alpha", "16"])
+    assert trainer.on_policy_steps == 2
+    assert trainer.server.model_name == "policy-step-1"  # step 2 sampled with the weights after step 1
+    trainer.sync_rollout_weights()
+    student = trainer.accelerator.unwrap_model(trainer.model)
+    for ids in held_out(tokenizer):
+        gap = server_disagreement(trainer.server, prompt_logprobs(student, ids), ids)
+        assert gap < SAME_MODEL_TOLERANCE[torch.float32]

@@ -27,7 +27,7 @@ from ..constants import IGNORE_INDEX
 from ..data.packing import FORWARD_SPLITS
 from ..distributed import zero3_inference_engine
 from ..generation import SamplingParams
-from ..generation.rollout_engines import check_same_model, prompt_logprobs, rollout_engine
+from ..generation.rollout_engines import hand_over_weights, rollout_engine
 from ..generation.vllm_client import VLLMEngine
 from ..hparams import zero_stage
 from ..hparams.rollout_args import RolloutEngineArguments
@@ -88,7 +88,7 @@ class DistillTrainer(StageTrainer):
         if batches and self.lmbda and self.on_policy_step(self.state.global_step):
             params = dataclasses.replace(self.sampling, seed=self.args.seed + self.state.global_step)
             if self.server is not None:
-                self._server_weights_current()
+                self.sync_rollout_weights()
             batches = [on_policy_batch(self.model, self.processing_class, batch, params, self.data_collator,
                                        synced=self.zero3, engine=self.server) for batch in batches]
             num_items_in_batch = self._get_num_items_in_batch(batches, device)
@@ -98,29 +98,18 @@ class DistillTrainer(StageTrainer):
                 self.model_wrapped.empty_partition_cache()
         return batches, num_items_in_batch
 
-    def _server_weights_current(self) -> None:
+    def sync_rollout_weights(self) -> None:
         """Hand the student's weights to the vLLM server when they changed since it last had them (every on-policy
-        step after an update, and the first, since the server may hold an earlier run's): the main process writes
-        them, every process then names them; the first time, the server's log-probabilities of a probe are checked
-        against the student's."""
+        step after an update), and at the first (the server may hold an earlier run's), checked then against the
+        student's (rollout_engines.py)."""
         step = self.state.global_step
         if self._server_checked and self.server.version == step:
             return
         student = self.accelerator.unwrap_model(self.model)
-        if self.accelerator.is_main_process:
-            self.server.sync(student, step)
-        self.accelerator.wait_for_everyone()
-        if not self.accelerator.is_main_process:
-            self.server.follow(student, step)
-        if not self._server_checked:
-            probe = self.train_dataset[0]["input_ids"][:64]
-            with self.accelerator.autocast():
-                mine = prompt_logprobs(student, probe)
-            dtype = torch.bfloat16 if self.args.bf16 else next(student.parameters()).dtype
-            gap = check_same_model(self.server, mine, probe, dtype)
-            logger.info("vLLM serves the student: its log-probabilities of a probe are %.2g nats a token from the "
-                        "student's", gap)
-            self._server_checked = True
+        probe = None if self._server_checked else self.train_dataset[0]["input_ids"][:64]
+        dtype = torch.bfloat16 if self.args.bf16 else next(student.parameters()).dtype
+        hand_over_weights(self.server, self.accelerator, student, step, probe, dtype)
+        self._server_checked = True
 
     def on_policy_step(self, step: int) -> bool:
         """Whether optimizer step `step` (0-based) trains on the student's samples: GKD's coin of weight lambda."""

@@ -38,11 +38,23 @@ def rollout_engine(args: RolloutEngineArguments, model: torch.nn.Module, tokeniz
     if not args.vllm_url:
         raise ConfigError("--rollout_engine vllm needs --vllm_url, the address of a vLLM server started with "
                           "`tunesmith vllm-serve --model_name_or_path` the trainer's base model (docs/rl.md#vllm)")
+    if not hasattr(model, "peft_config") and tied_output_head(model):
+        raise ConfigError("--rollout_engine vllm with a full fine-tune of a model whose output head is its input "
+                          "embeddings (tie_word_embeddings): vLLM 0.32 reloads weights in place layer by layer and "
+                          "leaves a tied head at its old weights (it logs 'ParallelLMHead: Failed to load weights'), "
+                          "so its replies would come from a model the trainer never had. Train LoRA (handed over as "
+                          "an adapter), or use --rollout_engine tunesmith")
     sync_dir = args.vllm_sync_dir or os.path.join(output_dir, SYNC_FOLDER)
     engine = VLLMEngine(args.vllm_url, tokenizer, sync_dir, timeout=args.vllm_timeout)
     logger.info("rollout engine: vLLM at %s (serving %s); the policy's weights go through %s after each optimizer "
                 "step", args.vllm_url, engine.base_root, sync_dir)
     return engine
+
+
+def tied_output_head(model: torch.nn.Module) -> bool:
+    """Whether the model's output head is its input embedding matrix (the same parameter)."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embeddings is not None and head.weight is embeddings.weight
 
 
 @torch.no_grad()
@@ -78,3 +90,23 @@ def check_same_model(engine: VLLMEngine, policy_logprobs: Sequence[float], promp
                           "Start the server with `tunesmith vllm-serve --model_name_or_path` the model the trainer "
                           "loads (the base under its adapter), in the same --dtype")
     return gap
+
+
+def hand_over_weights(engine: VLLMEngine, accelerator: Any, model: torch.nn.Module, step: int,
+                      probe: Sequence[int] | None = None, dtype: torch.dtype = torch.float32,
+                      state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """The trainer's current weights to the server: the main process writes them and the server loads them, then
+    every process names the new version in its requests. With a `probe` (the first time: the server may hold another
+    model, or an earlier run's weights), the server's log-probabilities of it are checked against the model's, computed
+    under the run's autocast (`dtype` is the precision the run computes in)."""
+    if accelerator.is_main_process:
+        engine.sync(model, step, state_dict=state_dict)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        engine.follow(model, step)
+    if probe is not None:
+        with accelerator.autocast():
+            mine = prompt_logprobs(model, probe)
+        gap = check_same_model(engine, mine, probe, dtype)
+        logger.info("vLLM serves the trainer's model: its log-probabilities of a probe are %.2g nats a token from the "
+                    "trainer's", gap)

@@ -29,7 +29,7 @@ from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
 from ..distributed import zero3_inference_engine
 from ..errors import PathError
-from ..generation.rollout_engines import check_same_model, prompt_logprobs, rollout_engine
+from ..generation.rollout_engines import hand_over_weights, rollout_engine
 from ..generation.vllm_client import VLLMEngine
 from ..hparams import check, save_run_config, zero_stage
 from ..hparams.rollout_args import RolloutEngineArguments
@@ -390,7 +390,7 @@ class PPOTrainer:
         return batch, stats
 
     def _sample_round(self, prompts: list[Prompt]) -> Sampled:
-        self._server_weights_current()
+        self.sync_rollout_weights()
         return self._score(prompts, self._generate(prompts))
 
     def _first_generation(self, prompts: list[Prompt]) -> Generated:
@@ -401,10 +401,10 @@ class PPOTrainer:
             generated = self._pending[1].result()
             self._pending = None
         else:
-            self._server_weights_current()
+            self.sync_rollout_weights()
             generated = self._generate(prompts)
         if self._sampler is not None and self.step + 1 < self.total_steps:
-            self._server_weights_current()
+            self.sync_rollout_weights()
             self._pending = (self.step + 1, self._sampler.submit(self._generate, self.batch_prompts(self.step + 1)))
         return generated
 
@@ -432,30 +432,19 @@ class PPOTrainer:
         return Sampled(list(prompts), generated.replies, generated.trained, generated.ended, scores.float(),
                        source_scores.float(), generated.tool_calls, generated.failed_calls, generated.logprobs)
 
-    def _server_weights_current(self) -> None:
-        """Hand the policy's weights to the vLLM server when they changed since it last had them (and at the first
-        rollout, since a server may hold an earlier run's): the main process writes them (gathered from every
-        rank's shards under ZeRO-3) and the server loads them; then every process names the new version. The
-        first time, the server's log-probabilities of a probe are checked against the trainer's."""
+    def sync_rollout_weights(self) -> None:
+        """Hand the policy's weights to the vLLM server when they changed since it last had them, and at the first
+        rollout (the server may hold an earlier run's), checked then against the trainer's (rollout_engines.py).
+        Under ZeRO-3 the main process writes them gathered from every rank's shards (a collective)."""
         if not self.on_server or self.engine.version == self.step and self._server_checked:
             return
-        acc = self.accelerator
-        weights = self._gathered_weights()  # a collective under ZeRO-3; None otherwise
+        weights = self._gathered_weights()  # None but under ZeRO-3
         policy_weights = None if weights is None else {k.removeprefix("policy."): v for k, v in weights.items()
                                                        if k.startswith("policy.")}
-        if acc.is_main_process:
-            self.engine.sync(self.unwrapped.policy, self.step, state_dict=policy_weights)
-        acc.wait_for_everyone()
-        if not acc.is_main_process:
-            self.engine.follow(self.unwrapped.policy, self.step)
-        if not self._server_checked:
-            probe = list(self.prompts[0].input_ids)
-            with self.accelerator.autocast():  # the precision of the update's forward
-                mine = prompt_logprobs(self.unwrapped.policy, probe)
-            gap = check_same_model(self.engine, mine, probe, self._compute_dtype)
-            logger.info("vLLM serves the trainer's policy: its log-probabilities of a probe are %.2g nats a token "
-                        "from the trainer's", gap)
-            self._server_checked = True
+        probe = None if self._server_checked else list(self.prompts[0].input_ids)
+        hand_over_weights(self.engine, self.accelerator, self.unwrapped.policy, self.step, probe, self._compute_dtype,
+                          policy_weights)
+        self._server_checked = True
 
     @property
     def _compute_dtype(self) -> torch.dtype:
