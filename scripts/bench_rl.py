@@ -7,6 +7,7 @@ the rollouts.
     python scripts/bench_rl.py --peer trl --variants grpo_tools_bf16,trl_tools_bf16 --adapter outputs/sft_tools_demo
     python scripts/bench_rl.py --variants grpo_bf16,gae_bf16   # GRPO vs PPO (value adapter and head, KL in the reward)
     python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16,grpo_fp32,trl_fp32 --loss_type bnpo
+    python scripts/bench_rl.py --rollout_engine vllm --variants grpo_fp32,grpo_vllm_fp32   # rollouts on a vLLM server
 
 Two workloads, each tunesmith's (`grpo_*`) against TRL's (`trl_*`), each a demo config's work:
 - arithmetic (grpo_bf16 / trl_bf16): configs/grpo_demo.yaml. The embedded SmolLM2-135M-Instruct with a fresh LoRA
@@ -39,6 +40,13 @@ template but the models' own). Each side otherwise keeps its own defaults. `_bf1
 bf16 is TRL's default (autocast over float32 weights) and tunesmith's `--bf16 true` (a bf16 base under the float32
 LoRA, autocast), float32 is tunesmith's default for RL and TRL's `bf16=False`.
 
+`--rollout_engine vllm` adds the variant `grpo_vllm_fp32` (or replaces tunesmith's variants' engine): the same run
+with its rollouts on a vLLM server (`--vllm_url`, or one the bench starts before the runs, float32, outside the timed
+steps; scripts/setup_vllm.sh builds its venv), and the table splits each step's time into sampling, weight sync
+(the adapter handed to the server), scoring and update. TRL's GRPOTrainer with `use_vllm` cannot run on a CPU (its
+server mode sends weights over NCCL, its colocated mode needs vLLM importable beside the trainer's transformers,
+which vLLM's pin rules out here): `scripts/gpu_check.sh rl` runs that comparison on a GPU.
+
 Each run is its own process (benchlib: the variants take turns, each once the cores are idle, with the other
 processes' share of the CPU recorded). completions/s counts the steps' own wall time, first step included
 (tunesmith: the generate/score/update phases it logs; TRL: train begin to end), not the model loading; peak RSS
@@ -51,11 +59,13 @@ GRPOTrainer: X.XX` (arithmetic) and `completions/s ratio vs TRL GRPOTrainer (too
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +91,7 @@ OURS = {  # variant: tunesmith's flags on top of its workload's config
     "gae_fp32": ["--advantage", "gae", "--kl_in_loss", "false", "--bf16", "false"],
     "grpo_tools_bf16": ["--bf16", "true"],
     "grpo_tools_fp32": ["--bf16", "false"],
+    "grpo_vllm_fp32": ["--bf16", "false", "--rollout_engine", "vllm"],
 }
 PEERS = {"trl_bf16": True, "trl_fp32": False, "trl_tools_bf16": True, "trl_tools_fp32": False}  # TRL's bf16
 VARIANTS = [*OURS, *PEERS]
@@ -111,11 +122,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss_type", default="dapo", choices=LOSS_TYPES,
                    help="The policy loss on both sides (default dapo, TRL's default).")
     p.add_argument("--steps", type=int, default=6, help="Rollout batches (tunesmith steps) per run.")
+    p.add_argument("--rollout_engine", choices=["tunesmith", "vllm"], default="tunesmith",
+                   help="vllm: the grpo_vllm_* variants sample on a vLLM server (--vllm_url, or one the bench starts).")
+    p.add_argument("--vllm_url", default=None, help="A running vLLM server of --model, float32 (tunesmith vllm-serve).")
     add_quiet_arguments(p)
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     default = "grpo_bf16,trl_bf16,grpo_tools_bf16,trl_tools_bf16" if args.peer else "grpo_bf16,gae_bf16"
+    if args.rollout_engine == "vllm" and not args.variants:
+        default = "grpo_fp32,grpo_vllm_fp32"
     args.variants = (args.variants or default).split(",")
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -170,11 +186,19 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
     argv = [str(config), "--model_name_or_path", args.model, "--max_steps", str(args.steps), "--save_strategy", "no",
             "--rollout_log_samples", "0", "--report_to", "none", "--output_dir", str(workdir / args.worker),
             "--loss_type", args.loss_type, *OURS[args.worker]]
+    if "--rollout_engine" in OURS[args.worker]:
+        argv += ["--vllm_url", args.vllm_url]
     trainer = run(argv)
     steps = [r for r in trainer.log_history if "time_generate" in r]
     seconds = [r["time_generate"] + r["time_score"] + r["time_train"] for r in steps]
     calls = [r["tool_calls"] for r in steps if "tool_calls" in r]
-    return summarize(seconds, [r["score"] for r in steps], trainer.batch_size, trainer.args.bf16, calls)
+    result = summarize(seconds, [r["score"] for r in steps], trainer.batch_size, trainer.args.bf16, calls)
+    # where a step's time goes: sampling (the weight sync apart), scoring, update
+    sync = [r.get("time_sync", 0.0) for r in steps]
+    result["split"] = {"sample": sum(r["time_generate"] for r in steps) / len(steps) - sum(sync) / len(steps),
+                       "sync": sum(sync) / len(steps), "score": sum(r["time_score"] for r in steps) / len(steps),
+                       "update": sum(r["time_train"] for r in steps) / len(steps)}
+    return result
 
 
 def trl_tokenizer(args: argparse.Namespace) -> Any:
@@ -288,13 +312,28 @@ def main(argv: list[str] | None = None) -> None:
           "each, interleaved", flush=True)
     for tools in sorted({is_tools(v) for v in args.variants}):
         print(f"{CONFIGS[tools].relative_to(ROOT)}: {describe_workload(tools, args.adapter)}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench_rl.") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_rl.") as tmp, vllm_server(args, Path(tmp)) as url:
         os.environ["TUNESMITH_CACHE"] = str(Path(tmp) / "cache")  # the prompts are encoded alike in every run
         results = run_interleaved(__file__, args.variants, args.repeats, Path(tmp),
                                   ["--model", args.model, "--steps", str(args.steps), "--loss_type", args.loss_type,
-                                   "--adapter", args.adapter],
+                                   "--adapter", args.adapter, *(["--vllm_url", url] if url else [])],
                                   args.quiet_share, describe, args.settle)
     print_table(results, args.quiet_share)
+
+
+@contextlib.contextmanager
+def vllm_server(args: argparse.Namespace, workdir: Path) -> Iterator[str | None]:
+    """The vLLM server the grpo_vllm_* variants sample on: --vllm_url, or one started here for the runs (its start
+    is not timed), float32 as those variants train."""
+    if not any("--rollout_engine" in OURS.get(v, ()) for v in args.variants) or args.vllm_url:
+        yield args.vllm_url
+        return
+    from tunesmith.generation.vllm_server import VLLMServer, VLLMServerSettings
+
+    settings = VLLMServerSettings(model=args.model, port=8731, dtype="float32", rl=True, kv_cache_gib=2)
+    print(f"starting vLLM for the grpo_vllm_* variants at {settings.url} (log: {workdir / 'vllm.log'})", flush=True)
+    with VLLMServer(settings, log_file=workdir / "vllm.log") as server:
+        yield server.url
 
 
 def describe_workload(tools: bool, adapter: str) -> str:
@@ -312,9 +351,19 @@ def describe_workload(tools: bool, adapter: str) -> str:
 
 def describe(r: dict) -> str:
     calls = " ".join(f"{x:.2f}" for x in r["tool_calls"])
+    split = ", ".join(f"{k} {v:.1f} s" for k, v in r.get("split", {}).items())
     return (f"{r['completions_per_s']:.2f} completions/s, {r['seconds_per_step']:.1f} s/step, peak RSS "
             f"{r['peak_rss_mb']:.0f} MB, rewards " + " ".join(f"{x:.2f}" for x in r["rewards"])
-            + (f", tool calls per completion {calls}" if calls else ""))
+            + (f", tool calls per completion {calls}" if calls else "") + (f"; per step: {split}" if split else ""))
+
+
+def split_text(runs: list[dict]) -> str:
+    """The median of the runs' mean seconds per step in each phase: sampling, weight sync, scoring, update."""
+    if not all("split" in r for r in runs):
+        return ""
+    phases = runs[0]["split"]
+    return "; per step " + ", ".join(
+        f"{k} {sorted(r['split'][k] for r in runs)[len(runs) // 2]:.1f} s" for k in phases)
 
 
 def median_curve(runs: list[dict], key: str) -> list[float]:
@@ -333,7 +382,8 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
               f"{spread(runs, 'completions_per_s', 2):>12}{r['seconds_per_step']:>8.1f}{r['peak_rss_mb']:>12.0f}"
               f"{max(x['other_cpu'] for x in runs):>10.0%}  {' '.join(f'{x:.2f}' for x in curve)}"
               f"{loaded(runs, quiet_share)}" + (f", peak GPU {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else "")
-              + (f"; tool calls per completion {' '.join(f'{x:.2f}' for x in calls)}" if calls else ""))
+              + (f"; tool calls per completion {' '.join(f'{x:.2f}' for x in calls)}" if calls else "")
+              + split_text(runs))
 
     def ratio(a: str, b: str, key: str) -> str:
         return f"{rows[a][key] / rows[b][key]:.2f}" if a in rows and b in rows else "n/a"

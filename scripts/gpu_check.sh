@@ -20,6 +20,10 @@
 #                                      layer recomputed, again with the card capped at CAP_GB (default 5.3, TRL
 #                                      packed QLoRA's peak there), then one long conversation under a 20 GiB cap
 #                                      (auto against checkpointing and offload) (about 9 minutes)
+#   bash scripts/gpu_check.sh rl       issue 62: GRPO's rollouts on a vLLM server on the same GPU against tunesmith's
+#                                      engine (bench_rl --rollout_engine vllm: sampling, weight sync and update per
+#                                      step), then the vllm test tier. vLLM's CUDA wheel (~400 MB) does not fit a
+#                                      call's 64 MiB: it runs where the machine has vLLM installed, and says so where not
 #
 # Run the second right after the first, while the machine is warm (it goes back after 30 s idle, and a start
 # costs device time). BUDGET (seconds, default 540) bounds a call: what no longer fits is skipped and says so.
@@ -29,7 +33,7 @@ set -u
 S=$(date +%s); OUT=${OUT:-/tmp/gpu-out}; export OUT; mkdir -p "$OUT"
 elapsed() { echo $(( $(date +%s) - S )); }
 left() { echo $(( ${BUDGET:-540} - $(elapsed) )); }
-case "${1:-}" in stages|bench|memory|context|auto) ;; *) echo "usage: bash scripts/gpu_check.sh stages|bench|memory|context|auto"; exit 2 ;; esac
+case "${1:-}" in stages|bench|memory|context|auto|rl) ;; *) echo "usage: bash scripts/gpu_check.sh stages|bench|memory|context|auto|rl"; exit 2 ;; esac
 [ -f .gpu/run.sh ] || { echo "gpu_check: no .gpu/run.sh: run bash ../shared/gpu/prepare.sh here first"; exit 2; }
 bash .gpu/run.sh shell true > "$OUT/setup.log" 2>&1 || { tail -n 5 "$OUT/setup.log"; exit 1; }
 grep -E "^gpu:|random weights" "$OUT/setup.log"; echo "setup done at $(elapsed)s"
@@ -124,5 +128,14 @@ auto)
     echo "-- bench_context (done at $(elapsed)s)"
     grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | grep -E "ours|forwards|forward of|Error" | cut -c1-240 | tail -n 16
   else echo "skip bench_context: $(left)s left"; fi ;;
+rl)
+  if ! python3 -c "import vllm" 2>/dev/null; then
+    echo "rl: vllm is not importable on this machine (its wheel cannot be carried in a call): nothing measured"; exit 1
+  fi
+  timeout $(( $(left) - 120 )) python3 scripts/bench_rl.py --rollout_engine vllm --variants grpo_fp32,grpo_vllm_fp32 \
+    --repeats 2 --settle 3 > "$OUT/bench_rl.log" 2>&1
+  echo "-- bench_rl (done at $(elapsed)s)"; grep -E "^(variant|grpo)|per step|Error" "$OUT/bench_rl.log" | cut -c1-240 | tail -n 8
+  timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm.py > "$OUT/vllm.log" 2>&1
+  echo "-- pytest -m vllm (done at $(elapsed)s)"; tail -n 3 "$OUT/vllm.log" ;;
 esac
 echo "all done at $(elapsed)s"

@@ -9,7 +9,7 @@ SETUP_FLAGS=()
 MARKERS=()
 if [[ "${1:-}" == "--with-llama-cpp" ]]; then
   SETUP_FLAGS+=("$1")
-  MARKERS=(-m "not heavy")  # pyproject's default leaves out heavy and llama_cpp; a later -m wins
+  MARKERS=(-m "not heavy and not vllm")  # pyproject's default leaves out heavy, llama_cpp and vllm; a later -m wins
   shift
 fi
 bash scripts/setup.sh "${SETUP_FLAGS[@]}"

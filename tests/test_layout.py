@@ -29,7 +29,7 @@ CORE: list[set[str]] = [
 # The feature packages, each a folder of args.py (its dataclasses), rules.py (its rows and the facts they read),
 # its code and command.py (the pipeline); it imports only the core. Every command is one (issue #53).
 FEATURES: set[str] = {"export", "pretrain", "distill", "rl", "serve", "chat", "ui", "sft", "inspect", "plan",
-                      "evaluation", "merge", "preference"}
+                      "evaluation", "merge", "preference", "vllm_serve"}
 TOP = {"cli", "cli_reference", "__main__"}  # cli_reference: the docs' CLI reference, generated from the parser
 LAYERS: list[set[str]] = [
     *CORE,

@@ -163,7 +163,7 @@ CASES = {
         "--temperature must be above 0 when sampling (got 0.0);": "chat serve",
     }),
     "vision": (["--model_name_or_path", "idefics3"], {
-        "ok": "sft pt dpo score chat serve inspect plan eval compare",
+        "ok": "sft pt dpo score chat serve vllm_serve inspect plan eval compare",
         "GGUF export of a vision-language model writes qwen2_vl,": "export",
         "tunesmith distill trains text models only (idefics3 is": "distill",
         "reward on a vision-language model (idefics3): not built": "reward",
@@ -171,7 +171,7 @@ CASES = {
         "--output_dir is required: where the merged model goes.": "merge",
     }),
     "vision_gemma": (["--model_name_or_path", "gemma3"], {
-        "ok": "sft export reward dpo score chat serve inspect plan eval compare",
+        "ok": "sft export reward dpo score chat serve vllm_serve inspect plan eval compare",
         "--packing with a vision-language model (gemma3): packed": "pt",
         "tunesmith distill trains text models only (gemma3 is a": "distill",
         "ppo on a vision-language model (gemma3): not built": "ppo",
@@ -205,13 +205,13 @@ CASES = {
         "PathError: data file nope.jsonl: no such file.": "sft pt distill reward dpo inspect plan",
     }),
     "fine!": ([], {
-        "ok": "sft export pt reward dpo score ppo chat serve ui inspect plan eval",
+        "ok": "sft export pt reward dpo score ppo chat serve vllm_serve ui inspect plan eval",
         "PathError: --teacher_model_name_or_path t: no such": "distill",
         "PathError: b: no such directory (--baseline, --policy": "eval_policy",
         "PathError: --adapter_name_or_path a: no such directory.": "compare merge",
     }),
     "fine": ([], {
-        "ok": "sft export pt distill reward dpo score ppo eval_policy chat serve ui inspect plan eval compare",
+        "ok": "sft export pt distill reward dpo score ppo eval_policy chat serve vllm_serve ui inspect plan eval compare",
         "--output_dir is required: where the merged model goes.": "merge",
     }),
 }

@@ -29,6 +29,7 @@ COMMANDS = {
     "export": "tunesmith.export.command",
     "chat": "tunesmith.chat.command",
     "serve": "tunesmith.serve.command",
+    "vllm-serve": "tunesmith.vllm_serve.command",
     "inspect": "tunesmith.inspect.command",
     "compare": "tunesmith.evaluation.compare",
     "ui": "tunesmith.ui.command",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from ..hparams import FinetuningArguments, ModelArguments, SFTDataArguments, SFTTrainingArguments
+from ..hparams.rollout_args import RolloutEngineArguments
 from ..utils.paths import adapter_base_model, is_adapter_dir
 
 # The divergence each --distill_loss names, as GKD's beta (arXiv 2306.13649, Eq. 1): 0 is KL(teacher || student),
@@ -79,4 +80,4 @@ class DistillArguments:
 # The dataclasses `tunesmith distill` parses (hparams.parse_run('distill'), through hparams/run_kinds.FEATURE_RUNS), in the order tunesmith_config.json records them: SFT's, with the
 # distillation settings before the Trainer's.
 ARGUMENTS: tuple[type, ...] = (ModelArguments, SFTDataArguments, FinetuningArguments, DistillArguments,
-                                       SFTTrainingArguments)
+                                       RolloutEngineArguments, SFTTrainingArguments)

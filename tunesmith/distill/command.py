@@ -58,6 +58,7 @@ def run(argv: Sequence[str] | None = None) -> DistillTrainer:
         model=student,
         teacher=teacher,
         distill=args.distill,
+        rollout=args.rollout,
         args=args.training,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

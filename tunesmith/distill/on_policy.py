@@ -55,16 +55,19 @@ def sampled_examples(engine: Engine, examples: list[Example], params: SamplingPa
 
 
 def on_policy_batch(model: torch.nn.Module, tokenizer: Any, batch: dict[str, Any], params: SamplingParams,
-                    collate: Callable[[list[Example]], dict[str, Any]], synced: bool = False) -> dict[str, Any]:
+                    collate: Callable[[list[Example]], dict[str, Any]], synced: bool = False,
+                    engine: Any = None) -> dict[str, Any]:
     """The batch collated again (by the run's own collator: padded or packed as the data's) with the student's
-    replies, sampled in eval mode (no dropout) without gradients. `synced` under ZeRO-3: each of the student's
-    forwards gathers its sharded weights from every rank, so a rank whose replies are done keeps stepping until
-    all are (the engine's synced generation, as PPO's rollouts)."""
+    replies, sampled in eval mode (no dropout) without gradients, by tunesmith's engine on `model`, or by `engine`
+    (a vLLM server holding the student's weights: generation/vllm_client.py). `synced` under ZeRO-3: each of the
+    student's forwards gathers its sharded weights from every rank, so a rank whose replies are done keeps
+    stepping until all are (the engine's synced generation, as PPO's rollouts)."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            examples = sampled_examples(Engine(model, tokenizer, synced=synced), examples_of(batch), params)
+            engine = engine or Engine(model, tokenizer, synced=synced)
+            examples = sampled_examples(engine, examples_of(batch), params)
     finally:
         model.train(was_training)
     return collate(examples)

@@ -110,4 +110,12 @@ RULES: list[Rule] = [
     Rule("distill_sequence_parallel", ("distill", "training"), lambda a: _sequence_parallel(a) > 1,
          "--sequence_parallel_size {training.sequence_parallel_size}: tunesmith distill does not cut rows across "
          "ranks (the teacher would need the same cut); leave it at 1."),
+    Rule("distill_vllm_without_on_policy", ("distill", "rollout"),
+         lambda a: a.rollout.uses_vllm and not a.distill.lmbda,
+         "--rollout_engine vllm samples the student's on-policy replies, and --lmbda is 0 (none are sampled): add "
+         "--lmbda (e.g. 0.5), or drop the vLLM flags."),
+    Rule("distill_vllm_zero3", ("distill", "rollout", "training"),
+         lambda a: a.rollout.uses_vllm and zero_stage(a.training) == 3,
+         "--rollout_engine vllm with ZeRO-3: distill hands the vLLM server whole weights, which it does not gather "
+         "from ZeRO-3's shards yet; use configs/ds_zero2.json, or --rollout_engine tunesmith (synced sampling)."),
 ]

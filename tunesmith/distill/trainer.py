@@ -27,7 +27,10 @@ from ..constants import IGNORE_INDEX
 from ..data.packing import FORWARD_SPLITS
 from ..distributed import zero3_inference_engine
 from ..generation import SamplingParams
+from ..generation.rollout_engines import hand_over_weights, rollout_engine
+from ..generation.vllm_client import VLLMEngine
 from ..hparams import zero_stage
+from ..hparams.rollout_args import RolloutEngineArguments
 from ..train.stage_trainer import StageTrainer
 from .args import DistillArguments
 from .losses import cross_entropy, generalized_jsd
@@ -48,7 +51,8 @@ class DistillTrainer(StageTrainer):
 
     adds_router_loss = False  # its loss is its own: no router loss, no fused head (train/stage_trainer.py)
 
-    def __init__(self, *args: Any, teacher: torch.nn.Module, distill: DistillArguments, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, teacher: torch.nn.Module, distill: DistillArguments,
+                 rollout: RolloutEngineArguments | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # compute_loss divides by num_items_in_batch, the step's reply tokens: the Trainer counts them and leaves the
         # loss undivided by the accumulation steps (its rule for a model whose loss takes num_items_in_batch).
@@ -69,6 +73,11 @@ class DistillTrainer(StageTrainer):
         self.sampling = SamplingParams(temperature=distill.distill_temperature, top_k=0, top_p=1.0, min_p=0.0,
                                        repetition_penalty=1.0, max_new_tokens=distill.on_policy_max_new_tokens)
         self.on_policy_steps = 0  # of this train() call
+        # a vLLM server for the on-policy replies (--rollout_engine); None: tunesmith's engine on the student
+        self.server: VLLMEngine | None = None
+        if self.lmbda and rollout is not None and rollout.uses_vllm:
+            self.server = rollout_engine(rollout, self.model, self.processing_class, self.args.output_dir)
+        self._server_checked = False
         self._eval_divergences = torch.zeros(2, dtype=torch.float64)  # this evaluation: summed KL, summed divergence
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -78,14 +87,29 @@ class DistillTrainer(StageTrainer):
         batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if batches and self.lmbda and self.on_policy_step(self.state.global_step):
             params = dataclasses.replace(self.sampling, seed=self.args.seed + self.state.global_step)
+            if self.server is not None:
+                self.sync_rollout_weights()
             batches = [on_policy_batch(self.model, self.processing_class, batch, params, self.data_collator,
-                                       synced=self.zero3) for batch in batches]
+                                       synced=self.zero3, engine=self.server) for batch in batches]
             num_items_in_batch = self._get_num_items_in_batch(batches, device)
             self.on_policy_steps += 1
             if self.zero3:  # the weights ZeRO-3 gathered for sampling (in inference mode, and kept for reuse) are
                 # released, so the training forward gathers them again as tensors autograd may save
                 self.model_wrapped.empty_partition_cache()
         return batches, num_items_in_batch
+
+    def sync_rollout_weights(self) -> None:
+        """Hand the student's weights to the vLLM server when they changed since it last had them (every on-policy
+        step after an update), and at the first (the server may hold an earlier run's), checked then against the
+        student's (rollout_engines.py)."""
+        step = self.state.global_step
+        if self._server_checked and self.server.version == step:
+            return
+        student = self.accelerator.unwrap_model(self.model)
+        probe = None if self._server_checked else self.train_dataset[0]["input_ids"][:64]
+        dtype = torch.bfloat16 if self.args.bf16 else next(student.parameters()).dtype
+        hand_over_weights(self.server, self.accelerator, student, step, probe, dtype)
+        self._server_checked = True
 
     def on_policy_step(self, step: int) -> bool:
         """Whether optimizer step `step` (0-based) trains on the student's samples: GKD's coin of weight lambda."""

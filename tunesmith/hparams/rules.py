@@ -584,6 +584,22 @@ RULES: list[Rule] = [
          lambda a: a.generation.num_beams > 1 and _prompt_adapter(a.model),
          "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
          "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
+    # -- the rollout engine (ppo's rollouts, distill's on-policy replies: hparams/rollout_args.py)
+    Rule("rollout_vllm_url", ("rollout",), lambda a: a.rollout.rollout_engine == "vllm" and not a.rollout.vllm_url,
+         "--rollout_engine vllm needs --vllm_url, the address of a vLLM server: start one with `tunesmith vllm-serve "
+         "--model_name_or_path MODEL` (the trainer's base model) and pass --vllm_url http://HOST:PORT."),
+    Rule("rollout_vllm_url_form", ("rollout",),
+         lambda a: a.rollout.vllm_url is not None and not a.rollout.vllm_url.startswith(("http://", "https://")),
+         "--vllm_url {rollout.vllm_url}: give the server's address with its scheme, e.g. http://127.0.0.1:8000."),
+    Rule("rollout_engine_tunesmith_url", ("rollout",),
+         lambda a: a.rollout.rollout_engine == "tunesmith" and a.rollout.vllm_url is not None,
+         "--vllm_url is the vLLM server's, and --rollout_engine tunesmith samples in the trainer: drop one of them."),
+    Rule("rollout_vllm_prompt_method", ("rollout", "model", "finetuning"),
+         lambda a: a.rollout.uses_vllm and _prompt_method(a),
+         "--rollout_engine vllm with --finetuning_type {kind}: vLLM serves LoRA adapters, not prompt-based ones; use "
+         "--finetuning_type lora or full, or --rollout_engine tunesmith."),
+    Rule("rollout_vllm_timeout", ("rollout",), lambda a: a.rollout.vllm_timeout <= 0,
+         "--vllm_timeout must be above 0 seconds (got {rollout.vllm_timeout})."),
 ]
 
 

@@ -26,6 +26,7 @@ FEATURE_RUNS: dict[str, str] = {
     "eval_policy": "tunesmith.rl",  # the policy evaluation: `tunesmith eval --policy`
     "chat": "tunesmith.chat",
     "serve": "tunesmith.serve",
+    "vllm_serve": "tunesmith.vllm_serve",
     "ui": "tunesmith.ui",
     "inspect": "tunesmith.inspect",
     "plan": "tunesmith.plan",

@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..hparams.data_args import PromptDataArguments
 from ..hparams.finetuning_args import FinetuningArguments
 from ..hparams.model_args import ModelArguments
+from ..hparams.rollout_args import RolloutEngineArguments
 from ..hparams.training_args import TrainingArguments
 
 # Where a --reward_funcs name without a module is looked up (the functions tunesmith ships).
@@ -313,6 +314,23 @@ class PPOArguments(RewardSourceArguments):
     rollout_log_samples: int = field(
         default=1, metadata={"help": "Print this many (prompt, reply, score) samples at every log step."}
     )
+    rollout_is_cap: float = field(
+        default=2.0,
+        metadata={"help": "With --rollout_engine vllm: truncated importance sampling (Yao et al. 2025, \"Your efficient "
+                  "RL framework secretly brings you off-policy RL training\"; verl's TIS). The server's sampling "
+                  "distribution differs a little from the trainer's (other kernels, other precision, and one step of "
+                  "weights with --async_rollouts 1), so every trained token's policy loss is weighed by min(pi_old / "
+                  "pi_rollout, cap): pi_old the trainer's own probability of the token before the update, pi_rollout "
+                  "the server's. Logged each step: is_ratio_mean, is_ratio_max, is_capped (the share of tokens "
+                  "capped) and rollout_logp_diff (mean |log pi_old - log pi_rollout|)."},
+    )
+    async_rollouts: int = field(
+        default=0,
+        metadata={"help": "1: the vLLM server samples the next batch while this one trains (one step stale: that "
+                  "batch is sampled by the policy before this update), corrected by --rollout_is_cap like any "
+                  "mismatch; generation then hides behind the update. 0: sample, then train (no staleness). Needs "
+                  "--rollout_engine vllm."},
+    )
 
     @property
     def ptx_weight(self) -> float:
@@ -354,7 +372,7 @@ class EvalArguments(RewardSourceArguments):
 
 # The dataclasses `tunesmith ppo` parses, in the order tunesmith_config.json records them.
 ARGUMENTS: tuple[type, ...] = (ModelArguments, PromptDataArguments, FinetuningArguments, PPOArguments, ToolUseArguments,
-                               TrainingArguments)
+                               RolloutEngineArguments, TrainingArguments)
 # Each command of the feature and its dataclasses (hparams.run_kinds reads it): `tunesmith ppo`, and the policy
 # evaluation (`tunesmith eval --policy`), which has no model of its own to name (--baseline and --policy are two).
 ARGUMENTS_BY_KIND: dict[str, tuple[type, ...]] = {

@@ -62,7 +62,7 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
         resume_from=resume,
         lora_learning_rate=args.finetuning.lora_learning_rate,
         ptx_dataset=ptx,
-        toolbox=toolbox, tool_use=tools,
+        toolbox=toolbox, tool_use=tools, rollout=args.rollout,
     )
     trainer.train()
     return trainer

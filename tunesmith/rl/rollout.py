@@ -17,7 +17,7 @@ from ..constants import ASSISTANT
 from ..data.formats import offered_tools
 from ..data.prompts import Prompt
 from ..data.template import render_text
-from ..generation import Engine, SamplingParams, stop_token_ids
+from ..generation import Completion, Engine, SamplingParams, stop_token_ids
 from ..models.scoring import score_sequences
 from .losses import entropy_from_logits, logprobs_from_logits
 
@@ -96,11 +96,45 @@ class RewardModelScorer:
         return torch.tensor(score_sequences(self.model, self.tokenizer, encoded, self.batch_size))
 
 
+def completion_tokens(completion: Completion) -> tuple[list[int], list[float]]:
+    """A reply's tokens with the end-of-turn token that ended it, and the rollout engine's log-probability of each
+    (NaN where it gave none)."""
+    ended = completion.stop_token_id is not None
+    ids = completion.token_ids + ([completion.stop_token_id] if ended else [])
+    given = [t.logprob for t in completion.logprobs or []]
+    if ended and completion.stop_logprob is not None:
+        given.append(completion.stop_logprob.logprob)
+    if len(given) != len(ids):  # none given (tunesmith's engine, unasked), or not one per token: none used
+        given = [float("nan")] * len(ids)
+    return ids, given
+
+
+@dataclass
+class Generated:
+    """Replies to prompts, before scoring: per reply its tokens, which of them the policy sampled (all of a plain
+    reply; not a tool's result), whether it ended, its tool calls and failed calls (0 without tools), and the
+    rollout engine's log-probability of each token (None from tunesmith's engine, whose are the trainer's own)."""
+
+    replies: list[list[int]]
+    trained: list[list[bool]]
+    ended: list[bool]
+    tool_calls: list[int]
+    failed_calls: list[int]
+    logprobs: list[list[float]] | None = None
+
+    @classmethod
+    def of(cls, completions: Sequence[Completion], with_logprobs: bool = False) -> Generated:
+        """Plain replies (no tools), one completion each."""
+        tokens = [completion_tokens(c) for c in completions]
+        replies = [ids for ids, _ in tokens]
+        zeros = [0] * len(replies)
+        return cls(replies, [[True] * len(r) for r in replies], [c.stop_token_id is not None for c in completions],
+                   zeros, zeros, [lp for _, lp in tokens] if with_logprobs else None)
+
+
 @dataclass
 class Sampled:
-    """Replies to prompts, scored: a rollout before any forward pass. `trained` marks, per reply token, the
-    tokens the policy sampled (all of a plain reply; not a tool's result); `tool_calls` and `failed_calls`
-    count each trajectory's calls (0 without tools)."""
+    """Replies to prompts, scored: a rollout before any forward pass (Generated's fields, and the scores)."""
 
     prompts: list[Prompt]
     replies: list[list[int]]
@@ -110,14 +144,16 @@ class Sampled:
     source_scores: torch.Tensor  # [B, sources]
     tool_calls: list[int]
     failed_calls: list[int]
+    logprobs: list[list[float]] | None = None
 
     @classmethod
     def gather(cls, picked: Sequence[tuple[Sampled, int]]) -> Sampled:
         """The rows `(sampled, index)` picked from several samplings, in that order."""
-        column = [[getattr(s, f)[i] for s, i in picked] for f in ("prompts", "replies", "trained", "ended",
-                                                                    "tool_calls", "failed_calls")]
-        return cls(*column[:4], torch.stack([s.scores[i] for s, i in picked]),
-                   torch.stack([s.source_scores[i] for s, i in picked]), *column[4:])
+        column = {f: [getattr(s, f)[i] for s, i in picked] for f in ("prompts", "replies", "trained", "ended",
+                                                                       "tool_calls", "failed_calls")}
+        logprobs = None if picked and picked[0][0].logprobs is None else [s.logprobs[i] for s, i in picked]
+        return cls(**column, scores=torch.stack([s.scores[i] for s, i in picked]),
+                   source_scores=torch.stack([s.source_scores[i] for s, i in picked]), logprobs=logprobs)
 
 
 @dataclass
@@ -142,6 +178,8 @@ class Rollout:
     returns: torch.Tensor | None = None
     action_mask: torch.Tensor | None = None  # [B, R]: the tokens the policy sampled (not a tool's result)
     loss_mask: torch.Tensor | None = None  # [B, R]: the tokens the policy loss trains (PPOTrainer.loss_mask)
+    rollout_logprobs: torch.Tensor | None = None  # [B, R]: the rollout engine's own (a vLLM server's); NaN: none
+    is_weights: torch.Tensor | None = None  # [B, R]: truncated importance weights of the policy loss (off_policy.py)
     sampling_stats: dict[str, float] = field(default_factory=dict)  # dynamic sampling's counts
 
     @property

@@ -197,6 +197,19 @@ RULES: list[Rule] = [
          lambda a: min(a.ppo.sapo_temperature_pos, a.ppo.sapo_temperature_neg) <= 0,
          "--sapo_temperature_pos and --sapo_temperature_neg must be positive (got {ppo.sapo_temperature_pos}, "
          "{ppo.sapo_temperature_neg})."),
+    # -- where the rollouts are sampled (hparams/rollout_args.py)
+    Rule("ppo_rollout_is_cap", ("ppo",), lambda a: a.ppo.rollout_is_cap < 1,
+         "--rollout_is_cap must be at least 1 (got {ppo.rollout_is_cap}): a token's importance weight is capped "
+         "there, and a cap below 1 would shrink every token's loss; 2 is verl's."),
+    Rule("ppo_async_rollouts", ("ppo",), lambda a: a.ppo.async_rollouts not in (0, 1),
+         "--async_rollouts must be 0 or 1 (got {ppo.async_rollouts}): a batch is sampled at most one step ahead."),
+    Rule("ppo_async_engine", ("ppo", "rollout"), lambda a: a.ppo.async_rollouts and not a.rollout.uses_vllm,
+         "--async_rollouts 1 samples the next batch on a vLLM server while this one trains; tunesmith's engine "
+         "samples on the trainer's own devices, which the update is using: add --rollout_engine vllm --vllm_url URL "
+         "(docs/rl.md#vllm), or drop --async_rollouts."),
+    Rule("ppo_async_dynamic_sampling", ("ppo",), lambda a: a.ppo.async_rollouts and a.ppo.dynamic_sampling,
+         "--dynamic_sampling draws more prompts from the scores of the batch it fills, which --async_rollouts "
+         "samples a step ahead of its scoring: use one of the two."),
     # -- the policy evaluation (`tunesmith eval --policy`)
     Rule("eval_models_given", ("evaluation",),
          lambda a: not (a.evaluation.policy and (a.evaluation.baseline or is_adapter_dir(a.evaluation.policy))

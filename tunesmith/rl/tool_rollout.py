@@ -33,6 +33,7 @@ from ..data.tool_calls import ToolCall, parse_calls, tool_names
 from ..errors import TemplateError
 from ..generation import Completion, Engine, SamplingParams
 from .args import RESULT_TOKENS
+from .rollout import completion_tokens
 from .tools import Toolbox
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class Trajectory:
     tools: list[dict]
     token_ids: list[int] = field(default_factory=list)
     trained: list[bool] = field(default_factory=list)
+    # the rollout engine's log-probability of each sampled token (NaN for inserted ones, or where it gave none)
+    logprobs: list[float] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     finish_reason: str | None = None
     tool_calls: int = 0
@@ -76,9 +79,10 @@ class Trajectory:
         """The turns after the prompt: assistant replies and tool results, in order."""
         return self.messages[len(self.prompt.messages):]
 
-    def add(self, ids: Sequence[int], trained: bool) -> None:
+    def add(self, ids: Sequence[int], trained: bool, logprobs: Sequence[float] | None = None) -> None:
         self.token_ids += list(ids)
         self.trained += [trained] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [float("nan")] * len(ids)
 
 
 def encode_tool_prompts(tokenizer: Any, prompts: Sequence[Prompt], toolbox: Toolbox, max_length: int,
@@ -167,7 +171,8 @@ def _take_reply(row: Trajectory, completion: Completion, max_tool_calls: int) ->
     """Add a sampled reply to the row (its tokens trained, its message appended); the calls to run when it
     is a call turn within the limit, else None and the row is done."""
     ended = completion.stop_token_id is not None
-    row.add(completion.token_ids + ([completion.stop_token_id] if ended else []), trained=True)
+    ids, logprobs = completion_tokens(completion)
+    row.add(ids, trained=True, logprobs=logprobs)
     parsed = parse_calls(completion.text, tool_names(row.tools)) if ended else None
     if parsed is None:
         row.messages.append({"role": ASSISTANT, "content": completion.text})

@@ -13,6 +13,7 @@ import pickle
 import shutil
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,10 @@ from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
 from ..distributed import zero3_inference_engine
 from ..errors import PathError
-from ..generation import Engine
+from ..generation.rollout_engines import hand_over_weights, rollout_engine
+from ..generation.vllm_client import VLLMEngine
 from ..hparams import check, save_run_config, zero_stage
+from ..hparams.rollout_args import RolloutEngineArguments
 from ..train.callbacks import MetricsFileCallback, plot_loss
 from ..train.checkpoints import (
     STATE_FILE,
@@ -62,12 +65,14 @@ from .losses import (
     overlong_penalty,
     policy_loss,
     scaled_group_advantages,
+    truncated_importance_weights,
     value_loss,
     varied_groups,
 )
 from .models import POLICY, VALUE_DIR, ActorCritic
 from .rewards import RewardFunction, Rewards, load_reward_function
 from .rollout import (
+    Generated,
     RewardFn,
     RewardModelScorer,
     Rollout,
@@ -103,14 +108,17 @@ class PPOTrainer:
                  reward_fn: RewardFn | None = None, reward_funcs: Sequence[RewardFunction] | None = None,
                  run_configs: tuple = (), resume_from: str | None = None,
                  lora_learning_rate: float | None = None, ptx_dataset: Any = None,
-                 toolbox: Toolbox | None = None, tool_use: ToolUseArguments | None = None) -> None:
+                 toolbox: Toolbox | None = None, tool_use: ToolUseArguments | None = None,
+                 rollout: RolloutEngineArguments | None = None) -> None:
         if reward_funcs is None:  # those ppo_args names (the recipe loads them itself, to fail before any weight loads)
             reward_funcs = [load_reward_function(spec) for spec in ppo_args.reward_funcs]
         if (reward_fn is None) == (reward_model is None and not reward_funcs):
             raise ValueError("PPOTrainer needs a reward_model and/or reward_funcs, or else one reward_fn")
         if not prompts or not prompts[0].input_ids:
             raise ValueError("PPOTrainer needs encoded prompts (tunesmith.data.prompts.encode_prompts)")
-        check(ppo=ppo_args, training=training_args, feature_rules=RULES)  # the rules it needs, also when built without the recipe
+        rollout = rollout or RolloutEngineArguments()
+        # the rules it needs, also when built without the recipe
+        check(ppo=ppo_args, training=training_args, rollout=rollout, feature_rules=RULES)
         if model is not None and model.has_value_model != ppo_args.uses_value_model:
             raise ValueError(f"--advantage {ppo_args.advantage} needs a model built with "
                              f"value_model={ppo_args.uses_value_model}")
@@ -176,9 +184,14 @@ class PPOTrainer:
         self.sampling = rollout_sampling(ppo_args.max_new_tokens, ppo_args.temperature, ppo_args.top_k,
                                          ppo_args.top_p)
         # Under ZeRO-3 every rank must keep stepping until all are done: each forward gathers the sharded
-        # weights collectively.
-        self.engine = Engine(self.unwrapped.policy, tokenizer, synced=self.zero_stage == 3)
+        # weights collectively (tunesmith's engine; a vLLM server holds whole weights of its own).
+        self.engine = rollout_engine(rollout, self.unwrapped.policy, tokenizer, training_args.output_dir,
+                                     synced=self.zero_stage == 3)
+        self.on_server = isinstance(self.engine, VLLMEngine)
+        self._sampler = ThreadPoolExecutor(1, thread_name_prefix="rollout") if ppo_args.async_rollouts else None
+        self._pending: tuple[int, Future] | None = None  # with --async_rollouts: (step, its replies being sampled)
         self.step = 0
+        self._server_checked = False
         # The Trainer stages' lifecycle objects and callbacks: the same progress bar with its ETA, metrics.jsonl,
         # --report_to integrations (TensorBoard, wandb, ...) and trainer_state.json format.
         self.state = TrainerState(is_local_process_zero=self.accelerator.is_local_main_process,
@@ -223,6 +236,9 @@ class PPOTrainer:
         while self.step < self.total_steps:
             self.train_step()
         self.control = self.callbacks.on_train_end(self.args, self.state, self.control)
+        if self._sampler is not None:  # a batch sampled ahead for a step past the last is not needed
+            self._sampler.shutdown(wait=True, cancel_futures=True)
+            self._pending = None
         self.save_model(self.args.output_dir)
         if self.accelerator.is_main_process:
             score_keys = tuple(k for k in (self.log_history[-1] if self.log_history else {}) if k.startswith("score"))
@@ -238,6 +254,8 @@ class PPOTrainer:
         update_stats = self.update(rollout)
         times = {"time_generate": rollout.generate_seconds, "time_score": mid - start - rollout.generate_seconds,
                  "time_train": time.perf_counter() - mid}
+        if self.on_server:
+            times["time_sync"] = self.engine.sync_seconds
 
         kl_per_reply = rollout.kl.sum(1)
         mean_kl = self.accelerator.reduce(kl_per_reply.mean(), reduction="mean")
@@ -321,6 +339,11 @@ class PPOTrainer:
                                                                                    "values", "entropy"))
         # The tokens the policy sampled: a tool's result and the template's wrapping around it are context.
         r.action_mask = pad_replies([[int(m) for m in t] for t in sampled.trained], 0, device)[0]
+        if sampled.logprobs is not None:  # sampled by a vLLM server: correct its mismatch with the trainer
+            r.rollout_logprobs = pad_replies(sampled.logprobs, float("nan"), device)[0].float()
+            r.is_weights, is_stats = truncated_importance_weights(r.logprobs, r.rollout_logprobs, r.action_mask,
+                                                                  self.ppo.rollout_is_cap)
+            r.sampling_stats |= {k: float(v) for k, v in is_stats.items()}
         r.loss_mask = self.loss_mask(r)
         penalised = r.scores - self.shaping(r)
         group = self.ppo.samples_per_prompt
@@ -348,7 +371,7 @@ class PPOTrainer:
         sampled (batch_prompts' later rounds) until every process holds a batch of groups that differ, or
         --dynamic_sampling_rounds is reached; a batch still short is filled with groups set aside. Every
         process samples in every round while any process is short: under ZeRO-3 their forwards are collective."""
-        first = self._sample_round(prompts)
+        first = self._score(prompts, self._first_generation(prompts))
         if not self.ppo.dynamic_sampling:
             return first, self._tool_stats(first)
         group = self.ppo.samples_per_prompt
@@ -367,19 +390,68 @@ class PPOTrainer:
         return batch, stats
 
     def _sample_round(self, prompts: list[Prompt]) -> Sampled:
+        self.sync_rollout_weights()
+        return self._score(prompts, self._generate(prompts))
+
+    def _first_generation(self, prompts: list[Prompt]) -> Generated:
+        """This step's replies: sampled now by the policy as it is, or, with --async_rollouts 1, taken from the
+        sampling started a step ago (by the policy before the last update), while the next step's batch starts
+        sampling on the server with the weights of now."""
+        if self._pending is not None and self._pending[0] == self.step:
+            generated = self._pending[1].result()
+            self._pending = None
+        else:
+            self.sync_rollout_weights()
+            generated = self._generate(prompts)
+        if self._sampler is not None and self.step + 1 < self.total_steps:
+            self.sync_rollout_weights()
+            self._pending = (self.step + 1, self._sampler.submit(self._generate, self.batch_prompts(self.step + 1)))
+        return generated
+
+    def _generate(self, prompts: list[Prompt]) -> Generated:
+        """The replies to the prompts (with --tool_funcs, whole trajectories): no scoring, no collective, so with
+        --async_rollouts it runs beside the update, in the sampler's thread."""
         if self.toolbox is not None:
             runs = tool_rollout(self.engine, self.tokenizer, prompts, self.sampling, self.toolbox,
                                 self.tool_use.max_tool_calls, self.tool_use.max_trajectory_tokens)
-            replies, trained = [t.token_ids for t in runs], [t.trained for t in runs]
-            ended, calls, failed = [t.ended for t in runs], [t.tool_calls for t in runs], [t.failed_calls for t in runs]
-        else:
-            response_ids, response_mask, ended = generate_responses(
-                self.engine, [p.input_ids for p in prompts], self.sampling, self.tokenizer.pad_token_id)
-            replies = reply_tokens(response_ids, response_mask)
-            trained, ended = [[True] * len(r) for r in replies], ended.tolist()
-            calls = failed = [0] * len(replies)
-        scores, source_scores = self.score(prompts, replies)  # a trajectory is scored whole, tool results included
-        return Sampled(list(prompts), replies, trained, ended, scores.float(), source_scores.float(), calls, failed)
+            return Generated([t.token_ids for t in runs], [t.trained for t in runs], [t.ended for t in runs],
+                             [t.tool_calls for t in runs], [t.failed_calls for t in runs],
+                             [t.logprobs for t in runs] if self.on_server else None)
+        if self.on_server:  # its replies come with its own log-probabilities
+            return Generated.of([c[0] for c in self.engine.generate([p.input_ids for p in prompts], self.sampling)],
+                                with_logprobs=True)
+        response_ids, response_mask, ended = generate_responses(
+            self.engine, [p.input_ids for p in prompts], self.sampling, self.tokenizer.pad_token_id)
+        replies = reply_tokens(response_ids, response_mask)
+        zeros = [0] * len(replies)
+        return Generated(replies, [[True] * len(r) for r in replies], ended.tolist(), zeros, zeros)
+
+    def _score(self, prompts: list[Prompt], generated: Generated) -> Sampled:
+        # a trajectory is scored whole, tool results included
+        scores, source_scores = self.score(prompts, generated.replies)
+        return Sampled(list(prompts), generated.replies, generated.trained, generated.ended, scores.float(),
+                       source_scores.float(), generated.tool_calls, generated.failed_calls, generated.logprobs)
+
+    def sync_rollout_weights(self) -> None:
+        """Hand the policy's weights to the vLLM server when they changed since it last had them, and at the first
+        rollout (the server may hold an earlier run's), checked then against the trainer's (rollout_engines.py).
+        Under ZeRO-3 the main process writes them gathered from every rank's shards (a collective)."""
+        if not self.on_server or self.engine.version == self.step and self._server_checked:
+            return
+        weights = self._gathered_weights()  # None but under ZeRO-3
+        policy_weights = None if weights is None else {k.removeprefix("policy."): v for k, v in weights.items()
+                                                       if k.startswith("policy.")}
+        probe = None if self._server_checked else list(self.prompts[0].input_ids)
+        hand_over_weights(self.engine, self.accelerator, self.unwrapped.policy, self.step, probe, self._compute_dtype,
+                          policy_weights)
+        self._server_checked = True
+
+    @property
+    def _compute_dtype(self) -> torch.dtype:
+        if self.args.bf16:
+            return torch.bfloat16
+        return next(self.unwrapped.policy.parameters()).dtype
+
 
     def _tool_stats(self, sampled: Sampled) -> dict[str, float]:
         """Of the batch that trains (with tools): calls per trajectory, and the share of calls that failed (an error
@@ -481,7 +553,7 @@ class PPOTrainer:
         logprobs = logprobs_from_logits(logits, r.response_ids[rows])
         mask, actions = r.loss_mask[rows], r.action_mask[rows]
         loss, pg_stats = policy_loss(logprobs, r.logprobs[rows], r.advantages[rows], mask, self.loss_spec,
-                                     num_tokens)
+                                     num_tokens, None if r.is_weights is None else r.is_weights[rows])
         stats = {"policy_loss": loss.item()}
         if values is not None:
             vf_loss, vf_stats = value_loss(values, r.values[rows], r.returns[rows], actions, self.ppo.cliprange_value)

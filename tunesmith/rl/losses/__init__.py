@@ -25,7 +25,8 @@ The modules
 * ``advantages``: GAE, and the group baselines of GRPO, RLOO, Dr. GRPO and GDPO, DAPO's filter of tied groups;
 * ``policy``: PPO's clipped surrogate and the GRPO loss family (DAPO, BNPO, Dr. GRPO, GSPO/LUSPO, CISPO, SAPO,
   VESPO), and how each averages its tokens;
-* ``value``: PPO's clipped value loss.
+* ``value``: PPO's clipped value loss;
+* ``off_policy``: truncated importance sampling, for replies another engine sampled.
 """
 
 from .advantages import (
@@ -40,6 +41,7 @@ from .advantages import (
 )
 from .kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_loss, per_token_kl
 from .masked import masked_mean, masked_var, masked_whiten
+from .off_policy import truncated_importance_weights
 from .policy import (
     CLIPPED_LOSSES,
     IMPORTANCE_LEVELS,
@@ -99,4 +101,5 @@ __all__ = [
     "scaled_group_advantages",
     "decoupled_group_advantages",
     "CLIPPED_LOSSES",
+    "truncated_importance_weights",
 ]

@@ -150,6 +150,7 @@ def policy_loss(
     mask: torch.Tensor,
     spec: PolicyLossSpec,
     num_tokens: float | torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy loss of ``spec.loss_type``: a per-token surrogate of the ratio ``r = exp(log w)``
     (:func:`log_importance_weights` at ``spec.importance_sampling_level``) averaged by :func:`aggregate_loss`.
@@ -162,7 +163,9 @@ def policy_loss(
     tool results, truncated replies or tokens the entropy filter drops). Stats (detached): ``clipfrac`` (the
     share of tokens whose gradient the clip cut: ``r < 1 - eps_low`` with ``A < 0`` or ``r > 1 + eps_high``
     with ``A > 0``; for cispo the share whose weight was capped; none for sapo and vespo), ``approx_kl =
-    0.5 * mean((logp - old)^2)`` per token, ``ratio_mean``.
+    0.5 * mean((logp - old)^2)`` per token, ``ratio_mean``. ``token_weights`` ``[B, T]`` (no gradient): each
+    token's surrogate is multiplied by its weight before the average (truncated importance sampling of replies
+    another engine sampled: off_policy.py).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
@@ -185,6 +188,8 @@ def policy_loss(
     else:
         raise ValueError(f"unknown loss type {kind!r}; expected one of {LOSS_TYPES}")
     per_token = per_token.expand_as(logprobs)
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach()
     loss = aggregate_loss(per_token, mask, kind, num_tokens, spec.max_new_tokens)
     with torch.no_grad():
         token_log_ratio = log_importance_weights(logprobs, old_logprobs, mask, "token")
