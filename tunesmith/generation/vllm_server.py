@@ -96,8 +96,9 @@ class VLLMServerSettings:
             argv += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
             # vLLM's default of one adapter per batch: with runtime updates the old and new policy may overlap.
             argv += ["--max-loras", "2"]
-        for name, path in self.lora_modules.items():
-            argv += ["--lora-modules", f"{name}={path}"]
+        if self.lora_modules:
+            # One flag with every adapter: vLLM's parser keeps only the last of repeated --lora-modules flags.
+            argv += ["--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules.items())]
         if self.chat_template:
             argv += ["--chat-template", self.chat_template]
         if self.api_key:
@@ -142,13 +143,14 @@ class VLLMServer:
     its log."""
 
     def __init__(self, settings: VLLMServerSettings, log_file: str | Path | None = None,
-                 startup_timeout: float = 600.0) -> None:
+                 startup_timeout: float = 600.0, console: bool = False) -> None:
         settings.check()
         python = vllm_python()
         if python is None:
             raise ConfigError(missing_vllm_message())
         self.settings, self.python, self.startup_timeout = settings, python, startup_timeout
         self.log_file = Path(log_file) if log_file else None
+        self.console = console  # without a log file: vLLM's output on this process's console (else discarded)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -158,7 +160,8 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         argv = self.settings.argv(self.python)
         logger.info("starting vLLM: %s", " ".join(argv))
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115 (kept open)
+        out = (open(self.log_file, "ab") if self.log_file  # noqa: SIM115 (kept open)
+               else None if self.console else subprocess.DEVNULL)
         self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.settings.environment(),
                                         start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
@@ -203,3 +206,102 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+# What vLLM's LoRA loader (vllm/lora/peft_helper.py and lora_model.py, 0.32) takes: PEFT LoRA adapters whose saved
+# tensors are all lora_A/lora_B matrices (or lora_embedding_A/B), with plain or rsLoRA scaling, rank and alpha
+# patterns, ranks up to 512. Everything else it refuses, or (a saved trainable-token delta) fails on; PEFT merges
+# each of those into the base weights, and the merged model serves as it is.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's LoRAConfig.max_lora_rank values
+_VLLM_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")  # string inits vLLM loads (they change no base)
+_LORA_TENSOR = ("lora_A.weight", "lora_B.weight", "lora_embedding_A", "lora_embedding_B")
+# adapter_config.json fields PEFT writes for features vLLM's loader refuses: (field, what it is)
+_UNSUPPORTED_FIELDS = (
+    ("use_dora", "a DoRA adapter (use_dora: trained magnitudes on every adapted weight)"),
+    ("trainable_token_indices", "an adapter with trainable tokens (trainable_token_indices: embedding rows)"),
+    ("modules_to_save", "an adapter that saves whole modules (modules_to_save: {value})"),
+    ("lora_bias", "an adapter with trained biases (lora_bias)"),
+    ("alora_invocation_tokens", "an activated LoRA (alora_invocation_tokens)"),
+    ("layer_replication", "an adapter with replicated layers (layer_replication)"),
+    ("use_qalora", "a QALoRA adapter (use_qalora)"),
+    ("use_bdlora", "a block-diagonal LoRA (use_bdlora)"),
+)
+
+
+def vllm_adapter_problem(adapter_dir: str) -> str | None:
+    """Why vLLM's LoRA loader cannot serve the adapter in `adapter_dir` as tunesmith's engine does, in one line
+    with what to do (merge it first, or serve it with tunesmith's engine); None when it serves it as it is.
+
+    As it is: plain LoRA, rsLoRA (vLLM scales by alpha / sqrt(r) too), a PiSSA/OLoRA run's final adapter (tunesmith
+    saves it converted to a plain LoRA of rank 2r over the unchanged base) and a QLoRA adapter (a plain LoRA file;
+    vLLM, like `tunesmith merge` and `tunesmith serve` without --quantization_bit, applies it to the unquantized
+    base). Merged first: DoRA, trainable tokens, modules_to_save, LoRA biases, a PiSSA/OLoRA checkpoint (its base
+    is the residual), ranks over 512. Prompt tuning, p-tuning and prefix tuning change no weight: tunesmith's
+    engine only."""
+    from ..utils.paths import adapter_config
+
+    config = adapter_config(adapter_dir)
+    merge = (f"merge it first (tunesmith merge --adapter_name_or_path {adapter_dir} --output_dir MERGED) and serve "
+             "MERGED with --engine vllm, or serve it with --engine tunesmith")
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        return (f"{adapter_dir} is a {peft_type} adapter and vLLM serves LoRA adapters only: serve it with --engine "
+                "tunesmith" + ("" if "PROMPT" in peft_type or "PREFIX" in peft_type else f", or {merge}"))
+    for name, what in _UNSUPPORTED_FIELDS:
+        value = config.get(name)
+        if value:
+            return f"{adapter_dir} is {what.format(value=value)}, which vLLM's LoRA loader does not load: {merge}"
+    if (config.get("bias") or "none") != "none":
+        return f"{adapter_dir} trains biases (bias {config['bias']!r}), which vLLM's LoRA loader does not load: {merge}"
+    init = config.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower() not in _VLLM_INITS:
+        return (f"{adapter_dir} was saved with init_lora_weights {init!r}: PEFT changes the base weights when it "
+                "loads it (a PiSSA/OLoRA checkpoint's base is the residual), which vLLM does not: serve the run's "
+                "final adapter (tunesmith saves it as a plain LoRA of the unchanged base), or " + merge)
+    rank = adapter_max_rank(config)
+    if rank > VLLM_LORA_RANKS[-1]:
+        return f"{adapter_dir} has rank {rank}, over vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}: {merge}"
+    other = next((key for key in _saved_tensor_names(adapter_dir) if not key.endswith(_LORA_TENSOR)
+                  and not key.endswith((".embed_tokens.base_layer.weight", ".lm_head.base_layer.weight"))), None)
+    if other is not None:
+        return f"{adapter_dir} saves {other}, which is no LoRA matrix and vLLM's LoRA loader does not load: {merge}"
+    return None
+
+
+def adapter_max_rank(config: dict) -> int:
+    """An adapter's largest rank, its rank_pattern's included (what vLLM's --max-lora-rank must hold)."""
+    return max([int(config.get("r") or 8), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+
+
+def vllm_lora_rank(ranks: Sequence[int]) -> int:
+    """The --max-lora-rank that holds every rank of `ranks`: vLLM takes only the values of VLLM_LORA_RANKS."""
+    largest = max(ranks, default=1)
+    return next((value for value in VLLM_LORA_RANKS if value >= largest), VLLM_LORA_RANKS[-1])
+
+
+def _saved_tensor_names(adapter_dir: str) -> list[str]:
+    path = Path(adapter_dir) / "adapter_model.safetensors"
+    if path.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as weights:
+            return list(weights.keys())
+    path = Path(adapter_dir) / "adapter_model.bin"
+    if path.is_file():
+        import torch
+
+        return list(torch.load(path, map_location="meta", weights_only=True).keys())
+    return []
+
+
+def tool_call_parser(chat_template: str | None) -> str | None:
+    """vLLM's tool parser for the calls a chat template teaches: `hermes` for `<tool_call>{json}</tool_call>`
+    blocks (tunesmith's chatml_tools, Hermes, Qwen2.5; vllm/tool_parsers/hermes_tool_parser.py reads the JSON
+    between the tags, "name" and "arguments"), `llama3_json` for a bare JSON call (Llama 3.x); None for a template
+    that renders no tools."""
+    template = chat_template or ""
+    if "<tool_call>" in template:
+        return "hermes"
+    if "tools" in template and ('"parameters"' in template or "ipython" in template):
+        return "llama3_json"
+    return None

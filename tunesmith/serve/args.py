@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from ..hparams.generating_args import GenerationArguments
 from ..hparams.model_args import ModelArguments
@@ -17,6 +17,18 @@ class ServeArguments:
     role: ClassVar[str] = "serve"
     _argument_group_name: ClassVar[str] = "serve"
 
+    engine: Literal["tunesmith", "vllm"] = field(
+        default="tunesmith",
+        metadata={"help": "What generates the replies. tunesmith: its own engine, in this process (every feature on "
+                  "this page). vllm: vLLM's OpenAI server in its own venv (bash scripts/setup_vllm.sh builds it), "
+                  "started with the same model, adapters, chat template, host, port, API key and reply defaults; "
+                  "adapters vLLM cannot load are refused first, saying what to do (docs/serve.md#vllm)."},
+    )
+    vllm_args: str = field(
+        default="",
+        metadata={"help": "With --engine vllm: more flags for `vllm serve`, as one string (e.g. \"--tensor-parallel-size "
+                  "2 --gpu-memory-utilization 0.8\"), passed through as they are."},
+    )
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on (0.0.0.0: every interface)."})
     port: int = field(default=8000, metadata={"help": "TCP port to listen on (0: any free one; the log says which)."})
     api_key: str | None = field(

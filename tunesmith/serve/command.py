@@ -45,6 +45,13 @@ request (`param` names the field, e.g. `tools[0].function.name`), 401 for a wron
 model's name or an unknown path, 413 for a body over --max_request_bytes, 500 if generation fails, 503 for a
 reply cut short by the server shutting down (SIGTERM or Ctrl-C cancel what is running; the process exits within
 seconds). A --host other than loopback needs an API key (--allow_no_api_key to serve it open anyway).
+
+--engine vllm serves the same model, adapters, chat template, host, port and API key with vLLM's OpenAI server
+instead (its own venv: bash scripts/setup_vllm.sh), and prints the vLLM command it runs. What differs: adapters
+vLLM cannot load (DoRA, trainable tokens, modules_to_save, a PiSSA checkpoint, prompt tuning) are refused before
+it starts, saying whether to merge first; every adapter must share the model's chat template; tool calls are read
+by vLLM's parser for the template (hermes for <tool_call> blocks); --image_root, --quantization_bit,
+--batch_wait_ms, --max_request_bytes and --allow_no_api_key are tunesmith's engine only; --vllm_args passes more.
 """
 
 from __future__ import annotations
@@ -64,6 +71,10 @@ logger = logging.getLogger(__name__)
 
 def run(argv: Sequence[str] | None = None) -> None:
     args = parse_run("serve", argv, __doc__)
+    if args.serve.engine == "vllm":  # vLLM's server in its own venv, with the same settings (docs/serve.md#vllm)
+        from .vllm_engine import serve_with_vllm
+
+        return serve_with_vllm(args)
     from .app import ServedModel, create_app
     from .limits import serve_forever
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import re
 
 from ..errors import PathError
+from ..generation.vllm_server import vllm_adapter_problem
 
 # The core table's helpers that its own rows share with these (as export/rules.py takes them).
 from ..hparams.rules import Rule, _missing_dir, _problem, _prompt_adapter
 from ..utils.network import LOOPBACK_HOSTS
 from ..utils.paths import is_adapter_dir, prompt_adapter_kind
+from .args import ServeArguments
 
 RULES: list[Rule] = [
     Rule("serve_image_root", ("serve",), lambda a: _missing_dir(a.serve.image_root),
@@ -49,4 +51,37 @@ RULES: list[Rule] = [
          "set TUNESMITH_API_KEY), or keep the default --host 127.0.0.1 (--allow_no_api_key: serve it open anyway)."),
     Rule("serve_context", ("serve",), lambda a: a.serve.context_length is not None and a.serve.context_length < 8,
          "--context_length must be at least 8 tokens (got {serve.context_length}); leave it out to use the model's."),
+    Rule("serve_vllm_adapter", ("serve", "model"), lambda a: a.serve.engine == "vllm" and _problem(next(
+        filter(None, map(vllm_adapter_problem, _served_adapters(a))), None)),
+         "--engine vllm: {problem}."),
+    Rule("serve_vllm_flags", ("serve", "model"), lambda a: a.serve.engine == "vllm" and _problem(_tunesmith_only(a)),
+         "--engine vllm: {problem} is tunesmith's engine only; leave it out, or serve with --engine tunesmith."),
+    Rule("serve_vllm_args_alone", ("serve",), lambda a: a.serve.engine != "vllm" and a.serve.vllm_args,
+         "--vllm_args is for --engine vllm; add --engine vllm, or leave --vllm_args out."),
 ]
+
+_DEFAULTS = ServeArguments()
+
+
+def _served_adapters(run) -> list[str]:
+    """Every adapter folder a server of this run serves: the model's own (given as the model or as
+    --adapter_name_or_path) and each --adapter's."""
+    own = [p for p in (run.model.adapter_name_or_path, run.model.model_name_or_path) if is_adapter_dir(p)]
+    return own[:1] + [p for p in (spec.split("=", 1)[1] for spec in run.serve.adapter if "=" in spec)
+                      if is_adapter_dir(p)]
+
+
+def _tunesmith_only(run) -> str | None:
+    """The first flag given that vLLM's server has no counterpart for."""
+    serve = run.serve
+    if serve.image_root:
+        return "--image_root (vLLM reads local pictures under its own --allowed-local-media-path)"
+    if serve.allow_no_api_key:
+        return "--allow_no_api_key (tunesmith starts vLLM beyond loopback only with an API key)"
+    if run.model.quantization_bit is not None:
+        return "--quantization_bit (bitsandbytes on vLLM: --vllm_args \"--quantization bitsandbytes\" on a GPU)"
+    if serve.batch_wait_ms != _DEFAULTS.batch_wait_ms:
+        return "--batch_wait_ms (vLLM schedules every step)"
+    if serve.max_request_bytes != _DEFAULTS.max_request_bytes:
+        return "--max_request_bytes"
+    return None
