@@ -24,6 +24,7 @@ from transformers import set_seed
 from ..boundary import entry_point
 from ..data.dataset import build_datasets
 from ..models.loader import load_model, load_tokenizer
+from ..models.qat import prepare_qat
 from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
 from ..train.stage_trainer import StageTrainer
 from .collator import pretrain_collator
@@ -38,7 +39,7 @@ def run(argv: Sequence[str] | None = None) -> StageTrainer:
         train_dataset, eval_dataset = build_datasets(text_kind(args.data), tokenizer, args.data, args.training.seed,
                                                      report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
-    model = load_model(args.model, args.finetuning, args.training)
+    model = prepare_qat(load_model(args.model, args.finetuning, args.training), args.qat.qat, args.qat.qat_group_size)
 
     trainer = StageTrainer(
         model=model,

@@ -20,6 +20,7 @@ from ..data.dataset import build_sft_datasets
 from ..data.streaming import streamed_sft_datasets
 from ..data.template import processor_of
 from ..models.loader import load_model, load_tokenizer
+from ..models.qat import prepare_qat
 from ..train.run_setup import prepare_training_run, train_save_evaluate, trainer_options
 from ..train.stage_trainer import StageTrainer, sft_collator
 
@@ -37,7 +38,7 @@ def run(argv: Sequence[str] | None = None) -> StageTrainer:
             train_dataset, eval_dataset = build_sft_datasets(tokenizer, args.data, args.training.seed,
                                                              report_dir=args.training.output_dir)
     set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
-    model = load_model(args.model, args.finetuning, args.training)
+    model = prepare_qat(load_model(args.model, args.finetuning, args.training), args.qat.qat, args.qat.qat_group_size)
 
     trainer = StageTrainer(
         model=model,

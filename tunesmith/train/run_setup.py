@@ -14,6 +14,7 @@ from ..distributed import start_single_process_world
 from ..hparams import ParsedRun, parse_run
 from ..models.loader import resolve_model_path
 from ..models.lora_variants import save_as_plain_lora
+from ..models.qat import qat_scheme, save_quantized
 from ..utils.io import publish_files, stop_when_disk_fills
 from .callbacks import LossPlotCallback
 from .checkpoints import (
@@ -77,6 +78,9 @@ def save_final_model(trainer: Any) -> None:
         trainer.save_model(str(staging))
         if trainer.args.should_save:  # a PiSSA/OLoRA adapter as a plain LoRA of the unchanged base
             save_as_plain_lora(trainer.accelerator.unwrap_model(trainer.model), str(staging))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if trainer.args.should_save and qat_scheme(model):  # --qat: torchao's convert, the model to serve
+            save_quantized(model, staging, trainer.processing_class)
     trainer.accelerator.wait_for_everyone()  # every process's files written before they move
     if trainer.args.should_save:
         publish_files(staging, output_dir)
