@@ -27,7 +27,6 @@ and its gradient, as full fine-tuning does.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -143,14 +142,19 @@ def qat_scheme(model: nn.Module) -> tuple[str, int] | None:
 
 
 def converted_copy(model: nn.Module) -> nn.Module:
-    """The real quantized model of a QAT-trained one, the trained model left as it is: a copy, LoRA merged into it,
-    fake quantizers removed, then torchao's convert (the scheme's post-training quantization) on the same linears.
-    It carries transformers' TorchAoConfig, so save_pretrained writes it and from_pretrained reads it back."""
+    """The real quantized model of a QAT-trained one (torchao's convert), the trained model left as it is."""
+    return quantized_copy(model, *qat_scheme(model))
+
+
+def quantized_copy(model: nn.Module, scheme: str, group_size: int) -> nn.Module:
+    """A copy of the model quantized by a --qat scheme: LoRA merged into it, fake quantizers removed (torchao's
+    convert) and the scheme's post-training quantization applied to the same linears; for a model trained without
+    --qat, plain post-training quantization. It carries transformers' TorchAoConfig, so save_pretrained writes it and
+    from_pretrained reads it back."""
     from peft import PeftModel
     from transformers import TorchAoConfig
     from transformers.quantizers.auto import AutoHfQuantizer
 
-    scheme, group_size = qat_scheme(model)
     ao = _torchao()
     from torchao.quantization.qat import QATConfig
 
@@ -159,8 +163,8 @@ def converted_copy(model: nn.Module) -> nn.Module:
     if isinstance(plain, PeftModel):
         plain = plain.merge_and_unload()  # W + s·B·A, the weight the adapted linears fake-quantized
     with torch.no_grad():
-        ao.quantize_(plain, QATConfig(config, step="convert"), filter_fn=_quantized_linear)  # drops fake quantizers
-        ao.quantize_(plain, config,  # the merged linears, which had no FakeQuantizedLinear to convert
+        ao.quantize_(plain, QATConfig(config, step="convert"), filter_fn=_quantized_linear)  # FakeQuantizedLinear
+        ao.quantize_(plain, config,  # the merged linears, and every linear of a model trained without --qat
                      filter_fn=lambda m, fqn: _quantized_linear(m, fqn) and type(m.weight.data) is torch.Tensor)
     plain.__dict__.pop("tunesmith_qat", None)
     plain.config.quantization_config = TorchAoConfig(config, modules_to_not_convert=["lm_head"])
@@ -176,15 +180,3 @@ def save_quantized(model: nn.Module, output_dir: str | Path, processing_class: A
     if processing_class is not None:
         processing_class.save_pretrained(folder)
     return folder
-
-
-def is_torchao_quantized(path: str | None) -> bool:
-    """Whether a model folder holds a torchao-quantized model (a --qat run's quantized/): its config.json says so."""
-    config = Path(path or "") / "config.json"
-    if not path or not config.is_file():
-        return False
-    try:
-        quant = json.loads(config.read_text(encoding="utf-8")).get("quantization_config") or {}
-    except (OSError, ValueError):
-        return False
-    return isinstance(quant, dict) and quant.get("quant_method") == "torchao"
