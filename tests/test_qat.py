@@ -228,3 +228,12 @@ def test_the_engine_serves_a_quantized_model(qat_model_dir, tokenizer, tmp_path)
     for token in completion.token_ids:  # greedy by hand on the converted forward
         assert token == int(_logits(served, ids)[0, -1].argmax())
         ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+
+
+def test_the_web_ui_train_form_sets_qat():
+    from tunesmith.ui.command_lines import QAT_SCHEMES, TrainForm, train_flags
+
+    assert QAT_SCHEMES == ("int8_int4", "int4")
+    command, flags = train_flags(TrainForm(dataset="d.jsonl", method="full", qat="int8_int4"))
+    assert parse_run(command, flags, check_paths=False).qat.qat == "int8_int4"
+    assert "--qat" not in train_flags(TrainForm(dataset="d.jsonl"))[1]

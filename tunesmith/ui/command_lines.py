@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import get_args, get_type_hints
 
 from ..errors import ConfigError, PathError
-from ..hparams import RUN_ARGUMENTS
+from ..hparams import RUN_ARGUMENTS, QATArguments
 from ..hparams.finetuning_args import LORA_INITIALISATIONS
 from ..hparams.parser import DEPRECATED_FLAGS
 
@@ -33,7 +33,7 @@ FORM_FLAGS = {"--model_name_or_path": "Model", "--data_path": "Dataset", "--outp
               "--finetuning_type": "Method", "--quantization_bit": "Method", "--max_steps": "Max steps",
               "--learning_rate": "Learning rate", "--num_train_epochs": "Epochs", "--lora_r": "LoRA rank",
               "--advantage": "Stage", "--use_dora": "DoRA", "--use_rslora": "rsLoRA",
-              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio"}
+              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio", "--qat": "QAT"}
 # The LoRA init box's choices: empty (the CLI's default, LoRA's own "true") and the CLI's other initialisations;
 # pissa_niter_N goes in the Advanced flags.
 LORA_INITS = ("", *(name for name in LORA_INITIALISATIONS if name != "true"))
@@ -42,6 +42,8 @@ LORA_INITS = ("", *(name for name in LORA_INITIALISATIONS if name != "true"))
 # kind of run (a feature imports no other; the page lists every kind's flags the same way, ui/flag_rules.py).
 _MERGE_ARGUMENTS = next(kind for kind in RUN_ARGUMENTS["merge"] if getattr(kind, "role", None) == "merge")
 MERGE_METHODS = get_args(get_args(get_type_hints(_MERGE_ARGUMENTS)["method"])[0])
+# The QAT box's schemes: --qat's values, read from its dataclass.
+QAT_SCHEMES = get_args(get_args(get_type_hints(QATArguments)["qat"])[0])
 EMBEDDED = ""  # the Model box left empty: the CLI's default, the embedded SmolLM2-135M-Instruct
 
 
@@ -65,6 +67,7 @@ class TrainForm:
     use_rslora: bool = False
     init_lora_weights: str = ""
     loraplus_lr_ratio: float | None = None
+    qat: str = ""  # --qat's scheme; empty: no quantization-aware training
 
 
 def tunesmith_argv(command: str, flags: Sequence[str]) -> list[str]:
@@ -126,6 +129,8 @@ def train_flags(form: TrainForm) -> tuple[str, list[str]]:
         flags += ["--init_lora_weights", form.init_lora_weights.strip()]
     if form.loraplus_lr_ratio not in (None, "", 0):
         flags += ["--loraplus_lr_ratio", _number(form.loraplus_lr_ratio)]
+    if form.qat and form.qat.strip():
+        flags += ["--qat", form.qat.strip()]
     advanced = advanced_flags(form.advanced)
     twice = sorted(flag_names(flags) & flag_names(advanced))
     if twice:  # the CLI takes the last value: the Advanced one would silently replace the form's, checked one
