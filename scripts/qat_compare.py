@@ -47,11 +47,12 @@ def main() -> None:
     parser.add_argument("--group_size", type=int, default=32)
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--max_seq_length", type=int, default=512)
+    parser.add_argument("--val_size", default="0.1", help="the held-out share of the demo rows")
     parser.add_argument("--output_dir", default=None, help="default: a temporary folder")
     cli = parser.parse_args()
     lr = cli.learning_rate or (1e-5 if cli.finetuning_type == "full" else 2e-4)
     root = cli.output_dir or tempfile.mkdtemp(prefix="qat_compare_")
-    common = ["--data_path", "data/demo/sft.jsonl", "--val_size", "0.1", "--finetuning_type", cli.finetuning_type,
+    common = ["--data_path", "data/demo/sft.jsonl", "--val_size", cli.val_size, "--finetuning_type", cli.finetuning_type,
               "--max_steps", str(cli.steps), "--per_device_train_batch_size", str(cli.batch_size),
               "--per_device_eval_batch_size", "8", "--learning_rate", str(lr),
               "--lora_dropout", "0", "--max_seq_length", str(cli.max_seq_length), "--save_strategy", "no", "--eval_strategy", "no",
@@ -78,7 +79,7 @@ def main() -> None:
     gap_ptq = results["trained without QAT, then quantized"] - unquantized
     gap_qat = results["trained with QAT, quantized (output_dir/quantized, reloaded)"] - unquantized
     print(json.dumps({"scheme": cli.scheme, "finetuning_type": cli.finetuning_type, "steps": cli.steps,
-                      "batch_size": cli.batch_size, "max_seq_length": cli.max_seq_length, "learning_rate": lr, "group_size": cli.group_size, "held_out_loss": results,
+                      "val_size": cli.val_size, "batch_size": cli.batch_size, "max_seq_length": cli.max_seq_length, "learning_rate": lr, "group_size": cli.group_size, "held_out_loss": results,
                       "gap_without_qat": gap_ptq, "gap_with_qat": gap_qat,
                       "gap_recovered": (gap_ptq - gap_qat) / gap_ptq if gap_ptq else None}, indent=2))
 
