@@ -15,7 +15,13 @@ from ..families import types_where
 # The core table's helpers that its own rows share with these (private there until the other features' rows move).
 from ..hparams.rules import _NOTHING_TO_MERGE as NOTHING_TO_MERGE
 from ..hparams.rules import Rule, _problem, _prompt_adapter, _vision
-from ..utils.paths import adapter_config, is_adapter_dir, model_architecture, problem_with_output_dir
+from ..utils.paths import (
+    adapter_config,
+    is_adapter_dir,
+    is_torchao_quantized,
+    model_architecture,
+    problem_with_output_dir,
+)
 from .gguf_arch import ARCHITECTURES
 from .gguf_llama_cpp import llama_cpp_available
 from .gguf_mtmd import mtmd_library_found
@@ -56,6 +62,10 @@ RULES: list[Rule] = [
     Rule("export_unquantized", ("export", "model"), lambda a: a.model.quantization_bit is not None,
          "--quantization_bit cannot be used with export: the model loads in float32 and --dtype chooses how the "
          "GGUF stores it; drop the flag."),
+    Rule("export_torchao", ("export", "model"), lambda a: is_torchao_quantized(a.model.model_name_or_path),
+         "export: {model.model_name_or_path} is torchao-quantized (a --qat run's quantized/), and GGUF has no type for "
+         "torchao's int4 tensors and their scales: export the run's float model (its output_dir; a LoRA run's "
+         "adapter over its base) with --dtype q4_0 or another type, or serve quantized/ with tunesmith serve."),
     Rule("export_prompt_learning", ("export", "model"), lambda a: _prompt_adapter(a.model),
          "export: " + NOTHING_TO_MERGE.replace("to merge.", "to merge and export (llama.cpp has no virtual "
                                                 "tokens).")),

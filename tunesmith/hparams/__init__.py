@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .data_args import DataArguments, PromptDataArguments, SFTDataArguments, TrainDataArguments
-from .finetuning_args import FinetuningArguments
+from .finetuning_args import FinetuningArguments, QATArguments
 from .generating_args import GenerationArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
@@ -27,5 +27,5 @@ def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | N
 __all__ = [
     "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
-    "PromptDataArguments", "FinetuningArguments", "GenerationArguments", "SFTTrainingArguments", "TrainingArguments",
+    "PromptDataArguments", "FinetuningArguments", "QATArguments", "GenerationArguments", "SFTTrainingArguments", "TrainingArguments",
 ]

@@ -158,3 +158,28 @@ def splits_base(value: str) -> bool:
     """PiSSA and OLoRA: the initialisation moves part of each adapted weight into the adapter, leaving a residual."""
     return value.startswith("pissa") or value == "olora"
 
+
+
+@dataclass
+class QATArguments:
+    """Quantization-aware training (tunesmith/models/qat.py), for the stages that train a model to be served
+    quantized: sft and pt."""
+
+    role: ClassVar[str] = "qat"
+    _argument_group_name: ClassVar[str] = "quantization-aware training"
+
+    qat: Literal["int8_int4", "int4"] | None = field(
+        default=None,
+        metadata={"help": "Train with torchao's fake quantization of the decoder's linear layers (not the head or the "
+                  "embeddings), then write the real quantized model to output_dir/quantized/ (torchao's convert; "
+                  "from_pretrained loads it, serve and chat run it). int8_int4: int8 activations quantized per token "
+                  "as they come + int4 weights in groups (torchao's Int8DynActInt4Weight scheme). int4: int4 weights "
+                  "in groups, float activations. Full fine-tuning fake-quantizes the weights; LoRA the merged weight "
+                  "W + BA (what is served), so quantized/ is the adapter merged and converted. Needs torchao "
+                  "(pip install 'tunesmith[qat]'); docs/sft.md."},
+    )
+    qat_group_size: int = field(
+        default=32,
+        metadata={"help": "--qat: how many input weights share one int4 scale; must divide every quantized layer's "
+                  "inputs."},
+    )

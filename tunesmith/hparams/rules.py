@@ -11,6 +11,7 @@ have those, and its test needs no guard: a row that reads what it did not declar
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,9 @@ from ..utils.hub_data import is_hub_dataset, problem_with_data_source
 from ..utils.paths import (
     adapter_config,
     is_adapter_dir,
+    is_torchao_quantized,
     looks_local,
+    model_config,
     problem_with_model_dir,
     problem_with_output_dir,
     prompt_adapter_kind,
@@ -249,6 +252,21 @@ NO_HUB_DATASET = ("--data_revision {data.data_revision} is the revision of a Hug
 
 def _batch(a: SimpleNamespace) -> int:
     return a.training.per_device_train_batch_size
+
+
+def _torchao_dtype_differs(model: Any) -> dict | None:
+    """{"path", "made"} when --dtype asks a torchao-quantized model (a --qat run's quantized/) for another dtype than
+    the one its tensors were made in, which they compute in (models/loader.py loads it so)."""
+    path = model.model_name_or_path
+    if model.dtype == "auto" or not is_torchao_quantized(path):
+        return None
+    made = model_config(path).get("dtype") or "float32"
+    return {"path": path, "made": made} if model.dtype != made else None
+
+
+def _qat_sharded(training: Any) -> str | None:
+    """The sharding a --qat run cannot convert at its end (the whole model in one process), or None."""
+    return "ZeRO-3" if zero_stage(training) == 3 else "FSDP" if fsdp_requested(training) else None
 
 
 RULES: list[Rule] = [
@@ -600,6 +618,38 @@ RULES: list[Rule] = [
          "--finetuning_type lora or full, or --rollout_engine tunesmith."),
     Rule("rollout_vllm_timeout", ("rollout",), lambda a: a.rollout.vllm_timeout <= 0,
          "--vllm_timeout must be above 0 seconds (got {rollout.vllm_timeout})."),
+    Rule("torchao_model_trained", ("model", "training"), lambda a: is_torchao_quantized(a.model.model_name_or_path),
+         "{model.model_name_or_path} is a torchao-quantized model (a --qat run's quantized/): its int4 weights do not "
+         "train; train the run's float model (the output_dir quantized/ is in) or its base, with --qat again."),
+    Rule("torchao_model_dtype", ("model",), lambda a: _torchao_dtype_differs(a.model),
+         "--dtype {model.dtype}: {path} is torchao-quantized (a --qat run's quantized/) and its tensors compute in "
+         "{made}, the dtype they were made in: drop --dtype.",
+         without=("export",)),  # export's --dtype is the file's tensor type; its own row refuses the model
+    Rule("qat_installed", ("qat",), lambda a: a.qat.qat and importlib.util.find_spec("torchao") is None,
+         "--qat {qat.qat} needs torchao: pip install 'tunesmith[qat]' (torchao 0.18)."),
+    Rule("qat_group_size_unread", ("qat",), lambda a: not a.qat.qat and a.qat.qat_group_size != 32,
+         "--qat_group_size {qat.qat_group_size} is read with --qat only: add --qat int8_int4 or --qat int4, or drop "
+         "--qat_group_size."),
+    Rule("qat_group_size", ("qat",), lambda a: a.qat.qat_group_size < 1,
+         "--qat_group_size {qat.qat_group_size}: give a positive number of inputs per scale (32 divides most "
+         "models' layers)."),
+    Rule("qat_quantization_bit", ("qat", "model"), lambda a: a.qat.qat and a.model.quantization_bit is not None,
+         "--qat {qat.qat} with --quantization_bit {model.quantization_bit}: QAT trains float weights to round well "
+         "later, and QLoRA's base is already rounded by bitsandbytes; drop one of them."),
+    Rule("qat_prompt_learning", ("qat", "finetuning"), lambda a: a.qat.qat and a.finetuning.prompt_learning,
+         "--qat with --finetuning_type {finetuning.finetuning_type}: its virtual tokens change no weight, so nothing "
+         "it trains is quantized; use --finetuning_type lora or full."),
+    Rule("qat_lora_dropout", ("qat", "finetuning"),
+         lambda a: a.qat.qat and a.finetuning.finetuning_type == "lora" and a.finetuning.lora_dropout > 0,
+         "--qat with LoRA trains the merged weight W + BA fake-quantized (what is served), which has no adapter input "
+         "to drop: give --lora_dropout 0 (got {finetuning.lora_dropout})."),
+    Rule("qat_dora", ("qat", "finetuning"), lambda a: a.qat.qat and a.finetuning.use_dora,
+         "--qat with --use_dora: DoRA rescales each column of the merged weight by a trained magnitude, which the "
+         "fake-quantized merged weight of --qat leaves out; drop one of them."),
+    Rule("qat_sharded", ("qat", "training"), lambda a: a.qat.qat and _qat_sharded(a.training)
+         and {"sharding": _qat_sharded(a.training)},
+         "--qat with {sharding}: the conversion at the end quantizes the whole model in one process, and {sharding} "
+         "holds a shard of it in each; use configs/ds_zero2.json or one process."),
 ]
 
 

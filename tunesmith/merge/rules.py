@@ -19,6 +19,7 @@ from ..hparams.value_bounds import Bound, in_range
 from ..utils.paths import (
     adapter_config,
     is_adapter_dir,
+    is_torchao_quantized,
     model_config,
     problem_with_model_dir,
     problem_with_output_dir,
@@ -132,6 +133,12 @@ RULES: list[Rule] = [
          "only with one architecture and shape; give fine-tunes of the same base (an adapter has its base's)."),
     Rule("merge_prompt_learning", ("merge", "model"), lambda a: _prompt_adapter(a.model),
          "merge: " + NOTHING_TO_MERGE),
+    Rule("merge_torchao", ("merge", "model"),
+         lambda a: _problem(next((p for p in [a.model.model_name_or_path, *(a.merge.models or [])]
+                                  if is_torchao_quantized(p)), None)),
+         "merge: {problem} is torchao-quantized (a --qat run's quantized/): merging into its int4 weights would round "
+         "the sum again; merge into the float base (a LoRA --qat run's quantized/ already holds its adapter merged "
+         "and converted)."),
     Rule("merge_output_given", ("merge",), lambda a: not a.merge.output_dir,
          "--output_dir is required: where the merged model goes."),
     Rule("merge_output_dir", ("merge",), lambda a: a.merge.output_dir and _problem(problem_with_output_dir(a.merge.output_dir)),

@@ -19,7 +19,7 @@ from ..hparams import FinetuningArguments, ModelArguments, zero_stage
 from ..hparams.parser import resolve_adapter_base
 from ..utils.config_facts import fill_pad_token_id
 from ..utils.hardware import flash_attention_usable, native_bf16, trains_on_cpu
-from ..utils.paths import has_processor
+from ..utils.paths import has_processor, is_torchao_quantized, model_config
 from .attention import choose_attn_implementation
 from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
@@ -210,6 +210,8 @@ def load_model(
     vision = vision_parts(AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)) \
         if is_vision_language(path) else None
     dtype = resolve_dtype(model_args, training_args, trains_base=is_trainable and finetuning_args.finetuning_type == "full")
+    if is_torchao_quantized(path):  # a --qat run's quantized/: torchao's tensors compute in the dtype they were made in
+        dtype = DTYPES.get(model_config(path).get("dtype"), torch.float32)
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "attn_implementation": resolve_attn_implementation(model_args, task),

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..data.text_documents import WHOLE_FILE
 from ..hparams.data_args import TrainDataArguments
-from ..hparams.finetuning_args import FinetuningArguments
+from ..hparams.finetuning_args import FinetuningArguments, QATArguments
 from ..hparams.model_args import ModelArguments
 from ..hparams.training_args import SFTTrainingArguments
 
@@ -75,4 +75,5 @@ class PretrainDataArguments(TrainDataArguments):
 
 
 # The dataclasses `tunesmith pt` parses, in the order tunesmith_config.json records them.
-ARGUMENTS: tuple[type, ...] = (ModelArguments, PretrainDataArguments, FinetuningArguments, SFTTrainingArguments)
+ARGUMENTS: tuple[type, ...] = (ModelArguments, PretrainDataArguments, FinetuningArguments, QATArguments,
+                               SFTTrainingArguments)

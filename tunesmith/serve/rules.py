@@ -12,7 +12,7 @@ from ..generation.vllm_server import vllm_adapter_problem
 # The core table's helpers that its own rows share with these (as export/rules.py takes them).
 from ..hparams.rules import Rule, _missing_dir, _problem, _prompt_adapter
 from ..utils.network import LOOPBACK_HOSTS
-from ..utils.paths import is_adapter_dir, prompt_adapter_kind
+from ..utils.paths import is_adapter_dir, is_torchao_quantized, prompt_adapter_kind
 from .args import ServeArguments
 
 RULES: list[Rule] = [
@@ -40,6 +40,11 @@ RULES: list[Rule] = [
                                                                     if "=" in s) if prompt_adapter_kind(p)), None)),
          "--adapter: {path} is a {kind} adapter, which PEFT does not load beside other adapters: serve it alone "
          "(--model_name_or_path {path}), or serve LoRA adapters side by side."),
+    Rule("serve_torchao_adapter", ("serve", "model"),
+         lambda a: (a.model.adapter_name_or_path or a.serve.adapter) and is_torchao_quantized(a.model.model_name_or_path),
+         "{model.model_name_or_path} is torchao-quantized (a --qat run's quantized/) and serves as it is, without "
+         "adapters: a LoRA --qat run's adapter is already merged into its quantized/; serve adapters over the float "
+         "base instead."),
     Rule("serve_no_beams", ("serve", "generation"), lambda a: a.generation.num_beams != 1,
          "--num_beams cannot be used with serve: the server streams replies token by token (beam search picks "
          "a reply only at its end); leave it out."),

@@ -5,9 +5,10 @@ rows (hparams/rules.py) and by rules.py, the rows about what SFT alone does (--s
 from __future__ import annotations
 
 from ..hparams.data_args import SFTDataArguments
-from ..hparams.finetuning_args import FinetuningArguments
+from ..hparams.finetuning_args import FinetuningArguments, QATArguments
 from ..hparams.model_args import ModelArguments
 from ..hparams.training_args import SFTTrainingArguments
 
 # The dataclasses `tunesmith sft` parses, in the order tunesmith_config.json records them.
-ARGUMENTS: tuple[type, ...] = (ModelArguments, SFTDataArguments, FinetuningArguments, SFTTrainingArguments)
+ARGUMENTS: tuple[type, ...] = (ModelArguments, SFTDataArguments, FinetuningArguments, QATArguments,
+                               SFTTrainingArguments)

@@ -16,6 +16,7 @@ from ..distributed import start_single_process_world
 from ..hparams import ParsedRun, parse_run
 from ..models.loader import load_model, resolve_model_path
 from ..models.lora_variants import save_as_plain_lora
+from ..models.qat import prepare_qat, qat_scheme, save_quantized
 from ..utils.io import publish_files, stop_when_disk_fills
 from .callbacks import LossPlotCallback
 from .checkpoints import (
@@ -58,7 +59,7 @@ def train_causal_lm(args: ParsedRun, resume: str | None, train_dataset: Any, eva
     `collator(model)` (a collator depends on the model: padding-free attention, a vision tower), then
     train_save_evaluate."""
     set_seed(args.training.seed)  # before the model: LoRA's initial weights are random too
-    model = load_model(args.model, args.finetuning, args.training)
+    model = prepare_qat(load_model(args.model, args.finetuning, args.training), args.qat.qat, args.qat.qat_group_size)
     trainer = StageTrainer(
         model=model,
         args=args.training,
@@ -101,6 +102,9 @@ def save_final_model(trainer: Any) -> None:
         trainer.save_model(str(staging))
         if trainer.args.should_save:  # a PiSSA/OLoRA adapter as a plain LoRA of the unchanged base
             save_as_plain_lora(trainer.accelerator.unwrap_model(trainer.model), str(staging))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if trainer.args.should_save and qat_scheme(model):  # --qat: torchao's convert, the model to serve
+            save_quantized(model, staging, trainer.processing_class)
     trainer.accelerator.wait_for_everyone()  # every process's files written before they move
     if trainer.args.should_save:
         publish_files(staging, output_dir)

@@ -33,7 +33,7 @@ FORM_FLAGS = {"--model_name_or_path": "Model", "--data_path": "Dataset", "--outp
               "--finetuning_type": "Method", "--quantization_bit": "Method", "--max_steps": "Max steps",
               "--learning_rate": "Learning rate", "--num_train_epochs": "Epochs", "--lora_r": "LoRA rank",
               "--advantage": "Stage", "--use_dora": "DoRA", "--use_rslora": "rsLoRA",
-              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio"}
+              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio", "--qat": "QAT"}
 # The LoRA init box's choices: empty (the CLI's default, LoRA's own "true") and the CLI's other initialisations;
 # pissa_niter_N goes in the Advanced flags.
 LORA_INITS = ("", *(name for name in LORA_INITIALISATIONS if name != "true"))
@@ -51,6 +51,8 @@ def flag_choices(command: str, role: str, name: str) -> tuple[str, ...]:
 # The Export tab's choices: `tunesmith merge --method`'s values and `tunesmith export --dtype`'s GGUF tensor types.
 MERGE_METHODS = flag_choices("merge", "merge", "method")
 GGUF_DTYPES = flag_choices("export", "model", "dtype")
+# The QAT box's schemes: --qat's values (sft's, the same dataclass as pt's).
+QAT_SCHEMES = flag_choices("sft", "qat", "qat")
 EMBEDDED = ""  # the Model box left empty: the CLI's default, the embedded SmolLM2-135M-Instruct
 
 
@@ -74,6 +76,7 @@ class TrainForm:
     use_rslora: bool = False
     init_lora_weights: str = ""
     loraplus_lr_ratio: float | None = None
+    qat: str = ""  # --qat's scheme; empty: no quantization-aware training
 
 
 def tunesmith_argv(command: str, flags: Sequence[str]) -> list[str]:
@@ -135,6 +138,8 @@ def train_flags(form: TrainForm) -> tuple[str, list[str]]:
         flags += ["--init_lora_weights", form.init_lora_weights.strip()]
     if form.loraplus_lr_ratio not in (None, "", 0):
         flags += ["--loraplus_lr_ratio", _number(form.loraplus_lr_ratio)]
+    if form.qat and form.qat.strip():
+        flags += ["--qat", form.qat.strip()]
     advanced = advanced_flags(form.advanced)
     twice = sorted(flag_names(flags) & flag_names(advanced))
     if twice:  # the CLI takes the last value: the Advanced one would silently replace the form's, checked one

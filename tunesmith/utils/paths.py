@@ -78,6 +78,13 @@ def has_processor(path: str | None) -> bool:
     return any(os.path.isfile(os.path.join(str(path), name)) for name in PROCESSOR_FILES)
 
 
+def is_torchao_quantized(path: str | None) -> bool:
+    """Whether a local model folder holds a torchao-quantized model (a --qat run's quantized/): its config.json
+    says so."""
+    quant = model_config(path).get("quantization_config")
+    return isinstance(quant, dict) and quant.get("quant_method") == "torchao"
+
+
 def model_architecture(path: str | None) -> str | None:
     """The class name a local model directory's config.json records (e.g. LlamaForCausalLM), or None when
     there is no readable config.json there."""
