@@ -149,3 +149,27 @@ def test_what_cannot_run_is_refused_in_one_line(extra, message):
     with pytest.raises(ConfigError, match=message) as refused:
         parse_run("sft", ["--data_path", "x.jsonl", "--optim", "muon", *extra], check_paths=False)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.distributed
+def test_fsdp2_runs_it_as_one_process_does(tiny_model_dir, data, tmp_path):
+    """Under FSDP2 every weight is a DTensor sharded by rows; torch.optim.Muon's Newton-Schulz steps on it as
+    DTensor ops, which gather what each product needs: the same update as one process's, up to the rounding of its
+    bfloat16 products (summed in another order). Saved and resumed through FSDP's optimizer state dict."""
+    from test_distributed import ROOT, launch
+
+    fsdp = ("--finetuning_type", "full", "--lr_scheduler_type", "constant", "--max_steps", "3",
+            "--fsdp_config", str(ROOT / "configs" / "fsdp2.yaml"))
+    two, resumed = tmp_path / "two", tmp_path / "resumed"
+    launch("sft/train.py", 2, *flags(tiny_model_dir, data, two, *fsdp, "--per_device_train_batch_size", "2",
+                                     "--save_strategy", "steps", "--save_steps", "2"))
+    launch("sft/train.py", 2, *flags(tiny_model_dir, data, resumed, *fsdp, "--per_device_train_batch_size", "2",
+                                     "--resume_from_checkpoint", str(two / "checkpoint-2")))
+    one = sft(flags(tiny_model_dir, data, tmp_path / "one", *fsdp[:-2], "--max_steps", "3"))
+
+    def losses(out) -> list[float]:
+        return [r["loss"] for r in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in r]
+
+    expected = [r["loss"] for r in one.state.log_history if "loss" in r]
+    assert losses(two) == pytest.approx(expected, rel=2e-3)
+    assert losses(resumed)[-1] == pytest.approx(losses(two)[-1], rel=1e-4)
