@@ -14,6 +14,7 @@ from typing import get_args, get_type_hints
 from ..errors import ConfigError, PathError
 from ..hparams import RUN_ARGUMENTS
 from ..hparams.finetuning_args import LORA_INITIALISATIONS
+from ..hparams.optimizers import OPTIMIZERS
 from ..hparams.parser import DEPRECATED_FLAGS
 
 # The Train tab's stages: the command each runs, and the flags it adds (GRPO is `tunesmith ppo` with
@@ -33,10 +34,12 @@ FORM_FLAGS = {"--model_name_or_path": "Model", "--data_path": "Dataset", "--outp
               "--finetuning_type": "Method", "--quantization_bit": "Method", "--max_steps": "Max steps",
               "--learning_rate": "Learning rate", "--num_train_epochs": "Epochs", "--lora_r": "LoRA rank",
               "--advantage": "Stage", "--use_dora": "DoRA", "--use_rslora": "rsLoRA",
-              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio"}
+              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio", "--optim": "Optimizer"}
 # The LoRA init box's choices: empty (the CLI's default, LoRA's own "true") and the CLI's other initialisations;
 # pissa_niter_N goes in the Advanced flags.
 LORA_INITS = ("", *(name for name in LORA_INITIALISATIONS if name != "true"))
+# The Optimizer box's choices: empty (the CLI's default) and every --optim value (docs/optimizers.md)
+OPTIMS = ("", *OPTIMIZERS)
 # The Export tab's merge methods: `tunesmith merge --method`'s values.
 # The Export tab's merge methods: `tunesmith merge --method`'s values, read from the merge feature's dataclass by its
 # kind of run (a feature imports no other; the page lists every kind's flags the same way, ui/flag_rules.py).
@@ -65,6 +68,7 @@ class TrainForm:
     use_rslora: bool = False
     init_lora_weights: str = ""
     loraplus_lr_ratio: float | None = None
+    optim: str = ""  # --optim; empty: the CLI's default
 
 
 def tunesmith_argv(command: str, flags: Sequence[str]) -> list[str]:
@@ -126,6 +130,8 @@ def train_flags(form: TrainForm) -> tuple[str, list[str]]:
         flags += ["--init_lora_weights", form.init_lora_weights.strip()]
     if form.loraplus_lr_ratio not in (None, "", 0):
         flags += ["--loraplus_lr_ratio", _number(form.loraplus_lr_ratio)]
+    if form.optim and form.optim.strip():
+        flags += ["--optim", form.optim.strip()]
     advanced = advanced_flags(form.advanced)
     twice = sorted(flag_names(flags) & flag_names(advanced))
     if twice:  # the CLI takes the last value: the Advanced one would silently replace the form's, checked one
