@@ -136,6 +136,19 @@ def test_the_rl_loop_builds_it_through_transformers_factory(tiny_model_dir):
     assert sum(len(g["params"]) for g in muon) == 2 * 7  # q, k, v, o, gate, up, down of each layer
 
 
+def test_heads_on_top_of_the_model_train_with_adamw(tiny_model_dir):
+    # a reward model's score head is 2-D, but it is a head: AdamW (as the embeddings), like PPO's value_head
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS"))
+    mark_muon_weights(model)
+    trained = {n: p.use_muon for n, p in model.named_parameters() if p.requires_grad}
+    assert {n for n, muon in trained.items() if not muon} == {"base_model.model.score.modules_to_save.default.weight"}
+    assert sum(trained.values()) == 2 * 2 * 2  # A and B of q and v, two layers
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--deepspeed", "configs/ds_zero2.json"], r"^--optim muon cannot run under --deepspeed configs/ds_zero2.json: ZeRO "
      r"hands the optimizer flat 1-D slices of the weights"),
@@ -151,25 +164,40 @@ def test_what_cannot_run_is_refused_in_one_line(extra, message):
     assert "\n" not in str(refused.value)
 
 
+def fsdp_flags(model: str, data: str, out, *extra: str) -> list[str]:
+    from test_distributed import ROOT
+
+    return flags(model, data, out, "--finetuning_type", "full", "--lr_scheduler_type", "constant", "--max_steps", "3",
+                 "--per_device_train_batch_size", "2", "--fsdp_config", str(ROOT / "configs" / "fsdp2.yaml"), *extra)
+
+
+def logged_losses(out) -> list[float]:
+    return [r["loss"] for r in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in r]
+
+
 @pytest.mark.distributed
 def test_fsdp2_runs_it_as_one_process_does(tiny_model_dir, data, tmp_path):
     """Under FSDP2 every weight is a DTensor sharded by rows; torch.optim.Muon's Newton-Schulz steps on it as
     DTensor ops, which gather what each product needs: the same update as one process's, up to the rounding of its
-    bfloat16 products (summed in another order). Saved and resumed through FSDP's optimizer state dict."""
-    from test_distributed import ROOT, launch
+    bfloat16 products (summed in another order; in float32 they agree to 1e-5 of an update)."""
+    from test_distributed import launch
 
-    fsdp = ("--finetuning_type", "full", "--lr_scheduler_type", "constant", "--max_steps", "3",
-            "--fsdp_config", str(ROOT / "configs" / "fsdp2.yaml"))
+    launch("sft/train.py", 2, *fsdp_flags(tiny_model_dir, data, tmp_path / "two"))
+    one = sft(flags(tiny_model_dir, data, tmp_path / "one", "--finetuning_type", "full", "--lr_scheduler_type",
+                    "constant", "--max_steps", "3"))
+    assert logged_losses(tmp_path / "two") == pytest.approx([r["loss"] for r in one.state.log_history if "loss" in r],
+                                                            rel=2e-3)
+
+
+@pytest.mark.distributed
+@pytest.mark.heavy  # three launches: 8 minutes on this machine under load
+def test_fsdp2_resumes_it(tiny_model_dir, data, tmp_path):
+    """Saved and resumed through FSDP's optimizer state dict (torch.distributed.checkpoint's, on this optimizer's
+    groups): step 3 again, the same step."""
+    from test_distributed import launch
+
     two, resumed = tmp_path / "two", tmp_path / "resumed"
-    launch("sft/train.py", 2, *flags(tiny_model_dir, data, two, *fsdp, "--per_device_train_batch_size", "2",
-                                     "--save_strategy", "steps", "--save_steps", "2"))
-    launch("sft/train.py", 2, *flags(tiny_model_dir, data, resumed, *fsdp, "--per_device_train_batch_size", "2",
-                                     "--resume_from_checkpoint", str(two / "checkpoint-2")))
-    one = sft(flags(tiny_model_dir, data, tmp_path / "one", *fsdp[:-2], "--max_steps", "3"))
-
-    def losses(out) -> list[float]:
-        return [r["loss"] for r in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in r]
-
-    expected = [r["loss"] for r in one.state.log_history if "loss" in r]
-    assert losses(two) == pytest.approx(expected, rel=2e-3)
-    assert losses(resumed)[-1] == pytest.approx(losses(two)[-1], rel=1e-4)
+    launch("sft/train.py", 2, *fsdp_flags(tiny_model_dir, data, two, "--save_strategy", "steps", "--save_steps", "2"))
+    launch("sft/train.py", 2, *fsdp_flags(tiny_model_dir, data, resumed, "--resume_from_checkpoint",
+                                          str(two / "checkpoint-2")))
+    assert logged_losses(resumed)[-1] == pytest.approx(logged_losses(two)[-1], rel=1e-4)
