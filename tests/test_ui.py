@@ -98,9 +98,16 @@ def test_the_train_tabs_boxes_fill_the_form_in_its_order(tmp_path):
                                                                                       for c in f.inputs])
     names = [f.name for f in dataclasses.fields(TrainForm)]
     assert len(labels) == len(names)
-    assert list(zip(labels, names))[-5:] == [("DoRA", "use_dora"), ("rsLoRA", "use_rslora"),
+    assert list(zip(labels, names))[-6:] == [("DoRA", "use_dora"), ("rsLoRA", "use_rslora"),
                                              ("LoRA init", "init_lora_weights"), ("LoRA+ ratio", "loraplus_lr_ratio"),
-                                             ("QAT", "qat")]
+                                             ("QAT", "qat"), ("Optimizer", "optim")]
+
+
+def test_the_optimizer_box_becomes_the_optim_flag():
+    command, flags = train_flags(TrainForm(dataset="d.jsonl", optim="muon"))
+    assert flags[-2:] == ["--optim", "muon"]
+    assert parse_run(command, flags, check_paths=False).training.optim == "muon"
+    assert "--optim" not in train_flags(TrainForm(dataset="d.jsonl"))[1]
 
 
 def test_a_newcomer_starts_from_the_quickstart_config(tmp_path, monkeypatch):

@@ -20,3 +20,5 @@ RUN_CONFIG_FILE = "tunesmith_config.json"
 LOSS_PLOT_FILE = "loss.png"
 METRICS_FILE = "metrics.jsonl"  # every stage: one JSON line per logged step (and evaluation)
 REWARD_PLOT_FILE = "reward.png"  # the RL stage's mean score per step
+# `--optim muon`: the optimizer tunesmith adds to transformers' names (train/muon.py)
+MUON = "muon"

@@ -17,6 +17,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from ..constants import MUON
 from ..distributed import fsdp_requested
 from ..errors import ConfigError
 from ..utils.hardware import trains_on_cpu
@@ -108,7 +109,42 @@ OPTIMIZERS: dict[str, Needs] = {
     "apollo_adamw": _APOLLO,
     "apollo_adamw_layerwise": Needs(package="apollo_torch", pip="apollo-torch", low_rank=True, per_weight=True),
     "stable_adamw": Needs(package="optimi", pip="torch-optimi"),
+    # tunesmith's own (train/muon.py): torch.optim.Muon + AdamW; --deepspeed is refused by a rule (hparams/rules.py)
+    MUON: Needs(),
 }
+
+# torch.optim.Muon's settings that `--optim muon --optim_args k=v,...` may change, with their types
+MUON_ARGS: dict[str, type] = {"momentum": float, "nesterov": bool, "ns_steps": int, "eps": float, "adjust_lr_fn": str}
+ADJUST_LR_FNS = ("match_rms_adamw", "original")
+
+
+def muon_args(optim_args: str | None) -> dict[str, Any]:
+    """torch.optim.Muon's keyword arguments from --optim_args (ConfigError naming the key or value that is wrong)."""
+    parsed: dict[str, Any] = {}
+    for item in (optim_args or "").replace(" ", "").split(","):
+        if not item:
+            continue
+        key, _, text = item.partition("=")
+        if key not in MUON_ARGS:
+            raise ConfigError(f"--optim_args {key}: --optim muon takes {', '.join(MUON_ARGS)} (torch.optim.Muon's "
+                              "settings); the AdamW half reads --adam_beta1, --adam_beta2 and --adam_epsilon")
+        kind = MUON_ARGS[key]
+        try:
+            value = _truth(text) if kind is bool else kind(text)
+        except ValueError:
+            raise ConfigError(f"--optim_args {key}={text}: not a {kind.__name__}") from None
+        if key == "adjust_lr_fn" and value not in ADJUST_LR_FNS:
+            raise ConfigError(f"--optim_args adjust_lr_fn={text}: torch.optim.Muon takes {' or '.join(ADJUST_LR_FNS)}")
+        parsed[key] = value
+    return parsed
+
+
+def _truth(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(text)
 
 
 def _optim_name(training_args: Any) -> str:
@@ -178,6 +214,8 @@ def check_optimizer(training_args: Any, own_loop: bool = False) -> None:
         raise ConfigError(f"--optim {_optim_name(training_args)} cannot be used in PPO, GRPO or RLOO: their loop builds "
                           "the optimizer from parameter groups, and this one needs the model itself (its weight "
                           "matrices, or a step inside the backward pass); pick another --optim, e.g. adamw_8bit")
+    if _optim_name(training_args) == MUON:
+        muon_args(getattr(training_args, "optim_args", None))
     problem = optimizer_problem(training_args)
     if problem:
         raise ConfigError(problem)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from ..constants import MUON
 from ..distributed import fsdp_requested, fsdp_setting
 from ..errors import ConfigError, PathError
 from ..families import family, reward_model_types, types_where, vision_model_type
@@ -344,6 +345,10 @@ RULES: list[Rule] = [
          "fsdp_state_dict_type {kind}: tunesmith's saves gather the whole model on the first process, so that "
          "outputs load with plain transformers/peft; set fsdp_state_dict_type: FULL_STATE_DICT (configs/fsdp2.yaml "
          "does)."),
+    Rule("muon_deepspeed", ("training",), lambda a: str(a.training.optim) == MUON and a.training.deepspeed,
+         "--optim muon cannot run under --deepspeed {training.deepspeed}: ZeRO hands the optimizer flat 1-D slices of "
+         "the weights, and torch.optim.Muon orthogonalizes whole matrices; train under FSDP2 (--fsdp_config "
+         "configs/fsdp2.yaml), on one process, or with another --optim."),
     Rule("fsdp_8bit", ("model", "training"), lambda a: a.model.quantization_bit == 8 and fsdp_requested(a.training),
          "FSDP cannot shard 8-bit bitsandbytes weights (fully_shard drops their quantization state): use "
          "--quantization_bit 4 (stored in the compute dtype, which FSDP shards), or --deepspeed configs/ds_zero2.json."),

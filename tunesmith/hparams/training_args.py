@@ -16,8 +16,9 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 from transformers import TrainingArguments as _HFTrainingArguments
+from transformers.training_args import OptimizerNames
 
-from ..constants import CPU_FORWARD_TOKENS
+from ..constants import CPU_FORWARD_TOKENS, MUON
 from ..distributed import bind_deepspeed_comm, fsdp_requested, read_fsdp_config
 from ..errors import ConfigError
 from ..utils.hardware import native_bf16, trains_on_cpu
@@ -144,6 +145,16 @@ class TrainingArguments(_HFTrainingArguments):
         metadata={"help": "Train on CPU (default when no CUDA device is present; distributed runs use gloo)."},
     )
     learning_rate: float = field(default=2e-4, metadata={"help": "Peak learning rate (AdamW)."})
+    # transformers' OptimizerNames and Muon, which tunesmith adds to transformers' optimizer factory (train/muon.py)
+    optim: str = field(
+        default=_HFTrainingArguments.default_optim,
+        metadata={"help": "The optimizer (docs/optimizers.md): transformers' names, and muon: torch.optim.Muon for the "
+                  "hidden weight matrices (LoRA's A and B included) and AdamW for embeddings, heads, norms and biases, "
+                  "at one --learning_rate (Muon's updates scaled to AdamW's RMS); --optim_args "
+                  "adjust_lr_fn=original,momentum=0.95,nesterov=true,ns_steps=5 change torch's Muon settings. "
+                  "Not with --deepspeed; FSDP2 runs it.",
+                  "choices": [*(o.value for o in OptimizerNames), MUON]},
+    )
     num_train_epochs: float = field(default=1.0, metadata={"help": "Passes over the training data."})
     max_steps: int = field(default=-1, metadata={"help": "Stop after this many optimizer steps (-1: use epochs)."})
     per_device_train_batch_size: int = field(default=4, metadata={"help": "Examples per device per step."})
@@ -229,7 +240,12 @@ class TrainingArguments(_HFTrainingArguments):
         if self.bf16 is None:
             on_cpu = trains_on_cpu(self)
             self.bf16 = self.bf16_auto and native_bf16(on_cpu) and not self.fp16 and not (self.deepspeed and on_cpu)
+        muon = self.optim == MUON
+        if muon:  # not one of transformers' OptimizerNames, which __post_init__ converts the name to
+            self.optim = OptimizerNames.ADAMW_TORCH.value
         super().__post_init__()
+        if muon:
+            self.optim = MUON
         if offload:
             self._offload_checkpointed_activations()
         if self.deepspeed and self.use_cpu and self.world_size > 1:

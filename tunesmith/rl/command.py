@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from transformers import set_seed
 
 from ..boundary import entry_point
+from ..constants import MUON
 from ..data.dataset import build_ptx_dataset
 from ..data.prompts import build_prompts
 from ..models.loader import (
@@ -26,6 +27,7 @@ from ..models.loader import (
     load_for_inference,
     load_trained_tokenizer,
 )
+from ..train.muon import mark_muon_weights
 from ..train.run_setup import prepare_training_run
 from . import PPOTrainer, RewardModelScorer, build_actor_critic, critic_start
 from .rewards import load_reward_function
@@ -49,6 +51,8 @@ def run(argv: Sequence[str] | None = None) -> PPOTrainer:
     model = build_actor_critic(args.model, args.finetuning, args.training, args.ppo.temperature, resume_from=resume,
                                value_model=args.ppo.uses_value_model,
                                critic=critic_start(args.ppo, args.model, args.finetuning))
+    if str(args.training.optim) == MUON:  # the RL loop builds its optimizer without the model (train/muon.py)
+        mark_muon_weights(model)
     scorer = None
     if args.ppo.reward_model:
         reward_model, reward_tokenizer = load_for_inference(inference_model_args(args.ppo.reward_model), task="reward")

@@ -15,7 +15,16 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from ..errors import UserError
 from ..utils.network import LOOPBACK_HOSTS
 from .actions import SHIPPED_TASKS, Workbench, check_lines, embedded_model_note
-from .command_lines import GGUF_DTYPES, LORA_INITS, MERGE_METHODS, METHODS, QAT_SCHEMES, STAGES, TrainForm
+from .command_lines import (
+    GGUF_DTYPES,
+    LORA_INITS,
+    MERGE_METHODS,
+    METHODS,
+    OPTIMS,
+    QAT_SCHEMES,
+    STAGES,
+    TrainForm,
+)
 from .runs import COLUMNS
 
 CSS = ".ts-row pre {white-space: pre-wrap; font-size: 0.85em} .ts-row mark {background: #b7f5c0}"
@@ -102,6 +111,8 @@ def _train_tab(bench: Workbench) -> None:
                                       info="--loraplus_lr_ratio: B's learning rate / A's; 0: off")
         qat = gr.Dropdown(["", *QAT_SCHEMES], value="", label="QAT",
                           info="--qat: train fake-quantized, save quantized/ (LoRA: with --lora_dropout 0)")
+        optim = gr.Dropdown(list(OPTIMS), value="", label="Optimizer",
+                            info="--optim; empty: the CLI's default (AdamW); muon: Muon for the weight matrices")
     config = gr.Textbox(bench.demo_config, label="Run config", elem_id="ts-config",
                         info="optional: a YAML/JSON run config read first (the quickstart's: configs/sft_lora_demo.yaml); "
                         "the fields above override it")
@@ -124,7 +135,7 @@ def _train_tab(bench: Workbench) -> None:
         preview = gr.HTML()
 
     fields = [stage, model, dataset, max_steps, method, learning_rate, epochs, lora_rank, output_dir, advanced, config,
-              use_dora, use_rslora, init_lora_weights, loraplus_lr_ratio, qat]  # in TrainForm's order
+              use_dora, use_rslora, init_lora_weights, loraplus_lr_ratio, qat, optim]  # in TrainForm's order
 
     def form(*values: Any) -> TrainForm:
         return TrainForm(*values)

@@ -14,6 +14,7 @@ from typing import Literal, get_args, get_origin, get_type_hints
 from ..errors import ConfigError, PathError
 from ..hparams import RUN_ARGUMENTS
 from ..hparams.finetuning_args import LORA_INITIALISATIONS
+from ..hparams.optimizers import OPTIMIZERS
 from ..hparams.parser import DEPRECATED_FLAGS
 
 # The Train tab's stages: the command each runs, and the flags it adds (GRPO is `tunesmith ppo` with
@@ -33,7 +34,8 @@ FORM_FLAGS = {"--model_name_or_path": "Model", "--data_path": "Dataset", "--outp
               "--finetuning_type": "Method", "--quantization_bit": "Method", "--max_steps": "Max steps",
               "--learning_rate": "Learning rate", "--num_train_epochs": "Epochs", "--lora_r": "LoRA rank",
               "--advantage": "Stage", "--use_dora": "DoRA", "--use_rslora": "rsLoRA",
-              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio", "--qat": "QAT"}
+              "--init_lora_weights": "LoRA init", "--loraplus_lr_ratio": "LoRA+ ratio", "--qat": "QAT",
+              "--optim": "Optimizer"}
 # The LoRA init box's choices: empty (the CLI's default, LoRA's own "true") and the CLI's other initialisations;
 # pissa_niter_N goes in the Advanced flags.
 LORA_INITS = ("", *(name for name in LORA_INITIALISATIONS if name != "true"))
@@ -53,6 +55,8 @@ MERGE_METHODS = flag_choices("merge", "merge", "method")
 GGUF_DTYPES = flag_choices("export", "model", "dtype")
 # The QAT box's schemes: --qat's values (sft's, the same dataclass as pt's).
 QAT_SCHEMES = flag_choices("sft", "qat", "qat")
+# The Optimizer box's choices: empty (the CLI's default) and every --optim value (docs/optimizers.md)
+OPTIMS = ("", *OPTIMIZERS)
 EMBEDDED = ""  # the Model box left empty: the CLI's default, the embedded SmolLM2-135M-Instruct
 
 
@@ -77,6 +81,7 @@ class TrainForm:
     init_lora_weights: str = ""
     loraplus_lr_ratio: float | None = None
     qat: str = ""  # --qat's scheme; empty: no quantization-aware training
+    optim: str = ""  # --optim; empty: the CLI's default
 
 
 def tunesmith_argv(command: str, flags: Sequence[str]) -> list[str]:
@@ -140,6 +145,8 @@ def train_flags(form: TrainForm) -> tuple[str, list[str]]:
         flags += ["--loraplus_lr_ratio", _number(form.loraplus_lr_ratio)]
     if form.qat and form.qat.strip():
         flags += ["--qat", form.qat.strip()]
+    if form.optim and form.optim.strip():
+        flags += ["--optim", form.optim.strip()]
     advanced = advanced_flags(form.advanced)
     twice = sorted(flag_names(flags) & flag_names(advanced))
     if twice:  # the CLI takes the last value: the Advanced one would silently replace the form's, checked one
