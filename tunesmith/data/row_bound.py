@@ -1,0 +1,107 @@
+"""What a row may cost: the tokens a run can train of it, not the row's size.
+
+A run trains at most --max_seq_length tokens of an example, yet today's encoding renders and tokenizes a row whole
+(a 60 MB user turn: tens of millions of tokens, each with its offsets, in memory at once). Before a row is rendered,
+every text of it too long to matter is shortened to a character budget, which the tokenizer's own vocabulary bounds:
+
+    a token covers at most L characters, L = the longest string in the vocabulary (a byte-level BPE's strings hold
+    one character per byte, so L bounds bytes too, and a character is at least one byte; SmolLM2: L = 81),
+
+so a text of (max_tokens + MARGIN_TOKENS) x L characters holds at least max_tokens + MARGIN_TOKENS tokens wherever
+it is cut. That is checked, by tokenizing the shortened text (a tokenizer whose normalizer shrinks text could break
+the bound: its text then stays whole, as before). A text longer than the budget keeps the budget's worth from the
+end that can train: its head for a conversation (training keeps an example's first tokens, --truncation), its tail
+for a preference pair's context (a pair keeps the context's last tokens). Everything the shortened text changes then
+lies more than max_tokens tokens from the kept end, which is what the example is cut to anyway: the cut or drop
+that --truncation (or a pair's rule) makes of the shortened row is the one it made of the whole row, at the cost of
+about (max_tokens + MARGIN_TOKENS) x L characters per text. Pictures are left as they are: they only add tokens.
+
+A row of many texts each under the budget is still rendered whole; --max_row_bytes bounds it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from .formats import Message
+
+logger = logging.getLogger(__name__)
+
+# Tokens beyond max_tokens the shortened text must still hold: the few tokens a cut changes (a word cut in two, a
+# merge across the cut) lie that far past anything an example keeps.
+MARGIN_TOKENS = 64
+# The message fields whose text a template renders and that a row may make arbitrarily long.
+TEXT_FIELDS = ("content", "reasoning_content")
+CHARS_PER_TOKEN_ATTRIBUTE = "_tunesmith_chars_per_token"
+
+Keep = Literal["head", "tail"]
+
+
+def chars_per_token(tokenizer: Any) -> int:
+    """L: the most characters one token of this tokenizer covers (its longest vocabulary string), found once per
+    tokenizer."""
+    known = getattr(tokenizer, CHARS_PER_TOKEN_ATTRIBUTE, None)
+    if known is None:
+        known = max(map(len, tokenizer.get_vocab()), default=1)
+        setattr(tokenizer, CHARS_PER_TOKEN_ATTRIBUTE, known)
+    return known
+
+
+def char_budget(tokenizer: Any, max_tokens: int) -> int:
+    """Characters a text keeps: enough for max_tokens + MARGIN_TOKENS tokens, whatever the text."""
+    return (max_tokens + MARGIN_TOKENS) * chars_per_token(tokenizer)
+
+
+def _shortened(tokenizer: Any, text: str, budget: int, max_tokens: int, keep: Keep) -> str | None:
+    """The text's `keep` end of `budget` characters, when it is longer and that end holds enough tokens."""
+    if len(text) <= budget:
+        return None
+    kept = text[:budget] if keep == "head" else text[-budget:]
+    if len(tokenizer(kept, add_special_tokens=False)["input_ids"]) < max_tokens + MARGIN_TOKENS:
+        return None  # the bound does not hold for this tokenizer (a normalizer that shrinks text): keep it whole
+    return kept
+
+
+def _bound_content(tokenizer: Any, content: Any, budget: int, max_tokens: int, keep: Keep) -> tuple[Any, list[int]]:
+    """A content (a string or a list of parts) with its overlong texts shortened, and the lengths they had."""
+    if isinstance(content, str):
+        kept = _shortened(tokenizer, content, budget, max_tokens, keep)
+        return (content, []) if kept is None else (kept, [len(content)])
+    if not isinstance(content, list):
+        return content, []
+    parts, lengths = [], []
+    for part in content:
+        text = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
+        kept = _shortened(tokenizer, text, budget, max_tokens, keep) if isinstance(text, str) else None
+        if kept is None:
+            parts.append(part)
+        else:
+            parts.append({**part, "text": kept})
+            lengths.append(len(text))
+    return (parts, lengths) if lengths else (content, [])
+
+
+def bound_messages(tokenizer: Any, messages: list[Message], max_tokens: int | None,
+                   keep: Keep = "head") -> tuple[list[Message], list[str]]:
+    """The messages with every text too long for max_tokens tokens to train shortened to its `keep` end (see the
+    module), and what was shortened (`message 1's content: 60,000,000 characters`); nothing shortened: the very
+    same list and no notes."""
+    if max_tokens is None:
+        return messages, []
+    budget = char_budget(tokenizer, max_tokens)
+    bounded, notes = [], []
+    for i, m in enumerate(messages):
+        for name in TEXT_FIELDS:
+            value, lengths = _bound_content(tokenizer, m.get(name), budget, max_tokens, keep)
+            if lengths:
+                m = {**m, name: value}
+                notes += [f"message {i}'s {name}: {n:,} characters" for n in lengths]
+        bounded.append(m)
+    return (bounded, notes) if notes else (messages, [])
+
+
+def log_bounded(where: str, notes: list[str], tokenizer: Any, max_tokens: int, rule: str) -> None:
+    """The one line a shortened row gets: its file and line, what was long, and what decides the rest."""
+    logger.warning("%s: %s; only %s characters of each (at least %d tokens, more than --max_seq_length %d can train) "
+                   "are tokenized, and the row is %s", where, ", ".join(notes),
+                   f"{char_budget(tokenizer, max_tokens):,}", max_tokens + MARGIN_TOKENS, max_tokens, rule)
