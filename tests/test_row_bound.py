@@ -81,6 +81,24 @@ def test_a_huge_text_of_a_conversation_is_cut_or_dropped_as_when_it_was_tokenize
                     "cut": [later, reply, reasoning]}[truncation]
 
 
+def test_a_template_that_renders_a_cut_text_otherwise_gets_the_row_whole(tokenizer, monkeypatch, caplog):
+    """A template that parses a message's text (here: prints its length first) would render the cut text otherwise:
+    the row is then tokenized whole, as before, and the log line says so."""
+    from tunesmith.data.dataset import encode_conversation_record
+
+    monkeypatch.setattr(tokenizer, "chat_template", (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | length }}: {{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
+    messages = [user("Tell me."), assistant(words(HUGE, 11))]
+    conversation = Conversation(Row("data.jsonl", 3, {}), messages)
+    with caplog.at_level("WARNING", logger="tunesmith.data.row_bound"):
+        bounded = encode_conversation_record(tokenizer, conversation, MAX, "assistant", "cut")
+    assert "kept whole: the chat template renders them cut otherwise" in caplog.records[0].getMessage()
+    unbounded(monkeypatch)
+    assert bounded.records and bounded.records == encode_conversation_record(tokenizer, conversation, MAX,
+                                                                             "assistant", "cut").records
+
+
 def test_a_text_within_the_budget_is_left_as_it_is(tokenizer):
     from tunesmith.data.row_bound import bound_messages, char_budget, chars_per_token
 
@@ -90,7 +108,9 @@ def test_a_text_within_the_budget_is_left_as_it_is(tokenizer):
     long = [user("x" + messages[0]["content"]), assistant("Hi!")]
     bounded, notes = bound_messages(tokenizer, long, MAX)
     assert notes == [f"message 0's content: {len(long[0]['content']):,} characters"]
-    assert bounded[0]["content"] == long[0]["content"][:char_budget(tokenizer, MAX)] and bounded[1] is long[1]
+    kept = bounded[0]["content"]  # the head that holds MAX + 64 tokens, found in the budget's characters
+    assert long[0]["content"].startswith(kept) and bounded[1] is long[1]
+    assert len(tokenizer(kept, add_special_tokens=False)["input_ids"]) == MAX + 64
     assert bound_messages(tokenizer, long, None) == (long, [])  # no length limit (a reward score): nothing to bound
 
 
@@ -159,10 +179,8 @@ def test_records_of_arrays_make_the_dataset_their_lists_make():
     assert ours.features == theirs.features and ours.to_list() == theirs.to_list() == lists
 
 
-PT_PIECES = 0  # set below, from the tokens of the whole text
-
 MEASURE = r"""
-import json, logging, resource, sys
+import json, logging, resource, sys, time
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 from transformers import AutoTokenizer
 from tunesmith.data.dataset import SFT_CONVERSATIONS, build_dataset
@@ -174,8 +192,9 @@ from tunesmith.pretrain.documents import text_kind
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
 def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-before, kept = peak_mb(), {}
+before, kept, seconds = peak_mb(), {}, {}
 for kind, path in json.loads(sys.argv[2]).items():
+    start = time.perf_counter()
     if kind == "pt":
         args = PretrainDataArguments(data_path=[path], max_seq_length=256, overwrite_cache=True)
         data = build_dataset(text_kind(args), tokenizer, args.data_path, args)
@@ -184,16 +203,16 @@ for kind, path in json.loads(sys.argv[2]).items():
                                                                              overwrite_cache=True)
         data = build_dataset({"sft": SFT_CONVERSATIONS, "dpo": PREFERENCE_PAIRS, "kto": JUDGED_REPLIES}[kind],
                              tokenizer, args.data_path, args)
-    kept[kind] = len(data)
-print(json.dumps({"peak_mb": peak_mb() - before, "kept": kept}))
+    kept[kind], seconds[kind] = len(data), round(time.perf_counter() - start, 1)
+print(json.dumps({"peak_mb": peak_mb() - before, "kept": kept, "seconds": seconds}))
 """
 
 
 def test_one_huge_row_of_each_kind_costs_what_the_run_can_train(tmp_path, tokenizer):
-    """A 4 MB row (2,000,000 tokens of "x "): tokenized whole, an SFT row took about 1.4 GB and a pt document of the
-    same text 1.1 GB (measured before the bound, ru_maxrss over the process with its tokenizer); bounded, the four
-    kinds together stay under 250 MB (the pt document's 2,000,000 tokens are its records: 16 bytes each in memory,
-    then Arrow's copy)."""
+    """A 4 MB row (2,000,000 tokens of "x "), and a 2 MB pt document: tokenized whole, such an SFT row took about
+    1.4 GB and the document 580 MB (scripts/bench_row_bound.py before the bound: ru_maxrss over the process with its
+    tokenizer); bounded, the four kinds together stay under 250 MB (measured: 161 MB with a 4 MB document; its
+    tokens are its records: 8 bytes each, then Arrow's copy)."""
     huge = "x " * 2_000_000
     small = [user("Say hi."), assistant("Hi!")]
     rows = {"sft": [{"messages": small}, {"messages": [user(huge), assistant("Hi!")]}],
@@ -206,7 +225,13 @@ def test_one_huge_row_of_each_kind_costs_what_the_run_can_train(tmp_path, tokeni
         paths[kind] = str(tmp_path / f"{kind}.jsonl")
         Path(paths[kind]).write_text("".join(json.dumps(r) + "\n" for r in kind_rows), encoding="utf-8")
     paths["pt"] = str(tmp_path / "doc.txt")
-    Path(paths["pt"]).write_text(huge, encoding="utf-8")
+    Path(paths["pt"]).write_text(huge[:2_000_000], encoding="utf-8")  # 1,000,000 tokens: pieces, then records
+    from tunesmith.data.text_documents import cut_into_pieces
+
+    # "x " * n is n + c tokens (c from two small n), its EOS one more: that many tokens' pieces of 256.
+    small_counts = [len(tokenizer("x " * n)["input_ids"]) for n in (1000, 2000)]
+    assert small_counts[1] - small_counts[0] == 1000
+    pieces = len(cut_into_pieces(np.zeros(small_counts[0] - 1000 + 1_000_000 + 1), 256))
     tokenizer_dir = tmp_path / "tokenizer"
     tokenizer.save_pretrained(tokenizer_dir)
     env = {**os.environ, "TUNESMITH_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
@@ -214,7 +239,8 @@ def test_one_huge_row_of_each_kind_costs_what_the_run_can_train(tmp_path, tokeni
                           capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
     assert done.returncode == 0, done.stderr[-2000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])
-    assert measured["kept"] == {"sft": 1, "dpo": 2, "kto": 2, "pt": PT_PIECES}
+    assert measured["kept"] == {"sft": 1, "dpo": 2, "kto": 2, "pt": pieces}
     assert measured["peak_mb"] < 250, measured
+    print(measured)
     for kind in ("sft", "dpo", "kto"):
         assert f"{paths[kind]}:line 2: message 0's content: 4,000,000 characters" in done.stderr

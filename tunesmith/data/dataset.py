@@ -30,7 +30,7 @@ from .formats import BadRows, Conversation, Row, conversation_from_row, load_ite
 from .image_encoding import fit_with_images
 from .images import DEFAULT_MAX_IMAGE_PIXELS, message_images
 from .mix import RowSelection
-from .row_bound import bound_messages, log_bounded
+from .row_bound import bound_messages, log_bounded, renders_alike
 from .template import Encoded, encode_examples, processor_of, trained_token_count, truncate
 
 logger = logging.getLogger(__name__)
@@ -332,6 +332,8 @@ def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_s
     conversation is expanded); None when no trained token is left. A vision-language model's records also hold
     the text and images its collator gives the processor (data/image_encoding.py)."""
     messages, bounded = bound_messages(tokenizer, conversation.messages, max_seq_length)  # data/row_bound.py
+    if bounded and not renders_alike(tokenizer, conversation.messages, messages, "head", tools=conversation.tools):
+        messages, bounded = conversation.messages, [*bounded, "kept whole: the chat template renders them cut otherwise"]
     if bounded:
         log_bounded(conversation.row.where(), bounded, tokenizer, max_seq_length,
                     f"cut or dropped as --truncation {truncation} says")

@@ -7,14 +7,17 @@ every text of it too long to matter is shortened to a character budget, which th
     a token covers at most L characters, L = the longest string in the vocabulary (a byte-level BPE's strings hold
     one character per byte, so L bounds bytes too, and a character is at least one byte; SmolLM2: L = 81),
 
-so a text of (max_tokens + MARGIN_TOKENS) x L characters holds at least max_tokens + MARGIN_TOKENS tokens wherever
-it is cut. That is checked, by tokenizing the shortened text (a tokenizer whose normalizer shrinks text could break
-the bound: its text then stays whole, as before). A text longer than the budget keeps the budget's worth from the
-end that can train: its head for a conversation (training keeps an example's first tokens, --truncation), its tail
-for a preference pair's context (a pair keeps the context's last tokens). Everything the shortened text changes then
+so (max_tokens + MARGIN_TOKENS) x L characters of a text hold at least max_tokens + MARGIN_TOKENS tokens wherever
+it is cut. A text longer than that budget has only the budget's characters at its end that can train tokenized: its
+head for a conversation (training keeps an example's first tokens, --truncation), its tail for a preference pair's
+context (a pair keeps the context's last tokens); it is cut to the first (last) max_tokens + MARGIN_TOKENS of those
+tokens, and the row goes on with that (a tokenizer whose normalizer shrinks text, for which the budget holds fewer
+tokens, keeps the text whole, as before). Everything the shortened text changes then
 lies more than max_tokens tokens from the kept end, which is what the example is cut to anyway: the cut or drop
 that --truncation (or a pair's rule) makes of the shortened row is the one it made of the whole row, at the cost of
-about (max_tokens + MARGIN_TOKENS) x L characters per text. Pictures are left as they are: they only add tokens.
+tokenizing (max_tokens + MARGIN_TOKENS) x L characters of each long text once, then a row of about max_tokens
+tokens per long text. A template that parses a text rather than printing it could render a cut text otherwise:
+renders_alike checks that it does not (rendering the row whole is cheap), else the row is tokenized whole. Pictures are left as they are: they only add tokens.
 
 A row of many texts each under the budget is still rendered whole; --max_row_bytes bounds it."""
 
@@ -53,13 +56,16 @@ def char_budget(tokenizer: Any, max_tokens: int) -> int:
 
 
 def _shortened(tokenizer: Any, text: str, budget: int, max_tokens: int, keep: Keep) -> str | None:
-    """The text's `keep` end of `budget` characters, when it is longer and that end holds enough tokens."""
+    """The text's `keep` end that holds max_tokens + MARGIN_TOKENS tokens, when the text is longer than `budget`
+    characters; found by tokenizing that end's `budget` characters (the rest of the text is never tokenized)."""
     if len(text) <= budget:
         return None
-    kept = text[:budget] if keep == "head" else text[-budget:]
-    if len(tokenizer(kept, add_special_tokens=False)["input_ids"]) < max_tokens + MARGIN_TOKENS:
+    part = text[:budget] if keep == "head" else text[-budget:]
+    wanted = max_tokens + MARGIN_TOKENS
+    offsets = tokenizer(part, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if len(offsets) < wanted:
         return None  # the bound does not hold for this tokenizer (a normalizer that shrinks text): keep it whole
-    return kept
+    return part[:offsets[wanted - 1][1]] if keep == "head" else part[offsets[-wanted][0]:]
 
 
 def _bound_content(tokenizer: Any, content: Any, budget: int, max_tokens: int, keep: Keep) -> tuple[Any, list[int]]:
@@ -100,8 +106,42 @@ def bound_messages(tokenizer: Any, messages: list[Message], max_tokens: int | No
     return (bounded, notes) if notes else (messages, [])
 
 
+def _kept_texts(original: list[Message], bounded: list[Message]) -> list[str]:
+    """The texts bound_messages shortened, as kept."""
+    kept = []
+    for before, after in zip(original, bounded):
+        for name in TEXT_FIELDS:
+            value, was = after.get(name), before.get(name)
+            if value is was:
+                continue
+            if isinstance(value, str):
+                kept.append(value)
+            else:
+                kept += [part["text"] for part, old in zip(value, was) if part is not old]
+    return kept
+
+
+def renders_alike(tokenizer: Any, original: list[Message], bounded: list[Message], keep: Keep,
+                  before: list[Message] = (), after: list[Message] = (), tools: list[dict] | None = None) -> bool:
+    """Whether the chat template renders before + bounded + after as it renders before + original + after up to the
+    end of the first text cut (head), or from the start of the last one (tail): true of a template that prints a
+    message's text as it is; false of one that parses it (a `</think>` a head cut leaves out), whose row is then
+    tokenized whole. Rendering the whole row is cheap: it is the tokenization that costs."""
+    from .template import render_text
+
+    kept = _kept_texts(original, bounded)
+    whole = render_text(tokenizer, [*before, *original, *after], tools=tools)
+    short = render_text(tokenizer, [*before, *bounded, *after], tools=tools)
+    if keep == "head":
+        found = [short.find(text) for text in kept]
+        return min(found) >= 0 and whole.startswith(short[:min(f + len(t) for f, t in zip(found, kept))])
+    found = [short.rfind(text) for text in kept]
+    return min(found) >= 0 and whole.endswith(short[max(found):])
+
+
 def log_bounded(where: str, notes: list[str], tokenizer: Any, max_tokens: int, rule: str) -> None:
     """The one line a shortened row gets: its file and line, what was long, and what decides the rest."""
-    logger.warning("%s: %s; only %s characters of each (at least %d tokens, more than --max_seq_length %d can train) "
-                   "are tokenized, and the row is %s", where, ", ".join(notes),
-                   f"{char_budget(tokenizer, max_tokens):,}", max_tokens + MARGIN_TOKENS, max_tokens, rule)
+    logger.warning("%s: %s; of each, only the part that holds %d tokens (more than --max_seq_length %d can train; "
+                   "found in %s characters of it) is rendered and tokenized, and the row is %s", where,
+                   ", ".join(notes), max_tokens + MARGIN_TOKENS, max_tokens,
+                   f"{char_budget(tokenizer, max_tokens):,}", rule)

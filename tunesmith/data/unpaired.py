@@ -107,7 +107,7 @@ def encode_judged_record(tokenizer: Any, item: JudgedReplies, max_length: int | 
     included), `desirable` and `length`; the replies of a row share its context, cut the same way
     (preference.encode_replies). None when a reply does not fit."""
     context, replies = bound_replies(tokenizer, item.row, item.context, [reply for reply, _ in item.replies],
-                                     max_length)
+                                     max_length, item.tools)
     found = encode_replies(tokenizer, context, replies, max_length, item.tools)
     if found is None:
         return None
