@@ -145,16 +145,17 @@ def piece_cuts(tokenizer: Any, text: str, piece_chars: int = PIECE_CHARS) -> lis
     return cuts
 
 
-def _ids_in_pieces(tokenizer: Any, text: str, cuts: list[int]) -> np.ndarray:
-    """The tokens of text with the tokenizer's own special tokens, tokenized piece by piece."""
+def _ids_in_pieces(tokenizer: Any, text: str, cuts: list[int]) -> list[np.ndarray]:
+    """The tokens of text with the tokenizer's own special tokens, tokenized piece by piece: the arrays to join, int32
+    (a vocabulary is far smaller than 2**31: 4 bytes a token)."""
     bounds = [0, *cuts, len(text)]
-    pieces = [np.asarray(tokenizer(text[a:b], add_special_tokens=False)["input_ids"], dtype=np.int64)
+    pieces = [np.asarray(tokenizer(text[a:b], add_special_tokens=False)["input_ids"], dtype=np.int32)
               for a, b in zip(bounds, bounds[1:])]
     first = text[:bounds[1]]  # where the special tokens go: those the tokenizer adds around a text
     plain, special = (tokenizer(first, add_special_tokens=flag)["input_ids"] for flag in (False, True))
     at = next(k for k in range(len(special) - len(plain) + 1) if special[k:k + len(plain)] == plain)
     head, tail = special[:at], special[at + len(plain):]
-    return np.concatenate([np.asarray(head, dtype=np.int64), *pieces, np.asarray(tail, dtype=np.int64)])
+    return [np.asarray(head, dtype=np.int32), *pieces, np.asarray(tail, dtype=np.int32)]
 
 
 def pieces_are_exact(tokenizer: Any) -> bool:
@@ -163,7 +164,7 @@ def pieces_are_exact(tokenizer: Any) -> bool:
     if known is None:
         cuts = piece_cuts(tokenizer, PIECES_PROBE, piece_chars=1)
         whole = tokenizer(PIECES_PROBE, add_special_tokens=True)["input_ids"]
-        known = bool(cuts) and _ids_in_pieces(tokenizer, PIECES_PROBE, cuts).tolist() == whole
+        known = bool(cuts) and np.concatenate(_ids_in_pieces(tokenizer, PIECES_PROBE, cuts)).tolist() == whole
         setattr(tokenizer, PIECES_EXACT_ATTRIBUTE, known)
     return known
 
@@ -172,15 +173,16 @@ def document_token_array(tokenizer: Any, text: str, add_eos: bool = True,
                          piece_chars: int = PIECE_CHARS) -> np.ndarray | list[int]:
     """The document's tokens: the tokenizer's own special tokens (its BOS, where it adds one), and its EOS at the
     end when add_eos and the tokenizer did not add it. A document longer than piece_chars characters is tokenized
-    in pieces (PIECE_CHARS) and comes back as one int64 array: the same tokens, in a fraction of the memory."""
+    in pieces (PIECE_CHARS) and comes back as one int32 array: the same tokens, in a fraction of the memory."""
     cuts = piece_cuts(tokenizer, text, piece_chars) if len(text) > piece_chars and pieces_are_exact(tokenizer) else None
     if not cuts:
         return document_ids(tokenizer, text, add_eos, piece_chars=None)
-    ids = _ids_in_pieces(tokenizer, text, cuts)
+    parts = _ids_in_pieces(tokenizer, text, cuts)
+    last = next((part[-1] for part in reversed(parts) if len(part)), None)
     eos = tokenizer.eos_token_id
-    if add_eos and eos is not None and (not len(ids) or ids[-1] != eos):
-        ids = np.append(ids, eos)
-    return ids
+    if add_eos and eos is not None and last != eos:
+        parts.append(np.asarray([eos], dtype=np.int32))
+    return np.concatenate(parts)  # the one copy of the document's tokens
 
 
 def document_ids(tokenizer: Any, text: str, add_eos: bool = True, piece_chars: int | None = PIECE_CHARS) -> list[int]:

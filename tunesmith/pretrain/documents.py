@@ -23,10 +23,10 @@ from .args import PretrainDataArguments
 
 def encode_document(tokenizer: Any, document: Document, max_seq_length: int, stride: int = 0,
                     add_eos: bool = True, **_: Any) -> ItemEncoding | None:
-    """The pieces of one document (truncated: it was cut into more than one), each an int64 array (a view of the
+    """The pieces of one document (truncated: it was cut into more than one), each an int32 array (a view of the
     document's: the dataset is written from them without a Python int per token, data/dataset.records_to_dataset);
     a long document is tokenized in pieces (data/text_documents.py, PIECE_CHARS)."""
-    ids = np.asarray(document_token_array(tokenizer, document.text, add_eos), dtype=np.int64)
+    ids = np.asarray(document_token_array(tokenizer, document.text, add_eos), dtype=np.int32)
     pieces = cut_into_pieces(ids, max_seq_length, stride)
     return ItemEncoding(pieces, truncated=len(pieces) > 1) if pieces else None
 
