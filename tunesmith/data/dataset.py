@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from datasets import Dataset, load_from_disk
+from datasets.fingerprint import generate_random_fingerprint
 from datasets.table import InMemoryTable
 
 from ..errors import ConfigError, DataError, UserError
@@ -205,7 +206,9 @@ def records_to_dataset(records: list[dict]) -> Dataset:
         offsets = np.zeros(len(values) + 1, dtype=np.int32)
         np.cumsum([len(v) for v in values], out=offsets[1:])
         table[column] = pa.ListArray.from_arrays(offsets, np.concatenate(values).astype(dtype, copy=False))
-    return Dataset(InMemoryTable(pa.table(table)))
+    # A fingerprint of its own: datasets would hash the whole table for one (pickled: 58 bytes a token on the way),
+    # and this dataset is saved and read back from its cache folder, which fingerprints it again, before any use.
+    return Dataset(InMemoryTable(pa.table(table)), fingerprint=generate_random_fingerprint())
 
 
 def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_args: Any, name: str = "train",

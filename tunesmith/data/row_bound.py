@@ -8,16 +8,16 @@ every text of it too long to matter is shortened to a character budget, which th
     one character per byte, so L bounds bytes too, and a character is at least one byte; SmolLM2: L = 81),
 
 so (max_tokens + MARGIN_TOKENS) x L characters of a text hold at least max_tokens + MARGIN_TOKENS tokens wherever
-it is cut. A text longer than that budget has only the budget's characters at its end that can train tokenized: its
-head for a conversation (training keeps an example's first tokens, --truncation), its tail for a preference pair's
-context (a pair keeps the context's last tokens); it is cut to the first (last) max_tokens + MARGIN_TOKENS of those
-tokens, and the row goes on with that (a tokenizer whose normalizer shrinks text, for which the budget holds fewer
-tokens, keeps the text whole, as before). Everything the shortened text changes then
-lies more than max_tokens tokens from the kept end, which is what the example is cut to anyway: the cut or drop
-that --truncation (or a pair's rule) makes of the shortened row is the one it made of the whole row, at the cost of
-tokenizing (max_tokens + MARGIN_TOKENS) x L characters of each long text once, then a row of about max_tokens
-tokens per long text. A template that parses a text rather than printing it could render a cut text otherwise:
-renders_alike checks that it does not (rendering the row whole is cheap), else the row is tokenized whole. Pictures are left as they are: they only add tokens.
+it is cut. Of a text longer than that budget, only the budget's characters at the end that can train are tokenized:
+its head for a conversation (training keeps an example's first tokens, --truncation), its tail for a preference
+pair's context (a pair keeps the context's last tokens). The text is cut to the first (last) max_tokens +
+MARGIN_TOKENS of those tokens and the row goes on with that (where the budget holds fewer tokens, for a tokenizer
+whose normalizer shrinks text, the text stays whole, as before). Everything the cut changes lies more than max_tokens
+tokens from the kept end, which is what the example is cut to anyway: the cut or drop that --truncation (or a pair's
+rule) makes of the shortened row is the one it made of the whole row, at the cost of tokenizing the budget once per
+long text, then a row of about max_tokens tokens per long text. A template that parses a text rather than printing
+it could render a cut text otherwise: renders_alike checks that it does not (rendering a row whole is cheap), else
+the row is tokenized whole. Pictures are left as they are: they only add tokens.
 
 A row of many texts each under the budget is still rendered whole; --max_row_bytes bounds it."""
 
