@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 from datasets import Dataset, load_from_disk
+from datasets.fingerprint import generate_random_fingerprint
+from datasets.table import InMemoryTable
 
 from ..errors import ConfigError, DataError, UserError
 from ..hparams import SFTDataArguments, TrainDataArguments
@@ -29,6 +31,7 @@ from .formats import BadRows, Conversation, Row, conversation_from_row, load_ite
 from .image_encoding import fit_with_images
 from .images import DEFAULT_MAX_IMAGE_PIXELS, message_images
 from .mix import RowSelection
+from .row_bound import bound_messages, log_bounded, renders_alike
 from .template import Encoded, encode_examples, processor_of, trained_token_count, truncate
 
 logger = logging.getLogger(__name__)
@@ -179,6 +182,35 @@ def cache_key(kind: DataKind, paths: Sequence[str], tokenizer: Any, settings: di
     return h.hexdigest()[:24]
 
 
+# Columns datasets stores as int32 when it infers their type (its OptimizedTypedSequence): kept so here too.
+INT32_COLUMNS = ("input_ids",)
+
+
+def records_to_dataset(records: list[dict]) -> Dataset:
+    """Dataset.from_list(records), except that a column whose every value is a 1-D numpy array (a long document's
+    pieces, data/text_documents.py) goes to Arrow as one concatenated array and its offsets: datasets' own conversion
+    of such a column holds about 60 bytes a token on the way (measured: 477 MB for 8,000,000 tokens), this 12. The
+    same types as from_list's (input_ids int32, the rest int64)."""
+    import pyarrow as pa
+
+    kinds = {c: {isinstance(r.get(c), np.ndarray) for r in records} for c in records[0]}
+    if {True} not in kinds.values() or any(len(k) > 1 for k in kinds.values()):  # no array column, or a mixed one
+        return Dataset.from_list(records)
+    table = {}
+    for column, (is_array,) in kinds.items():
+        values = [r.get(column) for r in records]
+        if not is_array:
+            table[column] = pa.array(values)
+            continue
+        dtype = np.int32 if column in INT32_COLUMNS else np.int64
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        np.cumsum([len(v) for v in values], out=offsets[1:])
+        table[column] = pa.ListArray.from_arrays(offsets, np.concatenate(values).astype(dtype, copy=False))
+    # A fingerprint of its own: datasets would hash the whole table for one (pickled: 58 bytes a token on the way),
+    # and this dataset is saved and read back from its cache folder, which fingerprints it again, before any use.
+    return Dataset(InMemoryTable(pa.table(table)), fingerprint=generate_random_fingerprint())
+
+
 def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_args: Any, name: str = "train",
                   max_samples: int | None = None, report_dir: str | None = None,
                   selection: RowSelection | None = None) -> Dataset:
@@ -200,7 +232,7 @@ def build_dataset(kind: DataKind, tokenizer: Any, paths: Sequence[str], data_arg
         if not records:
             report_encoding(kind, name, paths, stats, settings)  # raises: nothing kept
         with atomic_directory(cache_dir) as tmp:
-            Dataset.from_list(records).save_to_disk(str(tmp))
+            records_to_dataset(records).save_to_disk(str(tmp))
             atomic_write_json(tmp / STATS_FILE, asdict(stats))
             if bad:
                 (tmp / BAD_ROWS_FILE).write_text("".join(f"{problem}\n" for problem in bad), encoding="utf-8")
@@ -302,7 +334,13 @@ def encode_conversation_record(tokenizer: Any, conversation: Conversation, max_s
     """input_ids and labels within max_seq_length, one record per example (several when the
     conversation is expanded); None when no trained token is left. A vision-language model's records also hold
     the text and images its collator gives the processor (data/image_encoding.py)."""
-    examples, expanded = encode_examples(tokenizer, conversation.messages, train_on, conversation.tools, multi_turn)
+    messages, bounded = bound_messages(tokenizer, conversation.messages, max_seq_length)  # data/row_bound.py
+    if bounded and not renders_alike(tokenizer, conversation.messages, messages, "head", tools=conversation.tools):
+        messages, bounded = conversation.messages, [*bounded, "kept whole: the chat template renders them cut otherwise"]
+    if bounded:
+        log_bounded(conversation.row.where(), bounded, tokenizer, max_seq_length,
+                    f"cut or dropped as --truncation {truncation} says")
+    examples, expanded = encode_examples(tokenizer, messages, train_on, conversation.tools, multi_turn)
     images = message_images(conversation.messages)
     records, truncated, no_marker = [], False, 0
     for full in examples:

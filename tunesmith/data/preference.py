@@ -43,6 +43,7 @@ from .formats import (
 from .hh import DAHOAS, hh_kind, hh_pair
 from .image_encoding import expand_reply
 from .images import DEFAULT_MAX_IMAGE_PIXELS, message_images
+from .row_bound import bound_messages, log_bounded, renders_alike
 from .template import closing_text_start, common_prefix_length, processor_of, render_text
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
@@ -258,12 +259,38 @@ def encode_image_pair(processor: Any, tokenizer: Any, pair: PreferencePair, max_
         budget -= over
 
 
+def bound_replies(tokenizer: Any, row: Row, context: list[Message], replies: list[list[Message]],
+                  max_length: int | None, tools: list[dict] | None = None) -> tuple[list[Message], list[list[Message]]]:
+    """The context and replies of a row with every text too long to train shortened (data/row_bound.py): the
+    context keeps its texts' tails (a pair keeps the context's last tokens), a reply its head (a reply longer than
+    max_length drops the row either way); one log line naming the row when anything was."""
+    whole = "kept whole: the chat template renders it cut otherwise"
+    bounded_context, notes = bound_messages(tokenizer, context, max_length, keep="tail")
+    if notes and not renders_alike(tokenizer, context, bounded_context, "tail", after=replies[0], tools=tools):
+        bounded_context, notes = context, [*notes, whole]
+    bounded = []
+    for k, reply in enumerate(replies):
+        bounded_reply, reply_notes = bound_messages(tokenizer, reply, max_length)
+        if reply_notes and not renders_alike(tokenizer, reply, bounded_reply, "head", before=bounded_context,
+                                             tools=tools):
+            bounded_reply, reply_notes = reply, [*reply_notes, whole]
+        bounded.append(bounded_reply)
+        notes += [f"reply {k}: {note}" for note in reply_notes]
+    if notes:
+        log_bounded(row.where(), notes, tokenizer, max_length, "cut or dropped as a pair's rule says (the context "
+                    "keeps its last tokens, a reply that cannot fit whole drops the row)")
+    return bounded_context, bounded
+
+
 def encode_pair_record(tokenizer: Any, pair: PreferencePair, max_length: int | None,
                        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> ItemEncoding | None:
     """chosen_ids, rejected_ids, margin (0 when the row has none), the longer side's length, and where
     each reply starts and ends (chosen_start/chosen_end, rejected_start/rejected_end); None when a
     reply does not fit. A vision-language model's records also hold the texts and pictures its collator
     gives the processor (chosen_text, rejected_text, images), its ids the processor's expansion."""
+    context, (chosen, rejected) = bound_replies(tokenizer, pair.row, pair.context, [pair.chosen, pair.rejected],
+                                                max_length, offered_tools(pair.row))
+    pair = PreferencePair(pair.row, context, chosen, rejected, pair.margin)
     processor, pictures = processor_of(tokenizer), {}
     if processor is None:
         enc = encode_pair(tokenizer, pair.context, pair.chosen, pair.rejected, max_length, offered_tools(pair.row))

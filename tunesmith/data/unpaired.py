@@ -29,6 +29,7 @@ from .formats import Message, Row, check_role_order, conversation_from_row, offe
 from .mix import RowSelection
 from .preference import (
     PREFERENCE_PAIRS,
+    bound_replies,
     context_messages,
     encode_replies,
     is_pair_row,
@@ -105,7 +106,9 @@ def encode_judged_record(tokenizer: Any, item: JudgedReplies, max_length: int | 
     """One example per reply: `ids`, [`start`, `end`) of the reply's tokens (its end-of-turn marker
     included), `desirable` and `length`; the replies of a row share its context, cut the same way
     (preference.encode_replies). None when a reply does not fit."""
-    found = encode_replies(tokenizer, item.context, [reply for reply, _ in item.replies], max_length, item.tools)
+    context, replies = bound_replies(tokenizer, item.row, item.context, [reply for reply, _ in item.replies],
+                                     max_length, item.tools)
+    found = encode_replies(tokenizer, context, replies, max_length, item.tools)
     if found is None:
         return None
     encoded, truncated = found

@@ -8,15 +8,26 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from ..data.dataset import DataKind, ItemEncoding
-from ..data.text_documents import Document, cut_into_pieces, document_from_row, document_ids, read_text_rows
+from ..data.text_documents import (
+    Document,
+    cut_into_pieces,
+    document_from_row,
+    document_token_array,
+    read_text_rows,
+)
 from .args import PretrainDataArguments
 
 
 def encode_document(tokenizer: Any, document: Document, max_seq_length: int, stride: int = 0,
                     add_eos: bool = True, **_: Any) -> ItemEncoding | None:
-    """The pieces of one document (truncated: it was cut into more than one)."""
-    pieces = cut_into_pieces(document_ids(tokenizer, document.text, add_eos), max_seq_length, stride)
+    """The pieces of one document (truncated: it was cut into more than one), each an int32 array (a view of the
+    document's: the dataset is written from them without a Python int per token, data/dataset.records_to_dataset);
+    a long document is tokenized in pieces (data/text_documents.py, PIECE_CHARS)."""
+    ids = np.asarray(document_token_array(tokenizer, document.text, add_eos), dtype=np.int32)
+    pieces = cut_into_pieces(ids, max_seq_length, stride)
     return ItemEncoding(pieces, truncated=len(pieces) > 1) if pieces else None
 
 
