@@ -788,11 +788,15 @@ def rollout_line(state: TrainerState, logs: dict[str, Any]) -> str:
     clip = f"clipfrac {logs['clipfrac']:.3f} | " if "clipfrac" in logs else ""  # sapo and vespo do not clip
     tools = (f" | tool calls {logs['tool_calls']:.2f} (failed {logs['tool_failures']:.2f})"
              if "tool_calls" in logs else "")
+    # replies a vLLM server sampled: the truncated importance weights that corrected them (rl/losses/off_policy.py)
+    weights = (f" | is_ratio {logs['is_ratio_mean']:.3f} (max {logs['is_ratio_max']:.2f}, capped "
+               f"{logs['is_capped']:.3f})" if "is_ratio_mean" in logs else "")
+    sync = f" sync {logs['time_sync']:.1f}s" if "time_sync" in logs else ""
     return (f"step {state.global_step}/{state.max_steps} | score {logs['score']:.3f} ± {logs['score_std']:.3f}"
             f"{sources} | kl {logs['kl']:.3f} (coef {logs['kl_coef']:.3g}) | entropy {logs['entropy']:.2f} | "
             f"{clip}approx_kl {logs['approx_kl']:.4f}{value}{ptx} | "
-            f"reply {logs['reply_length']:.1f} tok (eos {logs['eos_rate']:.2f}){tools} | "
-            f"gen {logs['time_generate']:.1f}s score {logs['time_score']:.1f}s train {logs['time_train']:.1f}s")
+            f"reply {logs['reply_length']:.1f} tok (eos {logs['eos_rate']:.2f}){tools}{weights} | "
+            f"gen {logs['time_generate']:.1f}s{sync} score {logs['time_score']:.1f}s train {logs['time_train']:.1f}s")
 
 
 class RolloutProgressCallback(ProgressCallback):
