@@ -133,8 +133,9 @@ def test_grouped_mm_on_rows_it_cannot_multiply_is_refused_or_falls_back_to_eager
     assert "experts: eager (auto: grouped_mm cannot multiply model.layers.0.mlp.experts.down_proj" in caplog.text
 
 
-def test_auto_takes_grouped_mm_and_a_dense_model_says_the_flag_does_nothing(moe_dir, tiny_model_dir, caplog):
-    _, path = moe_dir
+def test_auto_takes_grouped_mm_and_a_dense_model_says_the_flag_does_nothing(tmp_path, tokenizer, tiny_model_dir,
+                                                                             caplog):
+    path = build_architecture(tmp_path / "mixtral", "mixtral", tokenizer)
     with caplog.at_level(logging.INFO):
         model = load_model(ModelArguments(model_name_or_path=path, attn_implementation="eager"),
                            FinetuningArguments(lora_dropout=0.0))
