@@ -10,7 +10,8 @@ from typing import ClassVar, Literal
 class ModelArguments:
     role: ClassVar[str] = "model"
     # The same maths either way (hparams/run_config.py): how a model's code and attention kernel are found.
-    result_neutral: ClassVar[frozenset[str]] = frozenset({"trust_remote_code", "attn_implementation"})
+    result_neutral: ClassVar[frozenset[str]] = frozenset({"trust_remote_code", "attn_implementation",
+                                                                "experts_implementation"})
     _argument_group_name: ClassVar[str] = "model"
 
     model_name_or_path: str | None = field(
@@ -39,6 +40,16 @@ class ModelArguments:
         metadata={"help": "auto: flash_attention_2 when flash-attn is importable on CUDA and the model takes it, else "
                   "sdpa where the model takes it, else eager (Gemma 2, gpt-oss). Packed rows attend through "
                   "tunesmith's kernels either way (models/attention.py)."},
+    )
+    experts_implementation: Literal["auto", "eager", "grouped_mm", "batched_mm"] = field(
+        default="auto",
+        metadata={"help": "A mixture-of-experts model's experts (Qwen3-MoE, Mixtral, gpt-oss, ...), through "
+                  "transformers' experts interface: eager (a loop over the experts), grouped_mm (one grouped matrix "
+                  "product for all, torch's grouped_mm), batched_mm (a batched product over every token's chosen "
+                  "experts' weights, copied per token: memory grows with tokens x expert size). auto: grouped_mm "
+                  "where the model takes it and its expert weights' rows are multiples of 16 bytes (what torch's "
+                  "kernel needs), else eager (measured: docs/sft.md#mixture-of-experts). The same maths either way; "
+                  "dense models ignore it."},
     )
     quantization_bit: int | None = field(
         default=None, metadata={"help": "4 or 8: load the base with bitsandbytes (QLoRA). Needs LoRA."}

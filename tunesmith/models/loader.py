@@ -25,7 +25,13 @@ from .default_model import ensure_default_model
 from .lora_dropout import skip_input_casts_under_autocast, use_fast_lora_dropout
 from .lora_targets import check_lora_targets
 from .lora_variants import keep_initial_adapter, variant_fields
-from .moe import expert_count, expert_lora_parameters, is_router
+from .moe import (
+    expert_count,
+    expert_lora_parameters,
+    experts_load_kwargs,
+    is_router,
+    settle_experts_implementation,
+)
 from .output_head import contiguous_head_inputs
 from .prompt_learning import load_encoder, prompt_learning_config
 from .scoring import cast_head_inputs_to_its_dtype
@@ -207,8 +213,9 @@ def load_model(
 
     path = resolve_model_path(model_args)
     check_load_folders(model_args)
-    vision = vision_parts(AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)) \
-        if is_vision_language(path) else None
+    with _path_errors(path):
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+    vision = vision_parts(config) if is_vision_language(path) else None
     dtype = resolve_dtype(model_args, training_args, trains_base=is_trainable and finetuning_args.finetuning_type == "full")
     if is_torchao_quantized(path):  # a --qat run's quantized/: torchao's tensors compute in the dtype they were made in
         dtype = DTYPES.get(model_config(path).get("dtype"), torch.float32)
@@ -216,6 +223,7 @@ def load_model(
         "dtype": dtype,
         "attn_implementation": resolve_attn_implementation(model_args, task),
         "trust_remote_code": model_args.trust_remote_code,
+        **experts_load_kwargs(model_args.experts_implementation, config),
     }
     if finetuning_args.disable_dropout:
         kwargs |= dropout_off(path, model_args.trust_remote_code)
@@ -240,6 +248,7 @@ def load_model(
     if vision and is_trainable and not finetuning_args.adapter:
         set_vision_trainable(model, vision, finetuning_args.train_vision_tower, finetuning_args.train_projector)
     fill_pad_token_id(model)
+    settle_experts_implementation(model, model_args.experts_implementation)
     if finetuning_args.adapter:
         model = attach_adapter(model, model_args, finetuning_args, training_args, is_trainable, task, vision)
     elif not is_trainable:

@@ -25,6 +25,7 @@ from ..models.loader import (
     resolve_dtype,
     resolve_model_path,
 )
+from ..models.moe import experts_load_kwargs, settle_experts_implementation
 from ..utils.config_facts import text_config
 
 
@@ -82,7 +83,14 @@ def build_on_meta(config: Any, model_args: Any, finetuning_args: Any, gpu: GpuRu
         dtype = resolve_dtype(model_args, view, trains_base=finetuning_args.finetuning_type == "full")
         config._attn_implementation = resolve_attn_implementation(model_args)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=model_args.trust_remote_code)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=model_args.trust_remote_code,
+                                                 **experts_load_kwargs(model_args.experts_implementation, config))
+    # grouped_mm and batched_mm (whose per-token copies of the experts' weights are activations) run on fake
+    # tensors; eager's loop asks which experts real tokens picked (nonzero), which a fake tensor cannot say.
+    if settle_experts_implementation(model, model_args.experts_implementation) == "eager":
+        raise ConfigError(f"tunesmith plan: {config.model_type}'s eager experts loop depends on which experts real "
+                          "tokens pick, which the plan's fake tensors do not have; plan --experts_implementation "
+                          "grouped_mm or batched_mm")
     quant = quantization_config(model_args, dtype)
     if quant is not None:
         quantizer = AutoHfQuantizer.from_config(quant, pre_quantized=False)
