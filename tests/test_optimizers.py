@@ -162,7 +162,7 @@ def test_a_missing_package_is_named_without_it(monkeypatch):
 def test_the_command_line_refuses_in_one_line_before_loading(tiny_model_dir, data, tmp_path, monkeypatch, capsys):
     # Through the `tunesmith` entry point, with galore_torch absent (None in sys.modules is what find_spec and
     # import take as not installed): exit status 2, one line, and no model loaded.
-    import tunesmith.sft.command as recipe
+    import tunesmith.train.run_setup as recipe  # sft's trainer is built there (train_causal_lm)
     from tunesmith.cli import main
 
     monkeypatch.setitem(sys.modules, "galore_torch", None)

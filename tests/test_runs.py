@@ -99,7 +99,7 @@ def test_differences_are_listed_up_to_ten_then_counted():
 
     other_stage = as_saved(*parse_run("reward", base, check_paths=False).configs)
     assert result_differences(saved, other_stage) == [
-        "arguments: ModelArguments+SFTDataArguments+FinetuningArguments+TrainingArguments -> "
+        "arguments: ModelArguments+SFTDataArguments+FinetuningArguments+QATArguments+TrainingArguments -> "
         "ModelArguments+TrainDataArguments+RewardArguments+FinetuningArguments+TrainingArguments (another kind of run)"]
 
 

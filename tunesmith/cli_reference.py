@@ -33,6 +33,7 @@ MARKER = "<!-- cli-reference -->"
 # lm-eval, or the policy evaluation when a policy flag is given (evaluation/command.py, POLICY_FLAGS).
 COMMAND_RUNS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "eval": (("eval", ()), ("eval_policy", ("--policy", "POLICY"))),
+    "vllm-serve": (("vllm_serve", ()),),  # a kind's name is a Python identifier
 }
 
 # A group longer than this (transformers' own ~130 Trainer options) is folded, so a stage's own flags stay in view.

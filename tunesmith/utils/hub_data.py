@@ -55,11 +55,17 @@ class HubDataset:
         repo, *parts = text.split(":")
         if not _REPO_ID.match(repo) or looks_local(repo) or len(parts) > 2 or not all(_NAME.match(p) for p in parts):
             return None
+        if not parts and repo.lower().endswith(DATA_FILE_SUFFIXES):  # `no/such.jsonl`: a missing file, not a dataset
+            return None
         subset, split = parts if len(parts) == 2 else (None, parts[0] if parts else None)
         return cls(repo, subset, split)
 
     def __str__(self) -> str:
         return ":".join(p for p in (self.repo, self.subset, self.split) if p)
+
+
+# A name ending like a data file names a file (a missing one), not a dataset repository.
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt", ".arrow")
 
 
 def is_hub_dataset(text: str) -> bool:
