@@ -293,3 +293,43 @@ def test_distill_samples_its_on_policy_replies_on_the_vllm_server(tmp_path, serv
     for ids in held_out(tokenizer):
         gap = server_disagreement(trainer.server, prompt_logprobs(student, ids), ids)
         assert gap < SAME_MODEL_TOLERANCE[torch.float32]
+
+
+def test_a_started_server_ends_when_the_process_that_started_it_is_killed(tmp_path):
+    """The server's process carries a parent-death signal (vllm_server._end_with_parent): a trainer or test killed
+    with SIGKILL leaves no vLLM holding its memory. Shown on a stand-in child started the same way."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from tunesmith.generation.vllm_server import _end_with_parent\n"
+        "child = subprocess.Popen(['sleep', '120'], start_new_session=True, preexec_fn=_end_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n")])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.2)
+    child = int(pid_file.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        try:
+            with open(f"/proc/{child}/stat") as stat:  # reaped by init soon; a zombie has ended too
+                if stat.read().split()[2] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.2)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the child outlived the process that started it")

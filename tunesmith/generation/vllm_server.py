@@ -163,7 +163,7 @@ class VLLMServer:
         out = (open(self.log_file, "ab") if self.log_file  # noqa: SIM115 (kept open)
                else None if self.console else subprocess.DEVNULL)
         self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.settings.environment(),
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_end_with_parent)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -198,6 +198,17 @@ class VLLMServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _end_with_parent() -> None:
+    """In the server's process before it runs vLLM (Linux): SIGTERM it when the process that started it dies, so a
+    killed trainer or test leaves no server holding its memory (it shuts its engine down on SIGTERM)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
