@@ -49,7 +49,7 @@ def sampled_examples(engine: Engine, examples: list[Example], params: SamplingPa
     out = list(examples)
     for i, (completion, *_) in zip(asked, completions):
         prompt = examples[i]["input_ids"][:starts[i]]
-        reply = completion.token_ids + ([completion.stop_token_id] if completion.stop_token_id is not None else [])
+        reply = completion.ids_with_stop
         out[i] = {"input_ids": prompt + reply, "labels": [IGNORE_INDEX] * len(prompt) + reply}
     return out
 

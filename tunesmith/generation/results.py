@@ -34,6 +34,11 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None
     stop_logprob: TokenLogprob | None = None
 
+    @property
+    def ids_with_stop(self) -> list[int]:
+        """The reply's tokens and the end-of-turn token that ended it (what a trainer trains on)."""
+        return self.token_ids + ([self.stop_token_id] if self.stop_token_id is not None else [])
+
 
 @dataclass
 class Event:

@@ -48,7 +48,7 @@ def generate_responses(engine: Engine, prompts: Sequence[Sequence[int]], params:
     """(response_ids, response_mask, ended) [B, R]: each reply with the end-of-turn token that ended it,
     right-padded; ended is False for a reply cut at max_new_tokens."""
     completions = [c[0] for c in engine.generate(prompts, params, max_batch_size=max_batch_size)]
-    replies = [c.token_ids + ([c.stop_token_id] if c.stop_token_id is not None else []) for c in completions]
+    replies = [c.ids_with_stop for c in completions]
     response_ids, response_mask = pad_replies(replies, pad_token_id, engine.model.device)
     ended = torch.tensor([c.stop_token_id is not None for c in completions], device=engine.model.device)
     return response_ids, response_mask, ended
@@ -99,10 +99,9 @@ class RewardModelScorer:
 def completion_tokens(completion: Completion) -> tuple[list[int], list[float]]:
     """A reply's tokens with the end-of-turn token that ended it, and the rollout engine's log-probability of each
     (NaN where it gave none)."""
-    ended = completion.stop_token_id is not None
-    ids = completion.token_ids + ([completion.stop_token_id] if ended else [])
+    ids = completion.ids_with_stop
     given = [t.logprob for t in completion.logprobs or []]
-    if ended and completion.stop_logprob is not None:
+    if completion.stop_token_id is not None and completion.stop_logprob is not None:
         given.append(completion.stop_logprob.logprob)
     if len(given) != len(ids):  # none given (tunesmith's engine, unasked), or not one per token: none used
         given = [float("nan")] * len(ids)
