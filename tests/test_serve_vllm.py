@@ -191,7 +191,7 @@ def _vllm_reply(url: str, model: str, messages: list[dict], key: str, **extra) -
 
 def _start(log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     """`tunesmith serve --engine vllm` on a free port; its address once vLLM's /health answers."""
-    from tunesmith.serve.vllm_engine import free_port
+    from tunesmith.utils.network import free_port
 
     port = free_port("127.0.0.1")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}

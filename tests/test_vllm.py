@@ -10,7 +10,10 @@ skips, saying how to build it."""
 from __future__ import annotations
 
 import math
+import os
+import re
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -154,7 +157,12 @@ def test_an_unreachable_server_names_its_url_and_how_to_start_one(tokenizer):
     ({"rollout_is_cap": 0.5}, {}, r"--rollout_is_cap must be at least 1 \(got 0.5\)"),
     ({"async_rollouts": 1, "dynamic_sampling": True, "advantage": "grpo", "samples_per_prompt": 2},
      {"vllm_url": "http://127.0.0.1:8000"}, r"--dynamic_sampling .* --async_rollouts .*use one of the two"),
-    ({}, {"rollout_engine": "vllm"}, r"--rollout_engine vllm needs --vllm_url.*tunesmith vllm-serve"),
+    ({}, {"rollout_engine": "vllm"},  # colocated, in this venv (vLLM is in a venv of its own)
+     r"colocated vLLM .* needs vLLM in the trainer's Python .*transformers.*tunesmith vllm-serve"),
+    ({}, {"vllm_url": "http://h:1", "vllm_kv_cache_gib": 2, "vllm_enable_sleep_mode": True},
+     r"--vllm_kv_cache_gib, --vllm_enable_sleep_mode set the colocated vLLM's memory, and --vllm_url names a server"),
+    ({}, {"vllm_gpu_memory_utilization": 1.5}, r"--vllm_gpu_memory_utilization must be in \(0, 1\] \(got 1.5\)"),
+    ({}, {"vllm_kv_cache_gib": 0}, r"--vllm_kv_cache_gib must be a whole number of GiB, at least 1 \(got 0\)"),
     ({}, {"vllm_url": "127.0.0.1:8000"}, r"--vllm_url 127.0.0.1:8000: give the server's address with its scheme"),
     ({}, {"rollout_engine": "tunesmith", "vllm_url": "http://h:1"}, r"--vllm_url is the vLLM server's"),
 ])
@@ -293,6 +301,23 @@ def test_distill_samples_its_on_policy_replies_on_the_vllm_server(tmp_path, serv
     for ids in held_out(tokenizer):
         gap = server_disagreement(trainer.server, prompt_logprobs(student, ids), ids)
         assert gap < SAME_MODEL_TOLERANCE[torch.float32]
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_colocated_vllm_trains_in_the_venv_that_has_vllm_beside_tunesmith():
+    """tests/test_vllm_colocated.py, run where vLLM and tunesmith's libraries share one Python (vLLM's venv after
+    `bash scripts/setup_vllm.sh --colocate`): this venv's transformers is newer than vLLM allows."""
+    python = vllm_python()
+    probe = subprocess.run([python, "-c", "import tunesmith.rl"], cwd=ROOT, capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("vLLM's venv has no tunesmith libraries: run `bash scripts/setup_vllm.sh --colocate` once")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout, whichever one the venv was set up from
+    result = subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "vllm",
+                             "tests/test_vllm_colocated.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-2000:]
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert re.search(r"\b3 passed\b", summary) and "skipped" not in summary, summary
 
 
 def test_a_started_server_ends_when_the_process_that_started_it_is_killed(tmp_path):

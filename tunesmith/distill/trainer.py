@@ -28,7 +28,7 @@ from ..data.packing import FORWARD_SPLITS
 from ..distributed import zero3_inference_engine
 from ..generation import SamplingParams
 from ..generation.rollout_engines import hand_over_weights, rollout_engine
-from ..generation.vllm_client import VLLMEngine
+from ..generation.vllm_client import VLLMRollouts
 from ..hparams import zero_stage
 from ..hparams.rollout_args import RolloutEngineArguments
 from ..train.stage_trainer import StageTrainer
@@ -73,10 +73,11 @@ class DistillTrainer(StageTrainer):
         self.sampling = SamplingParams(temperature=distill.distill_temperature, top_k=0, top_p=1.0, min_p=0.0,
                                        repetition_penalty=1.0, max_new_tokens=distill.on_policy_max_new_tokens)
         self.on_policy_steps = 0  # of this train() call
-        # a vLLM server for the on-policy replies (--rollout_engine); None: tunesmith's engine on the student
-        self.server: VLLMEngine | None = None
+        # vLLM (a server, or colocated) for the on-policy replies (--rollout_engine); None: tunesmith's engine
+        self.server: VLLMRollouts | None = None
         if self.lmbda and rollout is not None and rollout.uses_vllm:
-            self.server = rollout_engine(rollout, self.model, self.processing_class, self.args.output_dir)
+            self.server = rollout_engine(rollout, self.model, self.processing_class, self.args.output_dir,
+                                         dtype=torch.bfloat16 if self.args.bf16 else None)
         self._server_checked = False
         self._eval_divergences = torch.zeros(2, dtype=torch.float64)  # this evaluation: summed KL, summed divergence
 

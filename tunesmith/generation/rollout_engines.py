@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..hparams.rollout_args import RolloutEngineArguments
+from ..hparams.rollout_args import SERVER_HINT, RolloutEngineArguments, colocation_problem
 from .engine import Engine
-from .vllm_client import VLLMEngine
+from .vllm_client import VLLMEngine, VLLMRollouts
 
 logger = logging.getLogger(__name__)
 
@@ -28,16 +28,13 @@ SAME_MODEL_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16:
 
 
 def rollout_engine(args: RolloutEngineArguments, model: torch.nn.Module, tokenizer: Any, output_dir: str,
-                   synced: bool = False) -> Engine | VLLMEngine:
-    """tunesmith's engine on `model`, or a vLLM server (--rollout_engine vllm, or auto with --vllm_url); one log line
-    says which."""
+                   synced: bool = False, dtype: torch.dtype | None = None) -> Engine | VLLMRollouts:
+    """tunesmith's engine on `model`, a vLLM server (--vllm_url), or vLLM colocated in this process; one log line
+    says which. `dtype`: the precision the run computes in (colocated vLLM samples in it)."""
     if not args.uses_vllm:
         why = "--rollout_engine tunesmith" if args.rollout_engine == "tunesmith" else "auto, no --vllm_url given"
         logger.info("rollout engine: tunesmith's own, on the trainer's devices (%s)", why)
         return Engine(model, tokenizer, synced=synced)
-    if not args.vllm_url:
-        raise ConfigError("--rollout_engine vllm needs --vllm_url, the address of a vLLM server started with "
-                          "`tunesmith vllm-serve --model_name_or_path` the trainer's base model (docs/rl.md#vllm)")
     if not hasattr(model, "peft_config") and tied_output_head(model):
         raise ConfigError("--rollout_engine vllm with a full fine-tune of a model whose output head is its input "
                           "embeddings (tie_word_embeddings): vLLM 0.32 reloads weights in place layer by layer and "
@@ -45,9 +42,33 @@ def rollout_engine(args: RolloutEngineArguments, model: torch.nn.Module, tokeniz
                           "so its replies would come from a model the trainer never had. Train LoRA (handed over as "
                           "an adapter), or use --rollout_engine tunesmith")
     sync_dir = args.vllm_sync_dir or os.path.join(output_dir, SYNC_FOLDER)
+    if args.colocated:
+        return colocated_engine(args, model, tokenizer, sync_dir, dtype)
     engine = VLLMEngine(args.vllm_url, tokenizer, sync_dir, timeout=args.vllm_timeout)
     logger.info("rollout engine: vLLM at %s (serving %s); the policy's weights go through %s after each optimizer "
                 "step", args.vllm_url, engine.base_root, sync_dir)
+    return engine
+
+
+def colocated_engine(args: RolloutEngineArguments, model: torch.nn.Module, tokenizer: Any, sync_dir: str,
+                     dtype: torch.dtype | None) -> VLLMRollouts:
+    """vLLM in this process, on the policy's device: a run of one process only (each rank would hold a vLLM of its
+    own, whose in-process worker joins a world of one)."""
+    processes = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if processes > 1:
+        raise ConfigError(f"colocated vLLM (--rollout_engine vllm without --vllm_url) runs in a run of one process, "
+                          f"and this one has {processes}: {SERVER_HINT}")
+    problem = colocation_problem()
+    if problem:
+        raise ConfigError(problem)
+    from .vllm_colocated import colocated_engine_for
+
+    engine = colocated_engine_for(model, tokenizer, sync_dir, args.vllm_max_model_len,
+                                  args.vllm_gpu_memory_utilization, args.vllm_kv_cache_gib,
+                                  args.vllm_enable_sleep_mode, dtype)
+    logger.info("rollout engine: vLLM colocated in the trainer's process (serving %s); the policy's weights go to it "
+                "after each optimizer step%s", engine.base_root,
+                " (as adapters saved in " + sync_dir + ")" if hasattr(model, "peft_config") else ", from memory")
     return engine
 
 
@@ -67,7 +88,7 @@ def prompt_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> list[float]:
     return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None].to(device))[0, :, 0].tolist()
 
 
-def server_disagreement(engine: VLLMEngine, policy_logprobs: Sequence[float], prompt: Sequence[int]) -> float:
+def server_disagreement(engine: VLLMRollouts, policy_logprobs: Sequence[float], prompt: Sequence[int]) -> float:
     """Mean |log p_server - log p_trainer| over `prompt`'s tokens after the first: policy_logprobs are the trainer's
     own (each token given the ones before it, at temperature 1)."""
     served = engine.prompt_logprobs(prompt)
@@ -77,14 +98,14 @@ def server_disagreement(engine: VLLMEngine, policy_logprobs: Sequence[float], pr
     return sum(abs(a - b) for a, b in pairs) / len(pairs)
 
 
-def check_same_model(engine: VLLMEngine, policy_logprobs: Sequence[float], prompt: Sequence[int],
+def check_same_model(engine: VLLMRollouts, policy_logprobs: Sequence[float], prompt: Sequence[int],
                      dtype: torch.dtype) -> float:
     """A ConfigError when the server's log-probabilities of `prompt` are further from the trainer's than the dtype
     allows: it serves another model than the trainer's (or weights the trainer did not send). Returns the gap."""
     gap = server_disagreement(engine, policy_logprobs, prompt)
     tolerance = SAME_MODEL_TOLERANCE.get(dtype, 0.1)
     if gap > tolerance:
-        raise ConfigError(f"--vllm_url {engine.url} serves {engine.base_root}, whose log-probabilities of a probe "
+        raise ConfigError(f"{engine.where} serves {engine.base_root}, whose log-probabilities of a probe "
                           f"differ from the trainer's policy by {gap:.3g} nats a token on average (at most "
                           f"{tolerance:g} for {str(dtype).removeprefix('torch.')}): it is not the trainer's model. "
                           "Start the server with `tunesmith vllm-serve --model_name_or_path` the model the trainer "
@@ -92,7 +113,7 @@ def check_same_model(engine: VLLMEngine, policy_logprobs: Sequence[float], promp
     return gap
 
 
-def hand_over_weights(engine: VLLMEngine, accelerator: Any, model: torch.nn.Module, step: int,
+def hand_over_weights(engine: VLLMRollouts, accelerator: Any, model: torch.nn.Module, step: int,
                       probe: Sequence[int] | None = None, dtype: torch.dtype = torch.float32,
                       state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """The trainer's current weights to the server: the main process writes them and the server loads them, then

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from ..constants import MUON
 from ..distributed import fsdp_requested, fsdp_setting
 from ..errors import ConfigError, PathError
@@ -38,6 +40,7 @@ from ..utils.paths import (
 )
 from .data_args import SPLIT_STAGES, numbers
 from .finetuning_args import is_known_init, splits_base
+from .rollout_args import colocation_problem
 from .value_bounds import BOUNDS, Bound
 
 
@@ -132,6 +135,24 @@ def _prompt_adapter(model: Any) -> dict | None:
         if kind:
             return {"path": path, "kind": kind}
     return None
+
+
+def _colocation_refused(a: Any) -> dict | None:
+    """Colocated vLLM where this Python cannot hold it (hparams/rollout_args.colocation_problem)."""
+    problem = a.rollout.colocated and colocation_problem()
+    return {"problem": problem} if problem else None
+
+
+def _colocate_flags_with_server(a: Any) -> dict | None:
+    """The colocated vLLM's memory flags set beside --vllm_url (a server's memory is its own)."""
+    r = a.rollout
+    if r.vllm_url is None:
+        return None
+    flags = [name for name, given, default in (
+        ("--vllm_gpu_memory_utilization", r.vllm_gpu_memory_utilization, 0.3),
+        ("--vllm_kv_cache_gib", r.vllm_kv_cache_gib, 1), ("--vllm_enable_sleep_mode", r.vllm_enable_sleep_mode, False),
+        ("--vllm_max_model_len", r.vllm_max_model_len, None)) if given != default]
+    return {"flags": ", ".join(flags)} if flags else None
 
 
 def _prompt_method(a: SimpleNamespace) -> dict | None:
@@ -608,9 +629,19 @@ RULES: list[Rule] = [
          "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
          "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
     # -- the rollout engine (ppo's rollouts, distill's on-policy replies: hparams/rollout_args.py)
-    Rule("rollout_vllm_url", ("rollout",), lambda a: a.rollout.rollout_engine == "vllm" and not a.rollout.vllm_url,
-         "--rollout_engine vllm needs --vllm_url, the address of a vLLM server: start one with `tunesmith vllm-serve "
-         "--model_name_or_path MODEL` (the trainer's base model) and pass --vllm_url http://HOST:PORT."),
+    Rule("rollout_vllm_colocate", ("rollout",), _colocation_refused, "{problem}."),
+    Rule("rollout_colocate_flags_unread", ("rollout",), _colocate_flags_with_server,
+         "{flags} set the colocated vLLM's memory, and --vllm_url names a server, whose own flags set its memory "
+         "(`tunesmith vllm-serve --kv_cache_gib`, vLLM's --gpu-memory-utilization): drop them, or --vllm_url."),
+    Rule("rollout_vllm_memory_share", ("rollout",), lambda a: not 0 < a.rollout.vllm_gpu_memory_utilization <= 1,
+         "--vllm_gpu_memory_utilization must be in (0, 1] (got {rollout.vllm_gpu_memory_utilization}): the share of "
+         "the GPU's memory colocated vLLM takes."),
+    Rule("rollout_vllm_kv_cache", ("rollout",), lambda a: a.rollout.vllm_kv_cache_gib < 1,
+         "--vllm_kv_cache_gib must be a whole number of GiB, at least 1 (got {rollout.vllm_kv_cache_gib})."),
+    Rule("rollout_vllm_sleep_cpu", ("rollout",),
+         lambda a: a.rollout.vllm_enable_sleep_mode and a.rollout.colocated and not torch.cuda.is_available(),
+         "--vllm_enable_sleep_mode frees a GPU's memory between rollouts, and this run has no GPU (vLLM's sleep mode "
+         "is for CUDA, ROCm and XPU devices): drop it."),
     Rule("rollout_vllm_url_form", ("rollout",),
          lambda a: a.rollout.vllm_url is not None and not a.rollout.vllm_url.startswith(("http://", "https://")),
          "--vllm_url {rollout.vllm_url}: give the server's address with its scheme, e.g. http://127.0.0.1:8000."),

@@ -95,11 +95,15 @@ def planned_row(tokens: int, conversations: int, trained_share: float) -> dict[s
 def enable_checkpointing(model: nn.Module, training: Any, offload: bool) -> None:
     """As transformers' Trainer does at the start of train(); with `offload`, as the Trainer's callback then does
     (train/callbacks.OffloadOnSideStream: every checkpointed layer's input offloaded by tunesmith's hooks)."""
-    kwargs = dict(training.activation_checkpointing_kwargs or training.gradient_checkpointing_kwargs or {})
+    kwargs = dict(getattr(training, "activation_checkpointing_kwargs", None) or training.gradient_checkpointing_kwargs
+                  or {})
     every_n_layers = kwargs.pop("every_n_layers", 1)
     kwargs.pop("offload", None)
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
-                                          every_n_layers=every_n_layers)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
+                                              every_n_layers=every_n_layers)
+    else:  # transformers before 5.20: every layer checkpointed
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
     if offload:
         layers = checkpointed_layers(model)
         set_layer_modes(layers, LayerModes(0, 0, len(layers)), "cuda")

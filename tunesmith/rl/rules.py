@@ -207,6 +207,9 @@ RULES: list[Rule] = [
          "--async_rollouts 1 samples the next batch on a vLLM server while this one trains; tunesmith's engine "
          "samples on the trainer's own devices, which the update is using: add --rollout_engine vllm --vllm_url URL "
          "(docs/rl.md#vllm), or drop --async_rollouts."),
+    Rule("ppo_async_colocated", ("ppo", "rollout"), lambda a: a.ppo.async_rollouts and a.rollout.colocated,
+         "--async_rollouts 1 samples the next batch while this one trains, and colocated vLLM shares the trainer's "
+         "process and device: give a server's --vllm_url (`tunesmith vllm-serve`), or drop --async_rollouts."),
     Rule("ppo_async_dynamic_sampling", ("ppo",), lambda a: a.ppo.async_rollouts and a.ppo.dynamic_sampling,
          "--dynamic_sampling draws more prompts from the scores of the batch it fills, which --async_rollouts "
          "samples a step ahead of its scoring: use one of the two."),

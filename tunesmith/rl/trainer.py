@@ -30,7 +30,7 @@ from ..data.prompts import Prompt, left_pad
 from ..distributed import zero3_inference_engine
 from ..errors import PathError
 from ..generation.rollout_engines import hand_over_weights, rollout_engine
-from ..generation.vllm_client import VLLMEngine
+from ..generation.vllm_client import VLLMRollouts
 from ..hparams import check, save_run_config, zero_stage
 from ..hparams.rollout_args import RolloutEngineArguments
 from ..train.callbacks import MetricsFileCallback, plot_loss
@@ -186,8 +186,8 @@ class PPOTrainer:
         # Under ZeRO-3 every rank must keep stepping until all are done: each forward gathers the sharded
         # weights collectively (tunesmith's engine; a vLLM server holds whole weights of its own).
         self.engine = rollout_engine(rollout, self.unwrapped.policy, tokenizer, training_args.output_dir,
-                                     synced=self.zero_stage == 3)
-        self.on_server = isinstance(self.engine, VLLMEngine)
+                                     synced=self.zero_stage == 3, dtype=torch.bfloat16 if training_args.bf16 else None)
+        self.on_server = isinstance(self.engine, VLLMRollouts)  # a server, or colocated
         self._sampler = ThreadPoolExecutor(1, thread_name_prefix="rollout") if ppo_args.async_rollouts else None
         self._pending: tuple[int, Future] | None = None  # with --async_rollouts: (step, its replies being sampled)
         self.step = 0

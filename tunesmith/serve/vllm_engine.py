@@ -27,7 +27,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import tempfile
 from types import SimpleNamespace
 from typing import Any
@@ -42,6 +41,7 @@ from ..generation.vllm_server import (
 )
 from ..hparams.parser import resolve_adapter_base
 from ..models.loader import load_trained_tokenizer, resolve_dtype, resolve_model_path, serving_model_args
+from ..utils.network import free_port
 from ..utils.paths import adapter_config
 
 logger = logging.getLogger(__name__)
@@ -100,13 +100,6 @@ def reply_defaults(generation: Any) -> dict[str, float | int]:
     if generation.do_sample:
         defaults |= {"top_p": generation.top_p, "top_k": generation.top_k or -1, "min_p": generation.min_p}
     return defaults
-
-
-def free_port(host: str) -> int:
-    """--port 0: a port free now, as tunesmith's server lets the system choose one."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def serve_with_vllm(args: SimpleNamespace) -> None:

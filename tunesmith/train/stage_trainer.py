@@ -89,7 +89,8 @@ class StageTrainer(Trainer):
         self._aux_in_step = torch.zeros(())  # the aux terms added in this training_step (left out of its loss)
         self._aux_summed, self._aux_steps = torch.zeros(()), 0  # since the last log: per-step aux losses, steps
         self.add_callback(MetricsFileCallback())  # every Trainer stage keeps output_dir/metrics.jsonl
-        if (self.args.activation_checkpointing_kwargs or {}).get("offload"):  # set on a GPU only (hparams)
+        # set on a GPU only (hparams); transformers before 5.20 has no such argument
+        if (getattr(self.args, "activation_checkpointing_kwargs", None) or {}).get("offload"):
             self.add_callback(OffloadOnSideStream())
         if trains_on_cpu(self.args):
             use_chunked_loss(self.model)  # measured on CPU only (docs/benchmark.md)

@@ -23,3 +23,10 @@ def listen(host: str, port: int) -> socket.socket:
                           "--port, or stop what uses it") from None
     sock.set_inheritable(True)
     return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now on `host` (the system's choice): --port 0, or a rendezvous port for a world of one process."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
