@@ -248,7 +248,7 @@ def test_training_data_and_inspect_take_the_flag(tiny_model_dir, tokenizer, tmp_
 
 
 def test_rerunning_a_finished_grpo_run_leaves_its_outputs_alone(tiny_model_dir, tmp_path):
-    """PPO's own trainer writes no trainer_state.json in output_dir: its final save is its run config there."""
+    """The RL loop ends its final save with trainer_state.json in output_dir, as the Trainer stages do."""
     from tunesmith.rl.command import run
 
     data = tmp_path / "prompts.jsonl"

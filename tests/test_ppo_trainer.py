@@ -559,27 +559,46 @@ def test_ema_averages_the_policy_after_every_update_and_saves_a_loadable_adapter
     assert (tmp_path / "ema" / "tokenizer_config.json").is_file()
 
 
-def test_a_run_killed_mid_way_resumes_bit_identical(tmp_path, policy_dir):
+def grpo_command(data: Path, policy: str, out: Path) -> list[str]:
+    """`tunesmith ppo` for a 4-step GRPO run with checkpoints at steps 2 and 4."""
+    import sys
+
+    return [sys.executable, "-m", "tunesmith", "ppo", "--model_name_or_path", policy, "--data_path", str(data),
+            "--output_dir", str(out), "--advantage", "grpo", "--samples_per_prompt", "2", "--reward_funcs",
+            "exact_answer", "answer_format", "--per_device_train_batch_size", "4", "--max_new_tokens", "4",
+            "--ppo_epochs", "1", "--max_steps", "4", "--save_steps", "2", "--lora_r", "4", "--report_to", "none"]
+
+
+@pytest.fixture(scope="module")
+def straight_grpo(tmp_path_factory, policy_dir) -> tuple[Path, Path]:
+    """(the prompts file, the output folder of the uninterrupted run, trained in this process)."""
+    from tunesmith.rl.command import run as main
+
+    folder = tmp_path_factory.mktemp("grpo-straight")
+    data = folder / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {w}.", "answer": w}) + "\n" for w in WORDS), encoding="utf-8")
+    main(grpo_command(data, policy_dir, folder / "straight")[4:])
+    return data, folder / "straight"
+
+
+def logged_rows(out: Path) -> list[dict]:
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIME_KEYS} for row in logged]
+
+
+def test_a_run_killed_mid_way_resumes_bit_identical(tmp_path, policy_dir, straight_grpo):
     """kill -9 a GRPO run once checkpoint-2 is published; the same command continues from it and every logged
     value of steps 3 and 4 equals an uninterrupted run's, as the Trainer stages resume."""
     import os
     import signal
     import subprocess
-    import sys
     import time
 
-    data = tmp_path / "p.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Say {w}.", "answer": w}) + "\n" for w in WORDS), encoding="utf-8")
+    data, straight = straight_grpo
 
     def command(out: Path) -> list[str]:
-        return [sys.executable, "-m", "tunesmith", "ppo", "--model_name_or_path", policy_dir, "--data_path", str(data),
-                "--output_dir", str(out), "--advantage", "grpo", "--samples_per_prompt", "2", "--reward_funcs",
-                "exact_answer", "answer_format", "--per_device_train_batch_size", "4", "--max_new_tokens", "4",
-                "--ppo_epochs", "1", "--max_steps", "4", "--save_steps", "2", "--lora_r", "4", "--report_to", "none"]
+        return grpo_command(data, policy_dir, out)
 
-    from tunesmith.rl.command import run as main
-
-    main(command(tmp_path / "straight")[4:])  # the uninterrupted run, in this process
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     killed = subprocess.Popen(command(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
@@ -595,8 +614,82 @@ def test_a_run_killed_mid_way_resumes_bit_identical(tmp_path, policy_dir):
     assert "resuming from" in resumed.stderr and "checkpoint-2 (step 2)" in resumed.stderr
 
     def rows(out: Path) -> list[dict]:
-        logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in row.items() if k not in TIME_KEYS} for row in logged]
+        return logged_rows(out)
 
     assert [r["step"] for r in rows(tmp_path / "killed")] == [1, 2, 3, 4]
-    assert rows(tmp_path / "killed") == rows(tmp_path / "straight")
+    assert rows(tmp_path / "killed") == rows(straight)
+
+
+def die_at(moment: str) -> None:
+    """In a child process: SIGKILL itself (kill -9, at an exact moment) when the run reaches `moment`."""
+    import os
+    import signal
+
+    import tunesmith.train.lifecycle as lifecycle
+
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if moment == "writing checkpoint-4":  # its optimizer state written, its random state not
+        save = torch.save
+
+        def save_or_die(obj, path, *args, **kwargs):
+            if Path(path).parent.name == ".checkpoint-4.tmp" and Path(path).name.startswith("rng_state"):
+                die()
+            save(obj, path, *args, **kwargs)
+
+        torch.save = save_or_die
+    elif moment == "publishing the final save":  # one file of the finished model moved into place, the rest not
+        def half(staging, target) -> None:
+            first = next(p for p in sorted(Path(staging).iterdir()) if p.is_file())
+            os.replace(first, Path(target) / first.name)
+            die()
+
+        lifecycle.publish_files = half
+
+
+def killed_at(moment: str, argv: list[str]) -> int:
+    """`tunesmith ppo argv` in a forked child (this process's imports, no start-up) killed at `moment`: its exit
+    status as os.waitstatus_to_exitcode gives it (-9)."""
+    import os
+
+    from tunesmith.rl.command import run
+
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        try:
+            die_at(moment)
+            run(argv)
+        finally:
+            os._exit(3)  # reached only if the moment never came
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_grpo_run_killed_at_each_moment_of_its_lifecycle_resumes_bit_identical(tmp_path, policy_dir, straight_grpo,
+                                                                                   caplog):
+    """kill -9 while checkpoint-4 is half written (after checkpoint-2, mid-step: the test above), then, run again,
+    while the final save is half published: each rerun of the same command continues from the last complete
+    checkpoint, and the run ends with the uninterrupted run's log and bit-identical weights, no staging folder left
+    (train/lifecycle.py, shared with the Trainer stages)."""
+    from safetensors.torch import load_file
+
+    from tunesmith.rl.command import run
+
+    data, straight = straight_grpo
+    out = tmp_path / "killed"
+    argv = grpo_command(data, policy_dir, out)[4:]
+    assert killed_at("writing checkpoint-4", argv) == -9
+    assert (out / ".checkpoint-4.tmp").is_dir() and (out / "checkpoint-2").is_dir()
+    assert not (out / "checkpoint-4").exists()
+    assert killed_at("publishing the final save", argv) == -9  # it resumed checkpoint-2
+    assert not (out / ".checkpoint-4.tmp").exists() and (out / "checkpoint-4").is_dir()
+    assert (out / ".final-model.tmp").is_dir()
+    with caplog.at_level("INFO", logger="tunesmith"):
+        run(argv)
+    assert f"resuming from {out / 'checkpoint-4'} (step 4)" in caplog.text
+    assert [r["step"] for r in logged_rows(out)] == [1, 2, 3, 4]
+    assert logged_rows(out) == logged_rows(straight)
+    assert not (out / ".final-model.tmp").exists()
+    weights, expected = load_file(out / "adapter_model.safetensors"), load_file(straight / "adapter_model.safetensors")
+    assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in expected)
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4

@@ -96,9 +96,6 @@ class ActorCritic(nn.Module):
         return {name: p for name, p in self.policy.named_parameters() if id(p) in self._trainable
                 and (not self.is_lora or f".{POLICY}." in name)}
 
-    def frozen_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        return ((n, p) for n, p in self.named_parameters() if id(p) not in self._trainable)
-
     @contextmanager
     def adapter(self, name: str) -> Iterator[None]:
         """Run the shared base with adapter `name`. PEFT's set_adapter also flips requires_grad to

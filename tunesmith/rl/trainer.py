@@ -9,8 +9,6 @@ import json
 import logging
 import math
 import os
-import pickle
-import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,33 +19,34 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import Trainer, TrainerCallback, get_scheduler
-from transformers.integrations import get_reporting_integration_callbacks
-from transformers.trainer_callback import CallbackHandler, ProgressCallback, TrainerControl, TrainerState
+from transformers.trainer_callback import ProgressCallback, TrainerControl, TrainerState
 
 from ..constants import REWARD_PLOT_FILE
 from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
 from ..distributed import zero3_inference_engine
-from ..errors import PathError
 from ..generation.rollout_engines import hand_over_weights, rollout_engine
 from ..generation.vllm_client import VLLMRollouts
 from ..hparams import check, save_run_config, zero_stage
 from ..hparams.rollout_args import RolloutEngineArguments
-from ..train.callbacks import MetricsFileCallback, plot_loss
-from ..train.checkpoints import (
-    STATE_FILE,
-    checkpoint_dir,
-    checkpoints,
-    empty_tensors,
-    model_bytes,
-    publish_checkpoint,
-    read_state,
-    rotate_checkpoints,
-    staging_dir,
-)
+from ..train.callbacks import plot_loss
+from ..train.checkpoints import empty_tensors, read_state
 from ..train.ema import WeightAverage
+from ..train.lifecycle import (
+    SCHEDULER_FILE,
+    callback_handler,
+    load_optimizer_state,
+    load_rng_state,
+    load_state,
+    load_zero_optimizer_state,  # noqa: F401 (its home was here: tests and callers import it from the RL trainer)
+    save_final,
+    save_optimizer_state,
+    save_rng_state,
+    save_state,
+    write_checkpoint,
+)
 from ..train.param_groups import split_lora_groups
-from ..utils.io import atomic_write_json, folder_bytes, publish_files, stop_when_disk_fills
+from ..utils.io import atomic_write_json
 from .args import PPOArguments, ToolUseArguments
 from .losses import (
     AdaptiveKLController,
@@ -200,9 +199,8 @@ class PPOTrainer:
         self.state.save_steps = training_args.save_steps
         self.control = TrainerControl()
         console = RolloutLinePrinter() if training_args.disable_tqdm else RolloutProgressCallback()
-        self.callbacks = CallbackHandler([*get_reporting_integration_callbacks(training_args.report_to),
-                                          MetricsFileCallback(), console],
-                                         self.unwrapped, tokenizer, self.optimizer, self.scheduler)
+        self.callbacks = callback_handler(training_args, self.unwrapped, tokenizer, self.optimizer, self.scheduler,
+                                          console)
         self._perms: dict[Any, torch.Tensor] = {}  # seeded shuffles: prompts by pass, ("ptx", pass) for PPO-ptx
         if resume_from:
             self._load_state(resume_from)
@@ -621,23 +619,23 @@ class PPOTrainer:
                                           skip_special_tokens=True)
             logger.info("sample (score %.3f): %r", float(r.scores[i]), reply)
 
-    # ------------------------------------------------------------------ saving
+    # ------------------------------------------------------------------ saving (train/lifecycle.py)
 
     def save_model(self, output_dir: str) -> None:
         """The policy adapter (or model), the value adapter and head (PPO only), the tokenizer and the run
-        config in output_dir. Written to a temporary folder first, then moved into place file by
-        file, so no reader sees a half-written file."""
+        config in output_dir, published as every stage's final save is (train/lifecycle.save_final), then
+        trainer_state.json, the mark of a finished save."""
         acc = self.accelerator
         acc.wait_for_everyone()
         weights = self._gathered_weights()
+
+        def write(staging: Path) -> None:
+            if acc.is_main_process:
+                self._write_weights(staging, weights)
+
+        save_final(output_dir, write, acc, should_save=acc.is_main_process)
         if acc.is_main_process:
-            tmp = Path(output_dir) / ".save.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            newest = checkpoints(output_dir)
-            with stop_when_disk_fills(tmp, needed=model_bytes(newest[-1] if newest else None), discard=True):
-                self._write_weights(tmp, weights)
-            publish_files(tmp, output_dir)
-        acc.wait_for_everyone()
+            save_state(self.state, output_dir)
 
     def _gathered_weights(self) -> dict[str, torch.Tensor] | None:
         """Under ZeRO-3 the parameters in memory are shards: the trainable weights gathered whole on
@@ -668,96 +666,40 @@ class PPOTrainer:
                 save_run_config(str(folder), *self.run_configs)
 
     def save_checkpoint(self) -> str:
-        """output_dir/checkpoint-<step>: weights, optimizer (one file per process: under DeepSpeed
-        each holds its own shard), scheduler, random state, KL coefficient and log. Built in a
-        temporary folder whose last file is the training state, then renamed into place."""
-        acc = self.accelerator
-        final = checkpoint_dir(self.args.output_dir, self.step)
-        tmp = staging_dir(final)
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
-        earlier = checkpoints(self.args.output_dir)
-        # A full disk: one line, the staging folder removed, the earlier checkpoints whole.
-        with stop_when_disk_fills(tmp, needed=folder_bytes(earlier[-1]) if earlier else 0, discard=acc.is_main_process):
-            self._write_checkpoint(tmp)
-        if acc.is_main_process:
-            publish_checkpoint(tmp, final)
-            rotate_checkpoints(self.args.output_dir, self.args.save_total_limit)
-        acc.wait_for_everyone()
-        return str(final)
+        """output_dir/checkpoint-<step> in the Trainer stages' layout (train/lifecycle.py): weights, optimizer
+        (under ZeRO one shard per process), scheduler, random state, the KL coefficient (rl_state.json) and
+        trainer_state.json, built in a staging folder and renamed into place."""
+        return str(write_checkpoint(self.args.output_dir, self.step, self._write_checkpoint, self.accelerator,
+                                    self.args.save_total_limit))
 
-    def _write_checkpoint(self, tmp: Path) -> None:
+    def _write_checkpoint(self, staging: Path) -> None:
         acc = self.accelerator
-        rank = acc.process_index
-        torch.save(self.optimizer.state_dict(), tmp / f"optimizer-rank{rank}.pt")
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, tmp / f"rng-rank{rank}.pt")
+        save_optimizer_state(self.optimizer, staging, acc.process_index, self.zero_stage, acc.is_main_process)
+        save_rng_state(staging, acc.process_index, acc.num_processes)
         acc.wait_for_everyone()
         weights = self._gathered_weights()
         if acc.is_main_process:
-            self._write_weights(tmp, weights)
-            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            self._write_weights(staging, weights)
+            torch.save(self.scheduler.state_dict(), staging / SCHEDULER_FILE)
             if self.ema is not None:
-                self.ema.save_state(str(tmp))
-            atomic_write_json(tmp / RL_STATE_FILE, {"kl_coef": self.kl_ctl.value})
-            self.state.save_to_json(str(tmp / STATE_FILE))  # last: a checkpoint is complete once it reads
-
-    def _load_optimizer_state(self, path: Path) -> None:
-        if not self.zero_stage:
-            self.optimizer.load_state_dict(torch.load(path, map_location="cpu"))
-            return
-        # ZeRO optimizers take a list of every rank's state, pick their own, and restore their fp32 master
-        # weights from it too.
-        states: list[dict | None] = [None] * self.accelerator.num_processes
-        states[self.accelerator.process_index] = load_zero_optimizer_state(path)
-        self.optimizer.optimizer.load_state_dict(states, load_from_fp32_weights=True)
+                self.ema.save_state(str(staging))
+            atomic_write_json(staging / RL_STATE_FILE, {"kl_coef": self.kl_ctl.value})
+            save_state(self.state, staging)  # last: a checkpoint is complete once it reads
 
     def _load_state(self, checkpoint: str) -> None:
         ckpt = Path(checkpoint)
         read_state(ckpt)  # a PathError naming the file when it does not read
-        saved = TrainerState.load_from_json(str(ckpt / STATE_FILE))
+        saved = load_state(ckpt)
         self.state.log_history, self.state.global_step, self.state.epoch = saved.log_history, saved.global_step, saved.epoch
         self.step = saved.global_step
         self.kl_ctl.value = float(json.loads((ckpt / RL_STATE_FILE).read_text(encoding="utf-8"))["kl_coef"])
-        rank = self.accelerator.process_index
-        self._load_optimizer_state(ckpt / f"optimizer-rank{rank}.pt")
-        self.scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
+        acc = self.accelerator
+        load_optimizer_state(self.optimizer, ckpt, acc.process_index, acc.num_processes, self.zero_stage)
+        self.scheduler.load_state_dict(torch.load(ckpt / SCHEDULER_FILE))
         if self.ema is not None:
             self.ema.load_state(str(ckpt))
-        rng = torch.load(ckpt / f"rng-rank{rank}.pt")
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        load_rng_state(ckpt, acc.process_index, acc.num_processes)
         logger.info("restored the optimizer, scheduler, random state and kl_coef (%.4g) of %s", self.kl_ctl.value, ckpt)
-
-
-def zero_optimizer_state_types() -> list[type]:
-    """The DeepSpeed classes a ZeRO-1/2/3 optimizer's state_dict holds beside tensors, numbers and strings (its
-    loss scaler, the stage, ZeRO-1/2's fragment offsets): torch.load's weights_only unpickler rebuilds these and
-    nothing else, so a crafted optimizer file cannot run code (a full unpickle runs whatever it names)."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
-
-
-def load_zero_optimizer_state(path: Path) -> dict[str, Any]:
-    """A ZeRO optimizer's saved state, through torch's weights_only unpickler; PathError naming the file when it
-    holds anything else."""
-    try:
-        with torch.serialization.safe_globals(zero_optimizer_state_types()):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        # torch's message: a paragraph on weights_only, the reason (the global it refused), a link
-        lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        reason = next((line for line in lines if "GLOBAL" in line), lines[0])
-        raise PathError(f"{path}: refused: it holds more than a ZeRO optimizer's state ({reason}); resume from a "
-                        "checkpoint this run wrote") from None
 
 
 def policy_loss_spec(ppo: PPOArguments) -> PolicyLossSpec:

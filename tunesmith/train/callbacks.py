@@ -11,6 +11,7 @@ import time
 from transformers import TrainerCallback
 
 from ..constants import LOSS_PLOT_FILE, METRICS_FILE
+from ..models.prompt_learning import load_encoder
 from ..utils.events import emit
 from ..utils.io import atomic_write_jsonl
 from .layer_modes import LayerModes, checkpointed_layers, set_layer_modes
@@ -100,3 +101,20 @@ class OffloadOnSideStream(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         layers = checkpointed_layers(model)
         set_layer_modes(layers, LayerModes(0, 0, len(layers)), args.device.type)
+
+
+class PromptEncoderLoader(TrainerCallback):
+    """A p-tuning adapter's encoder (the MLP that training goes on with; PEFT's adapter file holds only its output),
+    loaded from the resumed checkpoint once the Trainer has loaded the rest (on_train_begin comes after it, whatever
+    the wrapping), and from the best checkpoint when the Trainer reloads that at the end (--load_best_model_at_end)."""
+
+    def __init__(self) -> None:
+        self.checkpoint: str | None = None  # set by the Trainer's train(resume_from_checkpoint=...)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.checkpoint is not None and model is not None:
+            load_encoder(model, self.checkpoint)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if args.load_best_model_at_end and state.best_model_checkpoint is not None and model is not None:
+            load_encoder(model, state.best_model_checkpoint)

@@ -1,4 +1,4 @@
-"""Checkpoints of every training stage (the Trainer's for SFT and reward, PPO's own) and the
+"""Checkpoints of every training stage (the Trainer's, and the RL loop's in the same layout) and the
 output_dir they live in: naming, which one to resume (and saying so), rotation, the atomic swap
 that publishes a new one, the guard that keeps a run from resuming or replacing a run made with
 other settings, and the check that a save holds whole tensors."""

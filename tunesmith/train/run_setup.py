@@ -5,7 +5,6 @@ Trainer stages do at the end: train, save, evaluate."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,17 +16,10 @@ from ..hparams import ParsedRun, parse_run
 from ..models.loader import load_model, resolve_model_path
 from ..models.lora_variants import save_as_plain_lora
 from ..models.qat import prepare_qat, qat_scheme, save_quantized
-from ..utils.io import publish_files, stop_when_disk_fills
 from .callbacks import LossPlotCallback
-from .checkpoints import (
-    checkpoints,
-    guard_output_dir,
-    model_bytes,
-    resolve_resume,
-    staging_dir,
-    stop_when_a_checkpoint_fills_the_disk,
-)
+from .checkpoints import guard_output_dir, resolve_resume, stop_when_a_checkpoint_fills_the_disk
 from .finished_run import stop_if_finished
+from .lifecycle import save_final
 from .stage_trainer import StageTrainer
 
 
@@ -39,7 +31,7 @@ def prepare_training_run(kind: str, argv: Sequence[str] | None, description: str
     resolve_model_path(args.model)
     guard_output_dir(args)
     resume = resolve_resume(args.training)
-    stop_if_finished(kind, args.training, resume)  # a rerun of a finished run leaves its outputs alone
+    stop_if_finished(args.training, resume)  # a rerun of a finished run leaves its outputs alone
     start_single_process_world(args.training)
     return args, resume
 
@@ -89,23 +81,15 @@ def train_save_evaluate(trainer: Any, resume: str | None) -> None:
 
 
 def save_final_model(trainer: Any) -> None:
-    """trainer.save_model into a staging folder in output_dir, then each file moved into place: a save that
-    fails part way (a full disk: one line, utils/io.stop_when_disk_fills) leaves the previous finished model
-    whole, where saving in place would leave it half overwritten."""
-    output_dir = Path(trainer.args.output_dir)
-    staging = staging_dir(output_dir / "final-model")
-    if trainer.args.should_save:
-        shutil.rmtree(staging, ignore_errors=True)  # a killed run's
-    trainer.accelerator.wait_for_everyone()
-    newest = checkpoints(output_dir)[-1] if checkpoints(output_dir) else None
-    with stop_when_disk_fills(staging, needed=model_bytes(newest), discard=trainer.args.should_save):
+    """trainer.save_model, published as every stage's final save is (train/lifecycle.save_final: staged, then
+    moved into place file by file; a full disk is one line and leaves the previous finished model whole)."""
+
+    def write(staging: Path) -> None:
         trainer.save_model(str(staging))
-        if trainer.args.should_save:  # a PiSSA/OLoRA adapter as a plain LoRA of the unchanged base
-            save_as_plain_lora(trainer.accelerator.unwrap_model(trainer.model), str(staging))
         model = trainer.accelerator.unwrap_model(trainer.model)
+        if trainer.args.should_save:  # a PiSSA/OLoRA adapter as a plain LoRA of the unchanged base
+            save_as_plain_lora(model, str(staging))
         if trainer.args.should_save and qat_scheme(model):  # --qat: torchao's convert, the model to serve
             save_quantized(model, staging, trainer.processing_class)
-    trainer.accelerator.wait_for_everyone()  # every process's files written before they move
-    if trainer.args.should_save:
-        publish_files(staging, output_dir)
-    trainer.accelerator.wait_for_everyone()
+
+    save_final(trainer.args.output_dir, write, trainer.accelerator, trainer.args.should_save)

@@ -22,15 +22,16 @@ from ..data.template import processor_of
 from ..distributed import fsdp_requested, shard_cpu_ranks_with_fsdp
 from ..hparams import save_run_config
 from ..models.attention import use_varlen_attention
-from ..models.prompt_learning import load_encoder, save_encoder
+from ..models.prompt_learning import save_encoder
 from ..models.tiled_mlp import use_tiled_mlp
 from ..models.vision import mrope_index
 from ..utils.hardware import trains_on_cpu
-from .callbacks import MetricsFileCallback, OffloadOnSideStream
+from .callbacks import OffloadOnSideStream, PromptEncoderLoader
 from .checkpoints import empty_tensors, read_state
 from .forward_budget import ForwardBudget
 from .head_loss import FUSED_HEAD, install_fused_head, wants_fused_head
 from .layer_modes import LayerModes, checkpointed_layers, set_layer_modes
+from .lifecycle import stage_callbacks
 from .losses import use_chunked_loss
 from .param_groups import split_lora_groups
 from .router_loss import OUTPUT_ROUTER_LOGITS, routed_tokens, router_loss_for
@@ -88,7 +89,10 @@ class StageTrainer(Trainer):
         self._step_tokens: torch.Tensor | int = 0  # routed tokens of this optimizer step's batches, this process
         self._aux_in_step = torch.zeros(())  # the aux terms added in this training_step (left out of its loss)
         self._aux_summed, self._aux_steps = torch.zeros(()), 0  # since the last log: per-step aux losses, steps
-        self.add_callback(MetricsFileCallback())  # every Trainer stage keeps output_dir/metrics.jsonl
+        for callback in stage_callbacks():  # every Trainer stage keeps output_dir/metrics.jsonl (train/lifecycle.py)
+            self.add_callback(callback)
+        self._encoder_loader = PromptEncoderLoader()  # a p-tuning adapter's encoder, on a resume
+        self.add_callback(self._encoder_loader)
         # set on a GPU only (hparams); transformers before 5.20 has no such argument
         if (getattr(self.args, "activation_checkpointing_kwargs", None) or {}).get("offload"):
             self.add_callback(OffloadOnSideStream())
@@ -137,6 +141,7 @@ class StageTrainer(Trainer):
         self._trained_tokens.zero_()
         self._aux_summed, self._aux_steps = torch.zeros(()), 0
         self._tokens_before = 0
+        self._encoder_loader.checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         if isinstance(resume_from_checkpoint, str):
             self._tokens_before = trained_tokens_at(resume_from_checkpoint)
             if self.streamed:
@@ -386,11 +391,6 @@ class StageTrainer(Trainer):
         if trained_tokens_logged(self.state.log_history, step) != (step, tokens):
             self.state.log_history.append({"step": step, "trained_tokens": tokens})
         super()._save_checkpoint(model, trial)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        # PEFT's file of a p-tuning adapter holds its encoder's output, not the MLP that training goes on with.
-        load_encoder(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         output_dir = output_dir or self.args.output_dir
