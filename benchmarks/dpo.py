@@ -1,7 +1,7 @@
 """DPO throughput: tunesmith's DPO trainer against TRL's DPOTrainer, on the same model, pairs, steps and LoRA.
 
-    .venv/bin/python scripts/bench_dpo.py [--model DIR] [--steps 6] [--batch_size 8] [--repeats 3]
-                                          [--variants ours,trl,ours_precomputed]
+    .venv/bin/python -m benchmarks.dpo [--model DIR] [--steps 6] [--batch_size 8] [--repeats 3]
+                                       [--variants ours,trl,ours_precomputed]
 
 Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r 16, alpha 32, no
 dropout) with sigmoid DPO (beta 0.1) against the model with its adapter disabled, from the same token
@@ -18,7 +18,7 @@ Each run is its own subprocess (peak RSS is its own); the variants take turns, -
 the table gives the median of each column with the spread (min-max) of pairs/s. The first step is
 a warm-up: pairs/s counts the pairs of steps 2.. over the time from the end of step 1 to the end of
 the last step. Each run waits for idle cores and reports the share other processes took while it
-ran; a run over --quiet_share is flagged with '!' and its variant's row with '(loaded)' (benchlib).
+ran; a run over --quiet_share is flagged with '!' and its variant's row with '(loaded)' (benchmarks/common.py).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchlib import (  # one driver and step clock for every benchmark
+from benchmarks.common import (  # one driver and step clock for every benchmark
+    ROOT,
     StepClock,
     add_quiet_arguments,
     benchmark_model,
@@ -45,11 +45,6 @@ from benchlib import (  # one driver and step clock for every benchmark
     spread,
     trainer_clock,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 VARIANTS = ("ours", "trl", "ours_precomputed", "ours_bf16")
 PAIRS = ROOT / "data" / "demo" / "preference.jsonl"
@@ -195,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
         worker_args = ["--model", args.model, "--steps", str(args.steps), "--batch_size", str(args.batch_size),
                        "--lora_r", str(args.lora_r), "--learning_rate", str(args.learning_rate)]
-        results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
+        results = run_interleaved(__spec__.name, variants, args.repeats, workdir, worker_args, args.quiet_share,
                                   lambda r: f"{r['pairs_per_s']:.2f} pairs/s, peak RSS {r['peak_rss_mb']:.0f} MB",
                                   args.settle)
     print_table(results, args.quiet_share)

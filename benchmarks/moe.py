@@ -1,8 +1,8 @@
 """Mixture-of-experts SFT: transformers' experts kernels (--experts_implementation) against each other and against
 TRL's SFTTrainer, on small random models of two shapes, as medians of repeated runs.
 
-    .venv/bin/python scripts/bench_moe.py [--shapes qwen3_moe,mixtral] [--steps 4] [--rows 4] [--repeats 3]
-                                          [--variants eager,grouped_mm,batched_mm,trl]
+    .venv/bin/python -m benchmarks.moe [--shapes qwen3_moe,mixtral] [--steps 4] [--rows 4] [--repeats 3]
+                                       [--variants eager,grouped_mm,batched_mm,trl]
 
 The shapes (2 layers, hidden 128, the default model's tokenizer and its 49,152-token vocabulary, float32 weights
 drawn at random and saved once):
@@ -10,14 +10,14 @@ drawn at random and saved once):
   mixtral     few large experts: 8 of intermediate 448, top-2 (Mixtral-8x7B: 8 of 14,336, top-2)
 The variants, each the same LoRA (r 16, alpha 32, no dropout, every linear layer and the experts' fused weights
 through PEFT's target_parameters) trained with AdamW for --steps optimizer steps on the same --rows conversations a
-step (bench_sft's set), float32 (--bf16 false):
+step (the SFT benchmark's set), float32 (--bf16 false):
   eager, grouped_mm, batched_mm   `tunesmith sft --packing true --experts_implementation K` (one padding-free row)
   trl                             TRL's SFTTrainer (packing=True, padding_free, bf16=False) on the same model, data
                                   and LoRA; the model loaded as TRL's docs load one (transformers' default experts:
                                   grouped_mm in transformers 5.x)
 The first step is a warm-up and is not timed: tokens/s is the tokens of the rows (positions computed) from step 2 on
 over the time from the end of step 1 to the end of the last step. Peak RSS is the worker process's. Each run is its
-own subprocess; the variants take turns, --repeats times, each once the cores are idle (scripts/benchlib.py: the
+own subprocess; the variants take turns, --repeats times, each once the cores are idle (benchmarks/common.py: the
 1-minute load average before each run and the share of the cores other processes took meanwhile are recorded beside
 every timing; '(loaded)' marks a variant one of whose runs shared the cores).
 """
@@ -28,16 +28,11 @@ import argparse
 import functools
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from benchlib import (  # noqa: E402
+from benchmarks.common import (
     add_quiet_arguments,
     benchmark_model,
     check_choices,
@@ -97,8 +92,8 @@ def build_model(shape: str, tokenizer_dir: str, out: Path) -> str:
 
 
 def write_data(args: argparse.Namespace, workdir: Path) -> str:
-    """bench_sft's conversations, as many as the run trains on."""
-    from bench_sft import benchmark_conversations
+    """The SFT benchmark's conversations, as many as the run trains on."""
+    from benchmarks.sft import benchmark_conversations
 
     path = workdir / "bench.jsonl"
     rows = benchmark_conversations(args.steps * args.rows, max_turns=3)
@@ -204,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\n{shape}: {json.dumps({**COMMON, **SHAPES[shape]})}", flush=True)
             worker_args = ["--shape", shape, "--steps", str(args.steps), "--rows", str(args.rows),
                            "--max_seq_length", str(args.max_seq_length)]
-            tables[shape] = run_interleaved(__file__, args.variants.split(","), args.repeats, workdir, worker_args,
+            tables[shape] = run_interleaved(__spec__.name, args.variants.split(","), args.repeats, workdir, worker_args,
                                             args.quiet_share,
                                             lambda r: f"{r['tokens_per_s']:.1f} tokens/s, peak RSS "
                                                       f"{r['peak_rss_mb']:.0f} MB", args.settle)

@@ -1,7 +1,7 @@
 """SFT throughput: tunesmith against TRL's SFTTrainer and a plain PyTorch loop, as medians of repeated runs.
 
-    .venv/bin/python scripts/bench_sft.py [--model DIR] [--steps 6] [--batch_size 4] [--max_seq_length 512]
-                                          [--max_turns 10] [--repeats 3] [--variants ours,trl_packed,...]
+    .venv/bin/python -m benchmarks.sft [--model DIR] [--steps 6] [--batch_size 4] [--max_seq_length 512]
+                                       [--max_turns 10] [--repeats 3] [--variants ours,trl_packed,...]
 
 Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r, alpha = 2r,
 --lora_dropout 0.05) on the same model, from the same conversations taken in the same order, for the
@@ -45,7 +45,7 @@ Each run is its own subprocess (peak RSS is its own); the variants take turns, -
 table gives medians with the spread (min-max) of tokens/s. The first step is a warm-up and is not timed:
 throughput is trained tokens (targets of the loss) from step 2 on, over the time from the end of step 1
 to the end of the last step (data loading included). Each run waits for idle cores and reports the share
-other processes took while it ran (`other CPU`; see benchlib). `loss vs plain` is the largest difference of a step's loss from the plain loop's at the same
+other processes took while it ran (`other CPU`; see benchmarks/common.py). `loss vs plain` is the largest difference of a step's loss from the plain loop's at the same
 step (the same conversations; dropout draws differ), for the variants that train the same batches.
 On CUDA the table adds peak GPU memory and MFU: 6 x parameters x tokens computed per second over the GPU's
 dense bf16 peak (the usual convention; a LoRA run skips the frozen weights' gradients, about a third of
@@ -66,17 +66,12 @@ import inspect
 import math
 import os
 import random
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when this runs)
+from benchmarks.common import (
+    ROOT,
     StepClock,
     add_quiet_arguments,
     benchmark_model,
@@ -501,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
             worker_args += ["--profile", str(Path(args.profile).resolve())]
         if args.gpu_memory_gb:
             worker_args += ["--gpu_memory_gb", str(args.gpu_memory_gb)]
-        results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
+        results = run_interleaved(__spec__.name, variants, args.repeats, workdir, worker_args, args.quiet_share,
                                   lambda r: f"{r['tokens_per_s']:.1f} trained tokens/s, peak RSS "
                                             f"{r['peak_rss_mb']:.0f} MB", args.settle)
     print_table(results, args.quiet_share)
