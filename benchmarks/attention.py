@@ -60,6 +60,7 @@ from typing import Any
 
 from benchmarks.common import (
     add_quiet_arguments,
+    add_worker_arguments,
     check_choices,
     loaded,
     medians,
@@ -102,8 +103,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add_quiet_arguments(p)
     p.add_argument("--max_runs", type=int, default=6,
                    help="Runs of a group at most, while fewer than --repeats of them ran on quiet cores.")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p)
     args = p.parse_args(argv)
     check_choices(p, "shapes", args.shapes, SHAPES)
     check_choices(p, "kernels", args.kernels, KERNELS)

@@ -14,14 +14,17 @@ than about the variant. The 1-minute load average before each run is printed too
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,28 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository: configs/, data/dem
 # Every benchmark reads local folders only, and starts processes after a tokenizer has run in it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The Trainer settings of every timed training run: the rows in their order (each variant trains the same batches),
+# no checkpoint written among the timed steps, every step's loss in the log history, no progress bar.
+TIMED_TRAINER = {"train_sampling_strategy": "sequential", "save_strategy": "no", "report_to": "none",
+                 "logging_steps": 1, "disable_tqdm": True}
+
+
+@contextlib.contextmanager
+def scratch(name: str) -> Iterator[Path]:
+    """A temporary folder for a benchmark's data and its workers' results, with tunesmith's data cache inside it for
+    the while (the workers inherit it), so that the sets a benchmark tokenizes stay out of the user's cache."""
+    before = os.environ.get("TUNESMITH_CACHE")
+    with tempfile.TemporaryDirectory(prefix=f"{name}.") as tmp:
+        workdir = Path(tmp)
+        os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")
+        try:
+            yield workdir
+        finally:
+            if before is None:
+                os.environ.pop("TUNESMITH_CACHE")
+            else:
+                os.environ["TUNESMITH_CACHE"] = before
 
 
 class StepClock:
@@ -80,6 +105,19 @@ def running_benchmark() -> str:
     return spec.name if spec else Path(sys.argv[0]).name
 
 
+class CountingCollator:
+    """Wraps a Trainer's collator; keeps `count(batch)` of every batch it makes, in order (the positions computed, the
+    tokens trained: what a step's throughput divides by)."""
+
+    def __init__(self, collator: Any, count: Callable[[dict], Any]) -> None:
+        self.collator, self.count, self.counts = collator, count, []
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.collator(features)
+        self.counts.append(self.count(batch))
+        return batch
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -127,6 +165,12 @@ def child_env(**extra: str) -> dict[str, str]:
 def worker_command(module: str, variant: str, workdir: Path, *args: str) -> list[str]:
     """The command of one worker: the benchmark's own module (its `__spec__.name`) run with --worker."""
     return [sys.executable, "-m", module, "--worker", variant, "--workdir", str(workdir), *args]
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, variants: Sequence[str] | None = None) -> None:
+    """The hidden flags a worker gets from worker_command: the variant it runs and the folder its result goes to."""
+    parser.add_argument("--worker", choices=variants, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
 
 
 def run_measured(command: list[str]) -> tuple[int, str, float]:

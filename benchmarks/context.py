@@ -107,7 +107,6 @@ import random
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +115,7 @@ from typing import Any
 
 from benchmarks.common import (
     StepClock,
+    add_worker_arguments,
     benchmark_model,
     check_choices,
     child_env,
@@ -123,6 +123,7 @@ from benchmarks.common import (
     peak_rss_mb,
     run_worker,
     running_benchmark,
+    scratch,
     worker_command,
 )
 from benchmarks.sft import qa_pairs
@@ -180,8 +181,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="A smoke run: lengths 128 (search: one trial, --start 128 --max_length 128) and 128 "
                         "(--lengths), 2 steps.")
-    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p, VARIANTS)
     args = p.parse_args(argv)
     return check(p, args)
 
@@ -813,9 +813,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.one_process is None:
         args.one_process = cuda
     results: dict[str, list[VariantResult]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench_context.") as tmp:
-        workdir = Path(tmp)
-        os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")  # the generated conversations stay out of the real cache
+    with scratch(__spec__.name) as workdir:  # the generated conversations stay out of the real cache
         print(f"model {args.model}; memory limit {args.memory_gb:.3g} GB RSS for the search, "
               f"{args.fixed_memory_gb:.3g} GB for the fixed lengths; "
               f"{'one process per variant' if args.one_process else 'one process per trial'}; workers with "

@@ -61,8 +61,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +69,7 @@ from typing import Any
 from benchmarks.common import (
     ROOT,
     add_quiet_arguments,
+    add_worker_arguments,
     benchmark_model,
     loaded,
     medians,
@@ -78,6 +77,7 @@ from benchmarks.common import (
     peak_rss_mb,
     run_interleaved,
     run_worker,
+    scratch,
     spread,
 )
 
@@ -124,8 +124,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="vllm: the grpo_vllm_* variants sample on a vLLM server (--vllm_url, or one the bench starts).")
     p.add_argument("--vllm_url", default=None, help="A running vLLM server of --model, float32 (tunesmith vllm-serve).")
     add_quiet_arguments(p)
-    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p, VARIANTS)
     args = p.parse_args(argv)
     default = "grpo_bf16,trl_bf16,grpo_tools_bf16,trl_tools_bf16" if args.peer else "grpo_bf16,gae_bf16"
     if args.rollout_engine == "vllm" and not args.variants:
@@ -310,9 +309,9 @@ def main(argv: list[str] | None = None) -> None:
           "each, interleaved", flush=True)
     for tools in sorted({is_tools(v) for v in args.variants}):
         print(f"{CONFIGS[tools].relative_to(ROOT)}: {describe_workload(tools, args.adapter)}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench_rl.") as tmp, vllm_server(args, Path(tmp)) as url:
-        os.environ["TUNESMITH_CACHE"] = str(Path(tmp) / "cache")  # the prompts are encoded alike in every run
-        results = run_interleaved(__spec__.name, args.variants, args.repeats, Path(tmp),
+    # one data cache for the runs: the prompts are encoded alike in every run
+    with scratch(__spec__.name) as workdir, vllm_server(args, workdir) as url:
+        results = run_interleaved(__spec__.name, args.variants, args.repeats, workdir,
                                   ["--model", args.model, "--steps", str(args.steps), "--loss_type", args.loss_type,
                                    "--adapter", args.adapter, *(["--vllm_url", url] if url else [])],
                                   args.quiet_share, describe, args.settle)
