@@ -4,10 +4,10 @@
 #
 #   bash scripts/gpu_check.sh stages   every stage on CUDA: `.gpu/run.sh train` beside `pytest -m gpu`, then
 #                                      `.gpu/run.sh use`; one `STAGE name rc=N` line each (about 7 minutes)
-#   bash scripts/gpu_check.sh bench    bench_sft against TRL packed at batch 8 and 32 and on QLoRA, then
+#   bash scripts/gpu_check.sh bench    benchmarks.sft against TRL packed at batch 8 and 32 and on QLoRA, then
 #                                      VARIANTS (default ours_row_capped,ours_compiled) at batch 8 (about 5)
 #   bash scripts/gpu_check.sh memory   issue 40: the gpu tests of checkpointing, offload, the tiled head and the
-#                                      forward budget, then bench_sft's memory rows at tunesmith's defaults against
+#                                      forward budget, then benchmarks.sft's memory rows at tunesmith's defaults against
 #                                      TRL packed: 1.07B QLoRA and LoRA at 2048, a Qwen2.5-1.5B shape at 4096 (about 9)
 #   bash scripts/gpu_check.sh context  issue 52: the Llama-3.1-8B shape, QLoRA, one conversation of 400,000 tokens
 #                                      (--tiled_mlp, offloaded layer inputs: about 100 GB of pinned host memory),
@@ -15,13 +15,13 @@
 #                                      the speed ratio, within BUDGET; CONTEXT_ARGS replaces the first call's flags
 #                                      (issue 40's Qwen2.5-1.5B LoRA search: CONTEXT_ARGS="--model /tmp/q15
 #                                      --method lora --variants ours,ours_offload,trl --start 8192 --time_budget 60")
-#   bash scripts/gpu_check.sh auto     issue 52, items 4-5: the gpu tests of layer modes and offload, bench_sft's
+#   bash scripts/gpu_check.sh auto     issue 52, items 4-5: the gpu tests of layer modes and offload, benchmarks.sft's
 #                                      1.07B QLoRA at the new default (auto) against TRL packed and against every
 #                                      layer recomputed, again with the card capped at CAP_GB (default 5.3, TRL
 #                                      packed QLoRA's peak there), then one long conversation under a 20 GiB cap
 #                                      (auto against checkpointing and offload) (about 9 minutes)
 #   bash scripts/gpu_check.sh rl       issue 62: GRPO's rollouts on a vLLM server on the same GPU against tunesmith's
-#                                      engine (bench_rl --rollout_engine vllm: sampling, weight sync and update per
+#                                      engine (benchmarks.rl --rollout_engine vllm: sampling, weight sync and update per
 #                                      step), then the vllm test tier. vLLM's CUDA wheel (~400 MB) does not fit a
 #                                      call's 64 MiB: it runs where the machine has vLLM installed, and says so where not
 #
@@ -67,10 +67,10 @@ if not os.path.exists(f"{folder}/config.json"):
 PY
 }
 
-bench() {  # NAME MIN_SECONDS BENCH_SFT_FLAGS...: one bench_sft call if MIN_SECONDS are left, then its table
+bench() {  # NAME MIN_SECONDS BENCH_SFT_FLAGS...: one benchmarks.sft call if MIN_SECONDS are left, then its table
   local name=$1 need=$2; shift 2
   if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left)s left"; return; fi
-  timeout $(( $(left) - 5 )) python3 scripts/bench_sft.py --model /tmp/m1b --repeats 1 --settle 3 --max_seq_length 2048 \
+  timeout $(( $(left) - 5 )) python3 -m benchmarks.sft --model /tmp/m1b --repeats 1 --settle 3 --max_seq_length 2048 \
     --conversations 400 "$@" > "$OUT/bench_$name.log" 2>&1
   echo "== $name (done at $(elapsed)s)"
   grep -E "^(variant|ours|trl)|ratio|failed|Error" "$OUT/bench_$name.log" | grep -v "n/a" | cut -c1-220 | tail -n 12
@@ -106,12 +106,12 @@ tiled or packed_logits_equal or (test_sft and (packed or offload or qlora))" > "
   echo "-- pytest -m gpu (done at $(elapsed)s)"; grep -E "peak above|passed|failed|Error" "$OUT/pytest.log" | tail -n 8 ;;
 context)
   case "${CONTEXT_ARGS:-/tmp/l8b}" in *q15*) shape q15 ;; *) shape l8b ;; esac; echo "shapes done at $(elapsed)s"
-  timeout $(( $(left) - 10 )) python3 scripts/bench_context.py \
+  timeout $(( $(left) - 10 )) python3 -m benchmarks.context \
     ${CONTEXT_ARGS:---model /tmp/l8b --method qlora --no_search --variants ours_offload_tiled --lengths 400000 \
     --steps 1 --memory_gb 120} > "$OUT/context.log" 2>&1
-  echo "-- bench_context (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | tail -n 20
+  echo "-- benchmarks.context (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | tail -n 20
   if [ -z "${CONTEXT_ARGS:-}" ] && [ "$(left)" -gt 200 ]; then
-    timeout $(( $(left) - 10 )) python3 scripts/bench_context.py --model /tmp/l8b --method qlora --no_search \
+    timeout $(( $(left) - 10 )) python3 -m benchmarks.context --model /tmp/l8b --method qlora --no_search \
       --variants ours_auto_tiled,trl_offload --lengths 131072 --steps 2 --memory_gb 120 > "$OUT/context_ratio.log" 2>&1
     echo "-- ratio at 131072 (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context_ratio.log" | tail -n 20
   fi ;;
@@ -123,18 +123,18 @@ auto)
   bench qlora_capped 110 --batch_size 8 --steps 12 --gpu_memory_gb "${CAP_GB:-5.3}" --variants ours_qlora,ours_qlora_gc
   grep -h "forwards of at most\|a forward of" "$OUT"/bench_*.log | cut -c1-240 | sort | uniq -c | head -n 8
   if [ "$(left)" -gt 60 ]; then
-    timeout $(( $(left) - 5 )) python3 scripts/bench_context.py --model /tmp/m1b --method qlora --no_search \
+    timeout $(( $(left) - 5 )) python3 -m benchmarks.context --model /tmp/m1b --method qlora --no_search \
       --variants ours_auto,ours_gc,ours_offload --lengths 131072 --steps 1 --gpu_memory_gb 20 > "$OUT/context.log" 2>&1
-    echo "-- bench_context (done at $(elapsed)s)"
+    echo "-- benchmarks.context (done at $(elapsed)s)"
     grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context.log" | grep -E "ours|forwards|forward of|Error" | cut -c1-240 | tail -n 16
-  else echo "skip bench_context: $(left)s left"; fi ;;
+  else echo "skip benchmarks.context: $(left)s left"; fi ;;
 rl)
   if ! python3 -c "import vllm" 2>/dev/null; then
     echo "rl: vllm is not importable on this machine (its wheel cannot be carried in a call): nothing measured"; exit 1
   fi
-  timeout $(( $(left) - 120 )) python3 scripts/bench_rl.py --rollout_engine vllm --variants grpo_fp32,grpo_vllm_fp32 \
+  timeout $(( $(left) - 120 )) python3 -m benchmarks.rl --rollout_engine vllm --variants grpo_fp32,grpo_vllm_fp32 \
     --repeats 2 --settle 3 > "$OUT/bench_rl.log" 2>&1
-  echo "-- bench_rl (done at $(elapsed)s)"; grep -E "^(variant|grpo)|per step|Error" "$OUT/bench_rl.log" | cut -c1-240 | tail -n 8
+  echo "-- benchmarks.rl (done at $(elapsed)s)"; grep -E "^(variant|grpo)|per step|Error" "$OUT/bench_rl.log" | cut -c1-240 | tail -n 8
   timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm.py > "$OUT/vllm.log" 2>&1
   echo "-- pytest -m vllm (done at $(elapsed)s)"; tail -n 3 "$OUT/vllm.log" ;;
 esac

@@ -19,5 +19,5 @@ fi
 echo "== 1/2 GRPO with the calculator in the rollouts -> $OUT"
 time "$PY" ppo/train.py configs/grpo_tools_demo.yaml --adapter_name_or_path "$SFT" --output_dir "$OUT" "$@"
 echo "== 2/2 held-out multiplications, answered as agents: the SFT adapter, then the GRPO policy"
-"$PY" scripts/eval_policy.py --baseline "$SFT" --policy "$OUT" --data_path data/demo/grpo_tools_eval.jsonl \
+"$PY" -m tunesmith eval --baseline "$SFT" --policy "$OUT" --data_path data/demo/grpo_tools_eval.jsonl \
     --reward_funcs final_number --tool_funcs "$TOOLS" --max_new_tokens 40 --show 3

@@ -1,4 +1,4 @@
-"""scripts/bench_context.py: the search for the longest trainable context (doubling, then bisection to 5%)
+"""benchmarks/context.py: the search for the longest trainable context (doubling, then bisection to 5%)
 against a fake memory limit, the RSS watchdog on a worker, and a smoke run of every variant on a tiny model."""
 
 from __future__ import annotations
@@ -9,11 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_context.py"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_context import Bracket, longest_fitting  # noqa: E402
+from benchmarks.common import child_env
+from benchmarks.context import Bracket, longest_fitting
 
 
 def search(limit: int, start: int = 1024, cap: int = 1 << 20, answers: dict | None = None):
@@ -59,8 +56,8 @@ def test_search_stops_at_the_cap_and_when_there_is_no_answer():
 
 
 def run_script(tmp_path: Path, *flags: str, timeout: int = 600) -> str:
-    done = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.context", *flags], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path, env=child_env())
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -92,7 +89,7 @@ def test_every_variant_trains_on_a_tiny_model(tmp_path, tiny_model_dir):
 
 
 def test_a_peak_over_the_limit_between_two_polls_is_a_failure():
-    from bench_context import over_limit
+    from benchmarks.context import over_limit
 
     trial = {"status": "ok", "peak_rss_mb": 2100.0}
     assert over_limit(trial, 2.0, cuda=False)["status"] == "oom"

@@ -1,4 +1,4 @@
-"""scripts/bench_rl.py: the tools workload's data, that TRL's tool loop reads tunesmith's chatml_tools calls and
+"""benchmarks/rl.py: the tools workload's data, that TRL's tool loop reads tunesmith's chatml_tools calls and
 inserts the same tool-result tokens as tunesmith's (so both sides do the same work), the ratio lines, and a smoke run
 of every variant on a tiny model."""
 
@@ -12,11 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_rl.py"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench_rl  # noqa: E402
+import benchmarks.rl as bench_rl
+from benchmarks.common import child_env
 
 
 def test_the_tools_workload_is_the_demo_config_less_what_trl_cannot_do():
@@ -105,9 +102,10 @@ def test_a_loss_the_two_trainers_define_apart_is_refused(capsys):
 
 @pytest.mark.heavy  # ~5 min on a busy 2-core CPU: a worker per variant (10), each importing TRL; -m heavy
 def test_every_variant_runs_a_step_on_a_tiny_model(tmp_path, tiny_model_dir):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--model", tiny_model_dir, "--adapter", "none",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.rl", "--model", tiny_model_dir, "--adapter", "none",
                            "--variants", ",".join(bench_rl.VARIANTS), "--steps", "1", "--repeats", "1",
-                           "--settle", "0"], capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+                           "--settle", "0"], capture_output=True, text=True, timeout=1200, cwd=tmp_path,
+                          env=child_env())
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "failed" not in out, out

@@ -262,7 +262,7 @@ def test_sft_trainer_computes_the_loss_chunked_on_cpu(tiny_model_dir, tmp_path, 
 # The stated tolerance: on the demo conversations, every step's loss of the fast path (bf16 autocast
 # over a bf16 base, packed rows split into forwards, the chunked loss) is within 1% of the float32
 # path's (padded batches, float32 throughout). Without dropout, so that the two see the same noise
-# (none); measured 0.4% at most here. On the real model scripts/bench_sft.py prints the largest
+# (none); measured 0.4% at most here. On the real model benchmarks/sft.py prints the largest
 # difference per variant (`loss vs plain`; `--lora_dropout 0` for the like-for-like curve).
 LOSS_TOLERANCE = 0.01
 

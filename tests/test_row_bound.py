@@ -210,7 +210,7 @@ print(json.dumps({"peak_mb": peak_mb() - before, "kept": kept, "seconds": second
 
 def test_one_huge_row_of_each_kind_costs_what_the_run_can_train(tmp_path, tokenizer):
     """A 4 MB row (2,000,000 tokens of "x "), and a 1 MB pt document: tokenized whole, such a row took 1.1 GB (SFT,
-    KTO) to 1.4 GB (DPO) and a 4 MB document 1.0 GB (scripts/bench_row_bound.py before the bound: ru_maxrss over the
+    KTO) to 1.4 GB (DPO) and a 4 MB document 1.0 GB (benchmarks/row_bound.py before the bound: ru_maxrss over the
     process with its tokenizer, --max_seq_length 1024); bounded, the four kinds together stay under 150 MB
     (measured: 74 MB with a 2 MB document, whose tokens are its records: 8 bytes each, then Arrow's copy)."""
     huge = "x " * 2_000_000

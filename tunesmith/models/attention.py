@@ -145,7 +145,7 @@ def _per_example(kernel: str, module: nn.Module, query: torch.Tensor, key: torch
             out = eager(module, q, k, v, mask, dropout=dropout, scaling=scaling, **attention_args)[0]
         elif window is not None and e - s > window:
             # torch's SDPA takes the grouped key/value heads as they are; transformers' copies them when given a
-            # mask (4-10% of a windowed layer's attention on CPU, scripts/bench_attention.py)
+            # mask (4-10% of a windowed layer's attention on CPU, benchmarks/attention.py)
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=example_mask(e - s, window, query.device), dropout_p=dropout, scale=scaling,
                 enable_gqa=q.shape[1] != k.shape[1]).transpose(1, 2)

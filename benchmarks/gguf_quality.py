@@ -1,7 +1,7 @@
 """Size and quality of GGUF files of one model in llama.cpp (needs llama-cpp-python:
 `bash scripts/setup.sh --with-llama-cpp`), against a reference file (f16):
 
-    python scripts/gguf_quality.py --reference outputs/gguf/m-f16.gguf outputs/gguf/m-*.gguf
+    python -m benchmarks.gguf_quality --reference outputs/gguf/m-f16.gguf outputs/gguf/m-*.gguf
 
 - perplexity: of every token of the held-out conversations (the first --conversations of data/demo/sft.jsonl,
   rendered with the file's chat template: text the default model never trained on), teacher-forced;
@@ -16,17 +16,13 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from tunesmith.data.formats import conversation_from_row, read_rows  # noqa: E402
-from tunesmith.export.gguf_llama_cpp import load  # noqa: E402
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+from benchmarks.common import ROOT
+from tunesmith.data.formats import conversation_from_row, read_rows
+from tunesmith.export.gguf_llama_cpp import load
 
 
 def _render(llm, messages, generation_prompt: bool) -> str:

@@ -1,15 +1,15 @@
 """Packed attention alone: what one layer's attention over a packed row costs, forward and backward, on the kernels
 tunesmith runs (models/attention.py) against the kernel it replaced and what a user would otherwise run.
 
-    .venv/bin/python scripts/bench_attention.py [--shapes smollm2] [--dtypes auto] [--row_tokens 2048]
-                                                [--kernels old,new,...] [--rounds 5] [--repeats 3]
+    .venv/bin/python -m benchmarks.attention [--shapes smollm2] [--dtypes auto] [--row_tokens 2048]
+                                             [--kernels old,new,...] [--rounds 5] [--repeats 3]
 
-The row: bench_sft's conversations (its default set, 43 to 507 tokens, tokenized for SmolLM2) in its order, as many as
-fit in --row_tokens: at 2,048, its first 8 (1,986 tokens; 3 of them longer than the window), a packed batch of 8.
-Query, key and value are random, [1, heads, tokens, head_dim] with grouped key/value heads (--shapes: SmolLM2-135M's
-9/3/64, a Mistral-7B-like 32/8/128), and every call runs the forward and the backward of the inputs' gradients (the
-sinks' too, for gpt-oss) from a fixed output gradient. The kernels, by what the model's attention adds to causal
-attention:
+The row: the SFT benchmark's conversations (its default set, 43 to 507 tokens, tokenized for SmolLM2) in its order,
+as many as fit in --row_tokens: at 2,048, its first 8 (1,986 tokens; 3 of them longer than the window), a packed
+batch of 8. Query, key and value are random, [1, heads, tokens, head_dim] with grouped key/value heads (--shapes:
+SmolLM2-135M's 9/3/64, a Mistral-7B-like 32/8/128), and every call runs the forward and the backward of the inputs'
+gradients (the sinks' too, for gpt-oss) from a fixed output gradient. The kernels, by what the model's attention
+adds to causal attention:
 
   causal (Llama)
     old               SDPA once per example, causal (the CPU path of 6746938, before windows, soft-caps and sinks)
@@ -39,7 +39,7 @@ a subset (the whole-row eager kernels take most of a run at the Mistral shape); 
 
 How the numbers are taken: every shape and dtype (`--dtypes auto`: float32, and bfloat16 where the CPU computes it
 natively, as SFT's --bf16 auto decides) runs in its own subprocess, --repeats times, the groups taking turns, each
-once the cores are idle (scripts/benchlib.py, which records the share of the cores other processes took meanwhile).
+once the cores are idle (benchmarks/common.py, which records the share of the cores other processes took meanwhile).
 A run during which other processes took over --quiet_share of the cores is left out of the table and run again, up
 to --max_runs runs a group (with none quiet, the table takes every run and says so). Inside a run, every kernel is
 called once to warm up, then --rounds times, the kernels taking turns in each round; a run's figure for a kernel is
@@ -51,20 +51,23 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from benchlib import add_quiet_arguments, check_choices, loaded, medians, run_interleaved, run_worker, spread  # noqa: E402
+from benchmarks.common import (
+    add_quiet_arguments,
+    add_worker_arguments,
+    check_choices,
+    loaded,
+    medians,
+    run_interleaved,
+    run_worker,
+    spread,
+)
 
 SHAPES = {"smollm2": (9, 3, 64), "mistral": (32, 8, 128)}  # query heads, key/value heads, head_dim
 MODELING = {"llama": "transformers.models.llama.modeling_llama", "gemma2": "transformers.models.gemma2.modeling_gemma2",
@@ -80,7 +83,7 @@ FEATURES = (
 KERNELS = tuple(dict.fromkeys(name for _, _, names in FEATURES for name in names))
 NOTES = {("sliding", "old"): "drops the window: not the model's attention",
          ("causal", "new_first_call"): "once per layer in a run"}
-# The token counts of the first 40 conversations of bench_sft.py's default set (300 conversations, max_seq_length 512,
+# The token counts of the first 40 conversations of benchmarks/sft.py's default set (300 conversations, max_seq_length 512,
 # SmolLM2-135M-Instruct's tokenizer and tunesmith's template), in its order.
 BENCH_SFT_LENGTHS = (124, 466, 55, 504, 111, 414, 76, 236, 445, 91, 253, 507, 72, 77, 154, 475, 248, 449, 58, 52, 118,
                      109, 287, 229, 440, 46, 484, 363, 174, 190, 392, 52, 381, 483, 348, 125, 358, 377, 314, 481)
@@ -100,8 +103,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add_quiet_arguments(p)
     p.add_argument("--max_runs", type=int, default=6,
                    help="Runs of a group at most, while fewer than --repeats of them ran on quiet cores.")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p)
     args = p.parse_args(argv)
     check_choices(p, "shapes", args.shapes, SHAPES)
     check_choices(p, "kernels", args.kernels, KERNELS)
@@ -120,7 +122,7 @@ def dtypes(choice: str) -> list[str]:
 
 
 def example_lengths(row_tokens: int) -> list[int]:
-    """bench_sft's conversations in order, while they fit in the row (one at least)."""
+    """The SFT benchmark's conversations in order, while they fit in the row (one at least)."""
     lengths: list[int] = []
     for n in BENCH_SFT_LENGTHS:
         if lengths and sum(lengths) + n > row_tokens:
@@ -314,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
             pending = [g for g in groups if len(quiet(results[g], args.quiet_share)) < args.repeats]
             if not pending:
                 break
-            done = run_interleaved(__file__, pending, 1, Path(tmp), worker_args, args.quiet_share,
+            done = run_interleaved(__spec__.name, pending, 1, Path(tmp), worker_args, args.quiet_share,
                                    lambda r: ", ".join(f"{k[3:]} {v:.1f}" for k, v in r.items()
                                                        if k in ("ms:old", "ms:new", "ms:new_window")) + " ms a call",
                                    args.settle)

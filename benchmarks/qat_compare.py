@@ -2,7 +2,7 @@
 of the same SFT run trained without and with --qat, each then quantized the same way (torchao's scheme), against
 the unquantized model (docs/sft.md, "Quantization-aware training", reports its output).
 
-    python scripts/qat_compare.py [--scheme int8_int4|int4] [--finetuning_type full|lora] [--steps 30] [--batch_size 4]
+    python -m benchmarks.qat_compare [--scheme int8_int4|int4] [--finetuning_type full|lora] [--steps 30] [--batch_size 4]
 
 Both runs share every flag (seed, data order, steps, learning rate); the QAT run's quantized model is read back
 from its output_dir/quantized/ as a user would load it. The held-out rows are --val_size's (the same rows in both

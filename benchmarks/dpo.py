@@ -1,7 +1,7 @@
 """DPO throughput: tunesmith's DPO trainer against TRL's DPOTrainer, on the same model, pairs, steps and LoRA.
 
-    .venv/bin/python scripts/bench_dpo.py [--model DIR] [--steps 6] [--batch_size 8] [--repeats 3]
-                                          [--variants ours,trl,ours_precomputed]
+    .venv/bin/python -m benchmarks.dpo [--model DIR] [--steps 6] [--batch_size 8] [--repeats 3]
+                                       [--variants ours,trl,ours_precomputed]
 
 Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r 16, alpha 32, no
 dropout) with sigmoid DPO (beta 0.1) against the model with its adapter disabled, from the same token
@@ -18,22 +18,23 @@ Each run is its own subprocess (peak RSS is its own); the variants take turns, -
 the table gives the median of each column with the spread (min-max) of pairs/s. The first step is
 a warm-up: pairs/s counts the pairs of steps 2.. over the time from the end of step 1 to the end of
 the last step. Each run waits for idle cores and reports the share other processes took while it
-ran; a run over --quiet_share is flagged with '!' and its variant's row with '(loaded)' (benchlib).
+ran; a run over --quiet_share is flagged with '!' and its variant's row with '(loaded)' (benchmarks/common.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchlib import (  # one driver and step clock for every benchmark
+from benchmarks.common import (  # one driver and step clock for every benchmark
+    ROOT,
+    TIMED_TRAINER,
+    CountingCollator,
     StepClock,
     add_quiet_arguments,
+    add_worker_arguments,
     benchmark_model,
     check_choices,
     loaded,
@@ -42,14 +43,10 @@ from benchlib import (  # one driver and step clock for every benchmark
     peak_rss_mb,
     run_interleaved,
     run_worker,
+    scratch,
     spread,
     trainer_clock,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 VARIANTS = ("ours", "trl", "ours_precomputed", "ours_bf16")
 PAIRS = ROOT / "data" / "demo" / "preference.jsonl"
@@ -64,8 +61,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning_rate", type=float, default=5e-5)
     add_quiet_arguments(p)
     p.add_argument("--variants", default=",".join(VARIANTS[:2]), help=f"Comma-separated subset of {', '.join(VARIANTS)}.")
-    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p, VARIANTS)
     args = p.parse_args(argv)
     check_choices(p, "variants", args.variants, VARIANTS)
     return args
@@ -87,16 +83,9 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> dict:
     return {"pairs": len(dataset), "tokens": sum(lengths) / len(lengths), "reply_tokens": sum(replies) / len(replies)}
 
 
-class CountingCollator:
-    """Wraps a collator; records, per batch, the positions the model computes."""
-
-    def __init__(self, collator: Any) -> None:
-        self.collator, self.positions = collator, []
-
-    def __call__(self, features: list[dict]) -> dict:
-        batch = self.collator(features)
-        self.positions.append(batch["input_ids"].numel())
-        return batch
+def positions(batch: dict) -> int:
+    """The positions the model computes for a batch."""
+    return batch["input_ids"].numel()
 
 
 def load(args: argparse.Namespace, workdir: Path, training_args: Any = None) -> tuple[Any, Any, Any]:
@@ -133,18 +122,17 @@ def run_ours(args: argparse.Namespace, workdir: Path, precompute: bool, bf16: bo
 
     training_args = TrainingArguments(
         output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
-        report_to="none", logging_steps=1, disable_tqdm=True, use_cpu=True, bf16=bf16)
+        learning_rate=args.learning_rate, use_cpu=True, bf16=bf16, **TIMED_TRAINER)
     dataset, tokenizer, model = load(args, workdir, training_args)
     use_varlen_attention(model)
     clock, callback = trainer_clock()
-    collator = CountingCollator(PreferencePackingCollator())
+    collator = CountingCollator(PreferencePackingCollator(), positions)
     trainer = DPOTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
                          data_collator=collator, callbacks=[callback],
                          dpo_args=DPOArguments(beta=0.1, precompute_ref_logps=precompute))
     trainer.train()
-    positions = collator.positions[-args.steps:]  # a precomputing pass batches through the same collator first
-    return summarize(clock, positions, trainer, args)
+    # the training steps' batches: a precomputing pass batches through the same collator first
+    return summarize(clock, collator.counts[-args.steps:], trainer, args)
 
 
 def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
@@ -161,17 +149,16 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
         records["rejected_ids"].append(row["rejected_ids"][row["rejected_start"]:row["rejected_end"]])
     config = DPOConfig(
         output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
-        report_to="none", logging_steps=1, disable_tqdm=True, use_cpu=True, bf16=False,
-        gradient_checkpointing=False, max_length=None, beta=0.1, loss_type=["sigmoid"])
+        learning_rate=args.learning_rate, use_cpu=True, bf16=False, gradient_checkpointing=False, max_length=None,
+        beta=0.1, loss_type=["sigmoid"], **TIMED_TRAINER)
     clock, callback = trainer_clock()
     tiny = Dataset.from_list([{"prompt": "x", "chosen": "y", "rejected": "z"}])  # replaced below, ids and all
     trainer = TRLDPOTrainer(model=model, args=config, train_dataset=tiny, processing_class=tokenizer,
                             callbacks=[callback])
     trainer.train_dataset = Dataset.from_dict(records)
-    trainer.data_collator = collator = CountingCollator(trainer.data_collator)
+    trainer.data_collator = collator = CountingCollator(trainer.data_collator, positions)
     trainer.train()
-    return summarize(clock, collator.positions, trainer, args)
+    return summarize(clock, collator.counts, trainer, args)
 
 
 RUNS = {"ours": lambda a, w: run_ours(a, w, precompute=False), "trl": run_trl,
@@ -185,9 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     args.model = benchmark_model(args.model)
     variants = args.variants.split(",")
-    with tempfile.TemporaryDirectory(prefix="bench_dpo.") as tmp:
-        workdir = Path(tmp)
-        os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")
+    with scratch(__spec__.name) as workdir:
         data = prepare_data(args, workdir)
         print(f"model {args.model}\ndata: {data['pairs']} pairs of {PAIRS.name}, mean {data['tokens']:.0f} tokens per "
               f"pair (chosen + rejected), {data['reply_tokens']:.0f} of them reply tokens\nsteps {args.steps} (first "
@@ -195,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
         worker_args = ["--model", args.model, "--steps", str(args.steps), "--batch_size", str(args.batch_size),
                        "--lora_r", str(args.lora_r), "--learning_rate", str(args.learning_rate)]
-        results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
+        results = run_interleaved(__spec__.name, variants, args.repeats, workdir, worker_args, args.quiet_share,
                                   lambda r: f"{r['pairs_per_s']:.2f} pairs/s, peak RSS {r['peak_rss_mb']:.0f} MB",
                                   args.settle)
     print_table(results, args.quiet_share)

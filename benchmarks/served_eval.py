@@ -3,8 +3,8 @@ lm-eval's `local-completions` model against `chat/serve.py` (float32, so the two
 lm-eval's `hf` model (an adapter through its `peft=` argument); prints each task's metric both ways and how
 far the per-choice log-likelihoods and the generated answers differ.
 
-    .venv/bin/python scripts/check_served_eval.py --adapter_name_or_path outputs/sft_demo
-    .venv/bin/python scripts/check_served_eval.py --model_name_or_path M --tasks my_task \\
+    .venv/bin/python -m benchmarks.served_eval --adapter_name_or_path outputs/sft_demo
+    .venv/bin/python -m benchmarks.served_eval --model_name_or_path M --tasks my_task \\
         --include_path my_tasks/
 
 Default tasks: the 20-question multiple-choice and generation tasks the tests ship
@@ -20,9 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_serve import free_port, start_server  # the script's own folder is on sys.path
+from benchmarks.common import ROOT
+from benchmarks.serve import free_port, start_server
 
-ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "tests" / "data" / "lm_eval_tasks"
 
 
@@ -58,16 +58,15 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["tunesmith_tiny_mc", "tunesmith_tiny_gen"])
     parser.add_argument("--include_path", default=str(TASKS))
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     from tunesmith.models.default_model import ensure_default_model
     from tunesmith.utils.paths import adapter_base_model, is_adapter_dir, problem_with_model_dir
 
     if args.adapter_name_or_path and not is_adapter_dir(args.adapter_name_or_path):
-        raise SystemExit(f"check_served_eval: --adapter_name_or_path {args.adapter_name_or_path}: not a LoRA adapter "
+        raise SystemExit(f"benchmarks.served_eval: --adapter_name_or_path {args.adapter_name_or_path}: not a LoRA adapter "
                          "folder (no adapter_config.json); give one that training wrote")
     problem = args.model_name_or_path and problem_with_model_dir(args.model_name_or_path)
     if problem:
-        raise SystemExit(f"check_served_eval: --model_name_or_path {args.model_name_or_path}: {problem}")
+        raise SystemExit(f"benchmarks.served_eval: --model_name_or_path {args.model_name_or_path}: {problem}")
 
     base = args.model_name_or_path or (adapter_base_model(args.adapter_name_or_path) if args.adapter_name_or_path
                                        else str(ensure_default_model()))

@@ -1,7 +1,7 @@
 """SFT throughput: tunesmith against TRL's SFTTrainer and a plain PyTorch loop, as medians of repeated runs.
 
-    .venv/bin/python scripts/bench_sft.py [--model DIR] [--steps 6] [--batch_size 4] [--max_seq_length 512]
-                                          [--max_turns 10] [--repeats 3] [--variants ours,trl_packed,...]
+    .venv/bin/python -m benchmarks.sft [--model DIR] [--steps 6] [--batch_size 4] [--max_seq_length 512]
+                                       [--max_turns 10] [--repeats 3] [--variants ours,trl_packed,...]
 
 Every variant trains the same LoRA adapter (tunesmith's loader: every linear layer, r, alpha = 2r,
 --lora_dropout 0.05) on the same model, from the same conversations taken in the same order, for the
@@ -45,7 +45,7 @@ Each run is its own subprocess (peak RSS is its own); the variants take turns, -
 table gives medians with the spread (min-max) of tokens/s. The first step is a warm-up and is not timed:
 throughput is trained tokens (targets of the loss) from step 2 on, over the time from the end of step 1
 to the end of the last step (data loading included). Each run waits for idle cores and reports the share
-other processes took while it ran (`other CPU`; see benchlib). `loss vs plain` is the largest difference of a step's loss from the plain loop's at the same
+other processes took while it ran (`other CPU`; see benchmarks/common.py). `loss vs plain` is the largest difference of a step's loss from the plain loop's at the same
 step (the same conversations; dropout draws differ), for the variants that train the same batches.
 On CUDA the table adds peak GPU memory and MFU: 6 x parameters x tokens computed per second over the GPU's
 dense bf16 peak (the usual convention; a LoRA run skips the frozen weights' gradients, about a third of
@@ -64,21 +64,17 @@ import argparse
 import importlib
 import inspect
 import math
-import os
 import random
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when this runs)
+from benchmarks.common import (
+    ROOT,
+    TIMED_TRAINER,
+    CountingCollator,
     StepClock,
     add_quiet_arguments,
+    add_worker_arguments,
     benchmark_model,
     check_choices,
     loaded,
@@ -88,6 +84,7 @@ from benchlib import (  # noqa: E402  (the scripts folder is on sys.path when th
     peak_rss_mb,
     run_interleaved,
     run_worker,
+    scratch,
     spread,
     trainer_clock,
 )
@@ -124,8 +121,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu_memory_gb", type=float, default=None,
                    help="Cap the GPU memory each variant's process may use (torch's per-process memory fraction).")
     p.add_argument("--profile", metavar="DIR", help="Write each variant's profile of steps 3-4 to DIR/<variant>.txt.")
-    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p, VARIANTS)
     args = p.parse_args(argv)
     check_choices(p, "variants", args.variants, VARIANTS)
     return args
@@ -189,20 +185,8 @@ def prepare_data(args: argparse.Namespace, workdir: Path) -> dict:
 # ---------------------------------------------------------------- measuring
 
 
-class BatchCounts:
-    """Wraps a collator; records, per batch, the positions computed, the real tokens and the trained
-    targets (what the loss is normalized by)."""
-
-    def __init__(self, collator: Any) -> None:
-        self.collator, self.batches = collator, []
-
-    def __call__(self, features: list[dict]) -> dict:
-        batch = self.collator(features)
-        self.batches.append(count_tokens(batch))
-        return batch
-
-
 def count_tokens(batch: dict) -> dict:
+    """A batch's positions computed, real tokens and trained targets (what the loss is normalized by)."""
     ids = batch["input_ids"]
     real = int(batch["attention_mask"].sum()) if "attention_mask" in batch else ids.numel()
     targets = batch["shift_labels"] if "shift_labels" in batch else batch["labels"][..., 1:]
@@ -304,9 +288,9 @@ def load(args: argparse.Namespace, workdir: Path, tunesmith_defaults: bool, bf16
 
     training_args = TrainingArguments(
         output_dir=str(workdir / args.worker), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
-        report_to="none", logging_steps=1, bf16=bf16, disable_tqdm=True,
+        learning_rate=args.learning_rate, bf16=bf16,
         gradient_checkpointing=default_checkpointing(quantize) if checkpointing is None else checkpointing,
+        **TIMED_TRAINER,
     )
     dtype = "auto" if tunesmith_defaults else "bfloat16" if quantize else "float32"
     model_args = ModelArguments(model_name_or_path=args.model, dtype=dtype, quantization_bit=4 if quantize else None)
@@ -365,13 +349,13 @@ def run_ours(args: argparse.Namespace, workdir: Path, bf16: bool | None = None, 
     training_args.torch_compile = compiled
     data_args = DataArguments(max_seq_length=args.max_seq_length, packing=True, max_forward_tokens=max_forward_tokens)
     clock, callback = trainer_clock()
-    collator = BatchCounts(sft_collator(model, tokenizer, data_args, training_args))
+    collator = CountingCollator(sft_collator(model, tokenizer, data_args, training_args), count_tokens)
     trainer = StageTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer,
                           data_collator=collator, callbacks=[callback, *step_profiler(args)])
     if torch_loss:
         del model.get_base_model()._loss_function  # back to the class's ForCausalLMLoss
     trainer.train()
-    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)),
+    return {**summarize(clock, collator.counts, args.steps, logged_losses(trainer), bool(args.profile)),
             "parameters": parameters(model)}
 
 
@@ -401,16 +385,15 @@ def run_trl(args: argparse.Namespace, workdir: Path, packing: bool, quantize: bo
         batch_size = max(1, round(per_step / args.max_seq_length))
     config = SFTConfig(  # bf16 left to TRL's default (on)
         output_dir=training_args.output_dir, max_steps=args.steps, per_device_train_batch_size=batch_size,
-        learning_rate=args.learning_rate, train_sampling_strategy="sequential", save_strategy="no",
-        report_to="none", logging_steps=1, use_cpu=not torch.cuda.is_available(),
-        gradient_checkpointing=checkpointing, max_length=args.max_seq_length, packing=packing, disable_tqdm=True,
+        learning_rate=args.learning_rate, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=checkpointing,
+        max_length=args.max_seq_length, packing=packing, **TIMED_TRAINER,
     )
     clock, callback = trainer_clock()
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=[callback, *step_profiler(args)])
-    trainer.data_collator = collator = BatchCounts(trainer.data_collator)
+    trainer.data_collator = collator = CountingCollator(trainer.data_collator, count_tokens)
     trainer.train()
-    return {**summarize(clock, collator.batches, args.steps, logged_losses(trainer), bool(args.profile)),
+    return {**summarize(clock, collator.counts, args.steps, logged_losses(trainer), bool(args.profile)),
             "rows_per_step": batch_size, "parameters": parameters(trainer.model)}
 
 
@@ -484,9 +467,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     args.model = benchmark_model(args.model)
     variants = args.variants.split(",")
-    with tempfile.TemporaryDirectory(prefix="bench_sft.") as tmp:
-        workdir = Path(tmp)
-        os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")  # the generated set stays out of the real cache
+    with scratch(__spec__.name) as workdir:  # the generated set stays out of the real cache
         data = prepare_data(args, workdir)
         print(f"model {args.model}\ndata: {data['examples']} conversations, tokens min {data['min']} / median "
               f"{data['median']} / max {data['max']}; the {args.steps * args.batch_size} trained on: mean "
@@ -501,7 +482,7 @@ def main(argv: list[str] | None = None) -> None:
             worker_args += ["--profile", str(Path(args.profile).resolve())]
         if args.gpu_memory_gb:
             worker_args += ["--gpu_memory_gb", str(args.gpu_memory_gb)]
-        results = run_interleaved(__file__, variants, args.repeats, workdir, worker_args, args.quiet_share,
+        results = run_interleaved(__spec__.name, variants, args.repeats, workdir, worker_args, args.quiet_share,
                                   lambda r: f"{r['tokens_per_s']:.1f} trained tokens/s, peak RSS "
                                             f"{r['peak_rss_mb']:.0f} MB", args.settle)
     print_table(results, args.quiet_share)

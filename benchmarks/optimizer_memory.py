@@ -2,7 +2,7 @@
 of `tunesmith sft` (full fine-tuning: every weight trains) and the bytes of its state tensors are summed
 (train/optimizers.optimizer_state_bytes); the others print the line the parser refuses them with.
 
-    .venv/bin/python scripts/optimizer_memory.py [--model DIR] [--optims adamw_torch,adamw_8bit,...]
+    .venv/bin/python -m benchmarks.optimizer_memory [--model DIR] [--optims adamw_torch,adamw_8bit,...]
 
 Without --model: the default model (SmolLM2-135M-Instruct). docs/optimizers.md has the table this printed.
 """

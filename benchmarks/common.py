@@ -1,6 +1,6 @@
-"""What every training benchmark here shares: a step clock, peak memory, and a driver that runs each
-variant in its own subprocess, the variants taking turns, checks the machine's load before each run,
-and reports medians with their spread.
+"""What every benchmark here shares: the repository's root, an offline environment, a step clock, peak memory, and a
+driver that runs each variant in its own subprocess (`python -m benchmarks.<name> --worker V`), the variants taking
+turns, checks the machine's load before each run, and reports medians with their spread.
 
 Quiet is measured, not assumed. Before each run the driver waits (up to --settle seconds) until the
 cores have been idle for two seconds in /proc/stat; the 1-minute load average is useless for this,
@@ -14,16 +14,47 @@ than about the variant. The 1-minute load average before each run is printed too
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: configs/, data/demo/, chat/serve.py
+
+# Every benchmark reads local folders only, and starts processes after a tokenizer has run in it.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The Trainer settings of every timed training run: the rows in their order (each variant trains the same batches),
+# no checkpoint written among the timed steps, every step's loss in the log history, no progress bar.
+TIMED_TRAINER = {"train_sampling_strategy": "sequential", "save_strategy": "no", "report_to": "none",
+                 "logging_steps": 1, "disable_tqdm": True}
+
+
+@contextlib.contextmanager
+def scratch(name: str) -> Iterator[Path]:
+    """A temporary folder for a benchmark's data and its workers' results, with tunesmith's data cache inside it for
+    the while (the workers inherit it), so that the sets a benchmark tokenizes stay out of the user's cache."""
+    before = os.environ.get("TUNESMITH_CACHE")
+    with tempfile.TemporaryDirectory(prefix=f"{name}.") as tmp:
+        workdir = Path(tmp)
+        os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")
+        try:
+            yield workdir
+        finally:
+            if before is None:
+                os.environ.pop("TUNESMITH_CACHE")
+            else:
+                os.environ["TUNESMITH_CACHE"] = before
 
 
 class StepClock:
@@ -63,9 +94,28 @@ def benchmark_model(model: str | None) -> str:
 
         return str(ensure_default_model())
     if not os.path.isdir(model):
-        raise SystemExit(f"{Path(sys.argv[0]).name}: --model {model}: no such folder (give a model directory, "
+        raise SystemExit(f"{running_benchmark()}: --model {model}: no such folder (give a model directory, "
                          "or leave --model out for the embedded SmolLM2-135M-Instruct)")
     return model
+
+
+def running_benchmark() -> str:
+    """The benchmark this process runs, as its messages name it: `benchmarks.sft` (from `python -m`)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return spec.name if spec else Path(sys.argv[0]).name
+
+
+class CountingCollator:
+    """Wraps a Trainer's collator; keeps `count(batch)` of every batch it makes, in order (the positions computed, the
+    tokens trained: what a step's throughput divides by)."""
+
+    def __init__(self, collator: Any, count: Callable[[dict], Any]) -> None:
+        self.collator, self.count, self.counts = collator, count, []
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.collator(features)
+        self.counts.append(self.count(batch))
+        return batch
 
 
 def peak_rss_mb() -> float:
@@ -105,11 +155,29 @@ def wait_until_idle(settle: float, share: float) -> float:
             return busy
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a benchmark starts: the repository first on PYTHONPATH, so that the child imports
+    this checkout's `benchmarks` and `tunesmith` whatever folder it runs in."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def worker_command(module: str, variant: str, workdir: Path, *args: str) -> list[str]:
+    """The command of one worker: the benchmark's own module (its `__spec__.name`) run with --worker."""
+    return [sys.executable, "-m", module, "--worker", variant, "--workdir", str(workdir), *args]
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, variants: Sequence[str] | None = None) -> None:
+    """The hidden flags a worker gets from worker_command: the variant it runs and the folder its result goes to."""
+    parser.add_argument("--worker", choices=variants, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+
+
 def run_measured(command: list[str]) -> tuple[int, str, float]:
     """Runs a command; returns (exit status, stderr, share of the cores other processes used meanwhile)."""
     busy0, total0 = busy_seconds()
     with open(os.devnull, "w") as devnull:
-        proc = subprocess.Popen(command, stdout=devnull, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(command, stdout=devnull, stderr=subprocess.PIPE, text=True, env=child_env())
         stderr = proc.stderr.read()
         _, status, usage = os.wait4(proc.pid, 0)
     busy1, total1 = busy_seconds()
@@ -117,17 +185,16 @@ def run_measured(command: list[str]) -> tuple[int, str, float]:
     return os.waitstatus_to_exitcode(status), stderr, max(other, 0.0) / max(total1 - total0, 1e-9)
 
 
-def run_interleaved(script: str, variants: Sequence[str], repeats: int, workdir: Path, worker_args: list[str],
+def run_interleaved(module: str, variants: Sequence[str], repeats: int, workdir: Path, worker_args: list[str],
                     quiet_share: float, describe: Callable[[dict], str], settle: float = 120.0) -> dict[str, list[dict]]:
-    """Runs `script --worker V --workdir W *worker_args` for every variant, round after round, each once
+    """Runs `python -m module --worker V --workdir W *worker_args` for every variant, round after round, each once
     the machine is idle, and collects what each worker wrote to W/V.json with the load it ran under."""
     results: dict[str, list[dict]] = {v: [] for v in variants}
     for repeat in range(repeats):
         for variant in variants:
             idle_before = wait_until_idle(settle, quiet_share)
             load_before = os.getloadavg()[0]
-            command = [sys.executable, script, "--worker", variant, "--workdir", str(workdir), *worker_args]
-            code, stderr, other = run_measured(command)
+            code, stderr, other = run_measured(worker_command(module, variant, workdir, *worker_args))
             if code != 0:
                 print(f"run {repeat + 1} {variant}: failed (exit {code})\n{stderr[-3000:]}", flush=True)
                 continue

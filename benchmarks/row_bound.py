@@ -2,7 +2,7 @@
 SFT conversation, a DPO pair, a KTO row and a `tunesmith pt` .txt document of a given size, each built into its
 tokenized dataset as the run builds it (data/dataset.py's build_dataset, a fresh cache), in its own subprocess.
 
-    .venv/bin/python scripts/bench_row_bound.py [--mb 60] [--kinds sft,dpo,kto,pt] [--max_seq_length 1024]
+    .venv/bin/python -m benchmarks.row_bound [--mb 60] [--kinds sft,dpo,kto,pt] [--max_seq_length 1024]
         [--model DIR]
 
 The row is the one of issue 64: a single user turn `"x " * (mb * 500_000)` (mb MB) and a short reply (a pair: two
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks.common import child_env
 
 CHILD = r"""
 import json, logging, os, resource, sys, time
@@ -88,8 +89,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             write_data(kind, folder, args.mb)
-            env = {**os.environ, "TUNESMITH_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": "1",
-                   "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+            env = child_env(TUNESMITH_CACHE=str(folder / "cache"), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+                            HF_HUB_OFFLINE="1")
             done = subprocess.run([sys.executable, "-c", CHILD, kind, str(folder), args.model,
                                    str(args.max_seq_length)], env=env, capture_output=True, text=True)
             result = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-600:]

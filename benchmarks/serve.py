@@ -2,7 +2,7 @@
 `chat/serve.py` under 1, 4 and 16 concurrent clients, and with --peer transformers the same against
 `transformers serve --continuous-batching` on the same model folder, prompts and greedy settings.
 
-    .venv/bin/python scripts/bench_serve.py [--model_name_or_path M] [--adapter_name_or_path A]
+    .venv/bin/python -m benchmarks.serve [--model_name_or_path M] [--adapter_name_or_path A]
         [--clients 1 4 16] [--requests_per_client 3] [--max_tokens 64] [--peer transformers --repeats 3]
 
 With --peer, both servers serve a plain model folder (default: the embedded model's; transformers serve
@@ -37,7 +37,8 @@ import httpx
 import openai
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT, child_env
+
 QUESTIONS = [
     "Who are you?", "What is the capital of France?", "Give me three tips for staying healthy.",
     "Explain what a neural network is in simple words.", "Write a haiku about autumn.",
@@ -72,8 +73,7 @@ def free_port() -> int:
 
 
 def start_server(command: list[str], url: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env(HF_HUB_OFFLINE="1"), cwd=ROOT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -157,13 +157,12 @@ def main() -> None:
                         help="Both servers' --dtype (auto: each its own default: tunesmith bf16 where the hardware "
                         "computes it, transformers serve the weights' dtype).")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     from tunesmith.utils.paths import problem_with_model_dir
 
     for flag in ("model_name_or_path", "adapter_name_or_path"):
         problem = getattr(args, flag) and problem_with_model_dir(getattr(args, flag))
         if problem:
-            raise SystemExit(f"bench_serve: --{flag} {getattr(args, flag)}: {problem}")
+            raise SystemExit(f"benchmarks.serve: --{flag} {getattr(args, flag)}: {problem}")
     if args.peer:
         if args.adapter_name_or_path:
             raise SystemExit("--peer transformers serves a plain model folder: give --model_name_or_path, no adapter")
@@ -207,7 +206,6 @@ def main() -> None:
 
 
 def _default() -> str:
-    sys.path.insert(0, str(ROOT))
     from tunesmith.models.default_model import ensure_default_model
 
     return str(ensure_default_model())

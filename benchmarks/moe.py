@@ -1,8 +1,8 @@
 """Mixture-of-experts SFT: transformers' experts kernels (--experts_implementation) against each other and against
 TRL's SFTTrainer, on small random models of two shapes, as medians of repeated runs.
 
-    .venv/bin/python scripts/bench_moe.py [--shapes qwen3_moe,mixtral] [--steps 4] [--rows 4] [--repeats 3]
-                                          [--variants eager,grouped_mm,batched_mm,trl]
+    .venv/bin/python -m benchmarks.moe [--shapes qwen3_moe,mixtral] [--steps 4] [--rows 4] [--repeats 3]
+                                       [--variants eager,grouped_mm,batched_mm,trl]
 
 The shapes (2 layers, hidden 128, the default model's tokenizer and its 49,152-token vocabulary, float32 weights
 drawn at random and saved once):
@@ -10,14 +10,14 @@ drawn at random and saved once):
   mixtral     few large experts: 8 of intermediate 448, top-2 (Mixtral-8x7B: 8 of 14,336, top-2)
 The variants, each the same LoRA (r 16, alpha 32, no dropout, every linear layer and the experts' fused weights
 through PEFT's target_parameters) trained with AdamW for --steps optimizer steps on the same --rows conversations a
-step (bench_sft's set), float32 (--bf16 false):
+step (the SFT benchmark's set), float32 (--bf16 false):
   eager, grouped_mm, batched_mm   `tunesmith sft --packing true --experts_implementation K` (one padding-free row)
   trl                             TRL's SFTTrainer (packing=True, padding_free, bf16=False) on the same model, data
                                   and LoRA; the model loaded as TRL's docs load one (transformers' default experts:
                                   grouped_mm in transformers 5.x)
 The first step is a warm-up and is not timed: tokens/s is the tokens of the rows (positions computed) from step 2 on
 over the time from the end of step 1 to the end of the last step. Peak RSS is the worker process's. Each run is its
-own subprocess; the variants take turns, --repeats times, each once the cores are idle (scripts/benchlib.py: the
+own subprocess; the variants take turns, --repeats times, each once the cores are idle (benchmarks/common.py: the
 1-minute load average before each run and the share of the cores other processes took meanwhile are recorded beside
 every timing; '(loaded)' marks a variant one of whose runs shared the cores).
 """
@@ -28,17 +28,14 @@ import argparse
 import functools
 import json
 import os
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from benchlib import (  # noqa: E402
+from benchmarks.common import (
+    TIMED_TRAINER,
+    CountingCollator,
     add_quiet_arguments,
+    add_worker_arguments,
     benchmark_model,
     check_choices,
     loaded,
@@ -47,6 +44,7 @@ from benchlib import (  # noqa: E402
     peak_rss_mb,
     run_interleaved,
     run_worker,
+    scratch,
     spread,
     trainer_clock,
 )
@@ -72,8 +70,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_seq_length", type=int, default=512)
     p.add_argument("--model", help=argparse.SUPPRESS)  # the tokenizer's folder (default: the embedded model's)
     add_quiet_arguments(p)
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p)
     p.add_argument("--shape", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     check_choices(p, "shapes", args.shapes, SHAPES)
@@ -97,8 +94,8 @@ def build_model(shape: str, tokenizer_dir: str, out: Path) -> str:
 
 
 def write_data(args: argparse.Namespace, workdir: Path) -> str:
-    """bench_sft's conversations, as many as the run trains on."""
-    from bench_sft import benchmark_conversations
+    """The SFT benchmark's conversations, as many as the run trains on."""
+    from benchmarks.sft import benchmark_conversations
 
     path = workdir / "bench.jsonl"
     rows = benchmark_conversations(args.steps * args.rows, max_turns=3)
@@ -106,17 +103,10 @@ def write_data(args: argparse.Namespace, workdir: Path) -> str:
     return str(path)
 
 
-class CountedCollator:
-    """Wraps a collator; records the positions computed by every batch."""
-
-    def __init__(self, collator: Any) -> None:
-        self.collator, self.positions = collator, []
-
-    def __call__(self, features: list[dict]) -> dict:
-        batch = self.collator(features)
-        mask = batch.get("attention_mask")
-        self.positions.append(int(mask.sum()) if mask is not None else batch["input_ids"].numel())
-        return batch
+def positions(batch: dict) -> int:
+    """The positions a batch computes (its padding left out)."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
 
 def summarize(clock: Any, positions: list[int], losses: list[float]) -> dict:
@@ -132,12 +122,12 @@ def run_tunesmith(kernel: str, args: argparse.Namespace, workdir: Path) -> dict:
     from tunesmith.train import stage_trainer
 
     clock, callback = trainer_clock()
-    counted: list[CountedCollator] = []
+    counted: list[CountingCollator] = []
     init = stage_trainer.StageTrainer.__init__
 
     def counting_init(self: Any, *a: Any, **kw: Any) -> None:  # the clock and the token count, nothing else
         kw["callbacks"] = [*(kw.get("callbacks") or []), callback]
-        counted.append(CountedCollator(kw["data_collator"]))
+        counted.append(CountingCollator(kw["data_collator"], positions))
         kw["data_collator"] = counted[0]
         init(self, *a, **kw)
 
@@ -149,7 +139,7 @@ def run_tunesmith(kernel: str, args: argparse.Namespace, workdir: Path) -> dict:
                    "--max_seq_length", str(args.max_seq_length), "--experts_implementation", kernel,
                    "--save_strategy", "no", "--plot_loss", "false", "--logging_steps", "1", "--report_to", "none",
                    "--seed", "0"])
-    return summarize(clock, counted[0].positions, logged_losses(trainer))
+    return summarize(clock, counted[0].counts, logged_losses(trainer))
 
 
 def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
@@ -169,16 +159,15 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
                              target_modules=find_lora_targets(model), target_parameters=fused_expert_parameters(model))
     dataset = load_dataset("json", data_files=str(workdir / "bench.jsonl"), split="train")
     config = SFTConfig(output_dir=str(workdir / "out_trl"), max_steps=args.steps, per_device_train_batch_size=1,
-                       learning_rate=2e-4, train_sampling_strategy="sequential", save_strategy="no", report_to="none",
-                       logging_steps=1, use_cpu=True, bf16=False, gradient_checkpointing=False,
-                       max_length=args.rows * args.max_seq_length, packing=True, disable_tqdm=True,
-                       assistant_only_loss=False, seed=0)
+                       learning_rate=2e-4, use_cpu=True, bf16=False, gradient_checkpointing=False,
+                       max_length=args.rows * args.max_seq_length, packing=True, assistant_only_loss=False, seed=0,
+                       **TIMED_TRAINER)
     clock, callback = trainer_clock()
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=[callback])
-    trainer.data_collator = counted = CountedCollator(trainer.data_collator)
+    trainer.data_collator = counted = CountingCollator(trainer.data_collator, positions)
     trainer.train()
-    return {**summarize(clock, counted.positions, logged_losses(trainer)),
+    return {**summarize(clock, counted.counts, logged_losses(trainer)),
             "experts": trainer.model.get_base_model().config._experts_implementation}
 
 
@@ -196,15 +185,13 @@ def main(argv: list[str] | None = None) -> None:
           f"(first untimed), {args.rows} conversations a step, {args.repeats} runs each, interleaved", flush=True)
     tables = {}
     for shape in args.shapes.split(","):
-        with tempfile.TemporaryDirectory(prefix="bench_moe.") as tmp:
-            workdir = Path(tmp)
-            os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")
+        with scratch(__spec__.name) as workdir:
             build_model(shape, tokenizer_dir, workdir / shape)
             write_data(args, workdir)
             print(f"\n{shape}: {json.dumps({**COMMON, **SHAPES[shape]})}", flush=True)
             worker_args = ["--shape", shape, "--steps", str(args.steps), "--rows", str(args.rows),
                            "--max_seq_length", str(args.max_seq_length)]
-            tables[shape] = run_interleaved(__file__, args.variants.split(","), args.repeats, workdir, worker_args,
+            tables[shape] = run_interleaved(__spec__.name, args.variants.split(","), args.repeats, workdir, worker_args,
                                             args.quiet_share,
                                             lambda r: f"{r['tokens_per_s']:.1f} tokens/s, peak RSS "
                                                       f"{r['peak_rss_mb']:.0f} MB", args.settle)

@@ -2,10 +2,10 @@
 trains one optimizer step, and the speed and peak memory of a few fixed lengths, for tunesmith at its
 defaults and with its memory options, TRL's SFTTrainer at its documented best, and unsloth where installed.
 
-    .venv/bin/python scripts/bench_context.py [--model DIR] [--method lora|qlora|lora,qlora]
+    .venv/bin/python -m benchmarks.context [--model DIR] [--method lora|qlora|lora,qlora]
         [--variants ours,ours_gc,ours_offload,trl,trl_offload,unsloth] [--start 1024] [--max_length 1048576]
         [--memory_gb N] [--time_budget SECONDS] [--lengths 2048,8192] [--steps 2] [--quick]
-    .venv/bin/python scripts/bench_context.py --variants ours,ours_gc,trl --memory_gb 2 --max_length 8192 \
+    .venv/bin/python -m benchmarks.context --variants ours,ours_gc,trl --memory_gb 2 --max_length 8192 \
         --time_budget 900 --fixed_memory_gb 10 --lengths 2048,8192 --steps 1    # CPU: about 40 minutes, 2 cores
 
 Variants (every one trains the same LoRA: tunesmith's loader's targets, every linear layer, r --lora_r,
@@ -47,7 +47,7 @@ base (double quantization, tunesmith's ModelArguments quantization_bit=4; TRL as
 
 The data: one conversation of exactly L tokens under the model's chat template (tunesmith's pipeline,
 build_sft_dataset with max_seq_length L and truncation "cut", so the last reply may stop mid-way; the
-length is checked). Its turns are Python's standard-library docstrings (scripts/bench_sft.py's qa_pairs):
+length is checked). Its turns are Python's standard-library docstrings (benchmarks/sft.py's qa_pairs):
 each user turn quotes one docstring and asks about another function, the reply is that function's
 docstring, so about half of the tokens are trained reply tokens. It is built afresh for every length.
 
@@ -107,27 +107,26 @@ import random
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from bench_sft import qa_pairs  # noqa: E402  (the scripts folder is on sys.path when this runs)
-from benchlib import (  # noqa: E402
+from benchmarks.common import (
     StepClock,
+    add_worker_arguments,
     benchmark_model,
     check_choices,
+    child_env,
     peak_gpu_memory,
     peak_rss_mb,
     run_worker,
+    running_benchmark,
+    scratch,
+    worker_command,
 )
+from benchmarks.sft import qa_pairs
 
 VARIANTS = ("ours", "ours_gc", "ours_offload", "ours_auto", "ours_offload_tiled", "ours_auto_tiled", "trl", "trl_offload",
             "unsloth")
@@ -182,8 +181,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="A smoke run: lengths 128 (search: one trial, --start 128 --max_length 128) and 128 "
                         "(--lengths), 2 steps.")
-    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p, VARIANTS)
     args = p.parse_args(argv)
     return check(p, args)
 
@@ -417,7 +415,7 @@ def ours_training_args(args: argparse.Namespace, steps: int, checkpointing: bool
 
 
 def ours_session(args: argparse.Namespace, checkpointing: bool | str, tiled: bool = False) -> Session:
-    """tunesmith as `tunesmith sft --packing` drives it (scripts/bench_sft.py's run_ours)."""
+    """tunesmith as `tunesmith sft --packing` drives it (benchmarks/sft.py's run_ours)."""
     from tunesmith.hparams import FinetuningArguments, ModelArguments, SFTDataArguments
     from tunesmith.models.loader import load_model, load_tokenizer
     from tunesmith.train.stage_trainer import StageTrainer, sft_collator
@@ -640,15 +638,14 @@ class Worker:
 
     def start(self) -> subprocess.Popen:
         a = self.args
-        command = [sys.executable, __file__, "--worker", self.variant, "--workdir", str(self.workdir),
-                   "--model", a.model, "--method", self.method, "--lora_r", str(a.lora_r),
-                   "--lora_dropout", str(a.lora_dropout), "--learning_rate", str(a.learning_rate),
-                   "--max_length", str(a.max_length)]
+        command = worker_command(__spec__.name, self.variant, self.workdir, "--model", a.model, "--method", self.method,
+                                 "--lora_r", str(a.lora_r), "--lora_dropout", str(a.lora_dropout),
+                                 "--learning_rate", str(a.learning_rate), "--max_length", str(a.max_length))
         if a.gpu_memory_gb:
             command += ["--gpu_memory_gb", str(a.gpu_memory_gb)]
         with open(self.log, "a") as log:
             return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                    env={**os.environ, **(self.env or {})})
+                                    env=child_env(**(self.env or {})))
 
     def trial(self, length: int, steps: int, deadline: float | None) -> dict:
         if self.proc is None or self.proc.poll() is not None:
@@ -816,9 +813,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.one_process is None:
         args.one_process = cuda
     results: dict[str, list[VariantResult]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench_context.") as tmp:
-        workdir = Path(tmp)
-        os.environ["TUNESMITH_CACHE"] = str(workdir / "cache")  # the generated conversations stay out of the real cache
+    with scratch(__spec__.name) as workdir:  # the generated conversations stay out of the real cache
         print(f"model {args.model}; memory limit {args.memory_gb:.3g} GB RSS for the search, "
               f"{args.fixed_memory_gb:.3g} GB for the fixed lengths; "
               f"{'one process per variant' if args.one_process else 'one process per trial'}; workers with "
@@ -918,7 +913,7 @@ def print_environment(device: str) -> None:
     print(f"\nversions: {', '.join(versions)}\ndevice: {device}\n1-minute load average at the end: "
           f"{os.getloadavg()[0]:.1f} (at the start: {LOAD_AT_START:.1f})")
     python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else sys.executable
-    print("command: " + " ".join(shlex.quote(x) for x in [python, *sys.argv]))
+    print("command: " + " ".join(shlex.quote(x) for x in [python, "-m", running_benchmark(), *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 model, prompts, reward function, group size, completion length, loss and steps; and the same with a tool called in
 the rollouts.
 
-    python scripts/bench_rl.py --peer trl                 # both workloads vs TRL, bf16, dapo, 3 runs each, interleaved
-    python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16             # the arithmetic workload alone
-    python scripts/bench_rl.py --peer trl --variants grpo_tools_bf16,trl_tools_bf16 --adapter outputs/sft_tools_demo
-    python scripts/bench_rl.py --variants grpo_bf16,gae_bf16   # GRPO vs PPO (value adapter and head, KL in the reward)
-    python scripts/bench_rl.py --peer trl --variants grpo_bf16,trl_bf16,grpo_fp32,trl_fp32 --loss_type bnpo
-    python scripts/bench_rl.py --rollout_engine vllm --variants grpo_fp32,grpo_vllm_fp32   # rollouts on a vLLM server
+    python -m benchmarks.rl --peer trl                 # both workloads vs TRL, bf16, dapo, 3 runs each, interleaved
+    python -m benchmarks.rl --peer trl --variants grpo_bf16,trl_bf16             # the arithmetic workload alone
+    python -m benchmarks.rl --peer trl --variants grpo_tools_bf16,trl_tools_bf16 --adapter outputs/sft_tools_demo
+    python -m benchmarks.rl --variants grpo_bf16,gae_bf16   # GRPO vs PPO (value adapter and head, KL in the reward)
+    python -m benchmarks.rl --peer trl --variants grpo_bf16,trl_bf16,grpo_fp32,trl_fp32 --loss_type bnpo
+    python -m benchmarks.rl --rollout_engine vllm --variants grpo_fp32,grpo_vllm_fp32   # rollouts on a vLLM server
 
 Two workloads, each tunesmith's (`grpo_*`) against TRL's (`trl_*`), each a demo config's work:
 - arithmetic (grpo_bf16 / trl_bf16): configs/grpo_demo.yaml. The embedded SmolLM2-135M-Instruct with a fresh LoRA
@@ -47,7 +47,7 @@ steps; scripts/setup_vllm.sh builds its venv), and the table splits each step's 
 server mode sends weights over NCCL, its colocated mode needs vLLM importable beside the trainer's transformers,
 which vLLM's pin rules out here): `scripts/gpu_check.sh rl` runs that comparison on a GPU.
 
-Each run is its own process (benchlib: the variants take turns, each once the cores are idle, with the other
+Each run is its own process (benchmarks/common.py: the variants take turns, each once the cores are idle, with the other
 processes' share of the CPU recorded). completions/s counts the steps' own wall time, first step included
 (tunesmith: the generate/score/update phases it logs; TRL: train begin to end), not the model loading; peak RSS
 is the worker's, loading included. The table gives, per variant, the medians of the runs, and the mean reward per
@@ -61,17 +61,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (  # noqa: E402
+from benchmarks.common import (
+    ROOT,
     add_quiet_arguments,
+    add_worker_arguments,
     benchmark_model,
     loaded,
     medians,
@@ -79,10 +77,10 @@ from benchlib import (  # noqa: E402
     peak_rss_mb,
     run_interleaved,
     run_worker,
+    scratch,
     spread,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {False: ROOT / "configs/grpo_demo.yaml", True: ROOT / "configs/grpo_tools_demo.yaml"}  # by is_tools
 OURS = {  # variant: tunesmith's flags on top of its workload's config
     "grpo_bf16": ["--bf16", "true"],
@@ -126,8 +124,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="vllm: the grpo_vllm_* variants sample on a vLLM server (--vllm_url, or one the bench starts).")
     p.add_argument("--vllm_url", default=None, help="A running vLLM server of --model, float32 (tunesmith vllm-serve).")
     add_quiet_arguments(p)
-    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_worker_arguments(p, VARIANTS)
     args = p.parse_args(argv)
     default = "grpo_bf16,trl_bf16,grpo_tools_bf16,trl_tools_bf16" if args.peer else "grpo_bf16,gae_bf16"
     if args.rollout_engine == "vllm" and not args.variants:
@@ -145,7 +142,7 @@ def resolve_adapter(adapter: str | None) -> str:
         default = ROOT / demo_config(True)["adapter_name_or_path"]
         return str(default) if (default / "adapter_config.json").is_file() else "none"
     if adapter != "none" and not (Path(adapter) / "adapter_config.json").is_file():
-        raise SystemExit(f"bench_rl.py: --adapter {adapter}: no adapter_config.json there (give a LoRA adapter "
+        raise SystemExit(f"benchmarks.rl: --adapter {adapter}: no adapter_config.json there (give a LoRA adapter "
                          "folder, e.g. from scripts/tool_demo.sh, or `none` for a fresh LoRA)")
     return str(Path(adapter).resolve()) if adapter != "none" else adapter
 
@@ -312,9 +309,9 @@ def main(argv: list[str] | None = None) -> None:
           "each, interleaved", flush=True)
     for tools in sorted({is_tools(v) for v in args.variants}):
         print(f"{CONFIGS[tools].relative_to(ROOT)}: {describe_workload(tools, args.adapter)}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench_rl.") as tmp, vllm_server(args, Path(tmp)) as url:
-        os.environ["TUNESMITH_CACHE"] = str(Path(tmp) / "cache")  # the prompts are encoded alike in every run
-        results = run_interleaved(__file__, args.variants, args.repeats, Path(tmp),
+    # one data cache for the runs: the prompts are encoded alike in every run
+    with scratch(__spec__.name) as workdir, vllm_server(args, workdir) as url:
+        results = run_interleaved(__spec__.name, args.variants, args.repeats, workdir,
                                   ["--model", args.model, "--steps", str(args.steps), "--loss_type", args.loss_type,
                                    "--adapter", args.adapter, *(["--vllm_url", url] if url else [])],
                                   args.quiet_share, describe, args.settle)

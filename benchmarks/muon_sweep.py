@@ -1,6 +1,6 @@
 """Muon against AdamW, each at its own best learning rate, on the same steps of the LoRA demo (docs/optimizers.md).
 
-    .venv/bin/python scripts/muon_sweep.py [--steps 30] [--rates 1e-4,3e-4,1e-3,3e-3] [--optims adamw_torch,muon]
+    .venv/bin/python -m benchmarks.muon_sweep [--steps 30] [--rates 1e-4,3e-4,1e-3,3e-3] [--optims adamw_torch,muon]
         [--tiny HIDDEN,LAYERS] [--out outputs/muon_sweep] [-- extra tunesmith sft flags, e.g. --finetuning_type full]
 
 Each run: `tunesmith sft configs/sft_lora_demo.yaml --optim O --learning_rate R --max_steps N`, same seed, data
@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tunesmith.sft.command import run as sft  # noqa: E402
+from benchmarks.common import ROOT
+from tunesmith.sft.command import run as sft
 
 
 def main() -> None:
