@@ -1,0 +1,1 @@
+"""The benchmark scripts' own tests (scripts/bench_*.py)."""
