@@ -3,7 +3,9 @@
 (its args.py, rules.py, its code and its command.py) imports the core and itself only, and nothing but the
 command line's top imports a feature, so one folder holds all of it. Every `tunesmith` import counts,
 absolute or relative, at module level or inside a function; only a module's
-`if __name__ == "__main__":` block is exempt (a `python -m` spelling that runs the command)."""
+`if __name__ == "__main__":` block is exempt (a `python -m` spelling that runs the command). The tests mirror the
+package: tests/core/<layer>/, tests/features/<feature>/ (one per feature, never missing), tests/cli/, tests/system/,
+tests/benchmarks/ and tests/helpers/, imported as the package `tests`, never by editing sys.path."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tunesmith"
+TESTS = PACKAGE.parent / "tests"
 
 # The core, bottom to top; a package or module of tunesmith/ by its first name under tunesmith/.
 CORE: list[set[str]] = [
@@ -288,3 +291,77 @@ def test_the_preference_rows_are_the_features_and_the_parser_checks_them_for_its
                               ("score", [], "--output_file is required")):
         with pytest.raises(ConfigError, match=says):
             parse_run(kind, ["--data_path", "pairs.jsonl", *flags], check_paths=False)
+
+
+# -- the tests mirror the package
+
+# Folders of tests that are no layer or feature: the command line's front, the runs of several processes and the real
+# model, the benchmark scripts' own tests; helpers/ holds no test.
+TEST_HOMES = {"cli", "system", "benchmarks"}
+# The benchmark scripts import each other through sys.path until the benchmarks package lands (issue #63, item 3):
+# these two tests import them the same way. Nothing else may.
+EDITS_SYS_PATH_UNTIL_THE_BENCHMARKS_PACKAGE = {"benchmarks/test_bench_context.py", "benchmarks/test_bench_rl.py"}
+
+
+def modules_of_tests() -> list[Path]:
+    return sorted(p.relative_to(TESTS) for p in TESTS.rglob("test_*.py"))
+
+
+def has_a_test(path: Path) -> bool:
+    return any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_")
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
+def misplaced_test_files(files: list[Path]) -> list[str]:
+    """Each test module not where the package's shape puts it: tests/core/<a core layer>/, tests/features/<a
+    feature>/, one of TEST_HOMES, or this file itself at tests/core/."""
+    homes = {("core", name) for name in CORE_NAMES} | {("features", name) for name in FEATURES}
+    return [f"tests/{f}" for f in files
+            if not (tuple(f.parts[:2]) in homes and len(f.parts) == 3
+                    or len(f.parts) == 2 and f.parts[0] in TEST_HOMES
+                    or f == Path("core", Path(__file__).name))]
+
+
+def sys_path_edits(source: str) -> list[int]:
+    """The lines that touch sys.path (`sys.path.insert(...)`, `sys.path[:0] = ...`, `from sys import path`)."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                   and node.value.id == "sys"
+                   or isinstance(node, ast.ImportFrom) and node.module == "sys"
+                   and any(alias.name == "path" for alias in node.names)})
+
+
+def test_every_feature_has_its_folder_of_tests():
+    """`pytest tests/features/NAME` is the feature's whole suite: every feature package has its folder there, with
+    at least one test, and no folder there is of a feature that does not exist."""
+    folders = {p.name for p in (TESTS / "features").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert not folders - FEATURES, f"tests/features/ holds folders of no feature: {sorted(folders - FEATURES)}"
+    missing = [f"tests/features/{name}/" for name in sorted(FEATURES)
+               if not any(has_a_test(p) for p in (TESTS / "features" / name).glob("test_*.py"))]
+    assert not missing, f"these features have no tests (a test_*.py with a test in its folder): {missing}"
+
+
+def test_every_test_module_lives_where_the_package_does():
+    assert not misplaced_test_files(modules_of_tests()), (
+        "a test module goes to tests/core/<layer>/, tests/features/<feature>/ or tests/{cli,system,benchmarks}/ "
+        f"(docs/tests.md): {misplaced_test_files(modules_of_tests())}")
+
+
+def test_no_test_edits_sys_path():
+    """Tests import what they share as the package `tests` (tests.helpers..., tests.features.rl.test_grpo), so a
+    module means the same whichever test ran first."""
+    edits = [f"tests/{p.relative_to(TESTS)}:{line}" for p in sorted(TESTS.rglob("*.py"))
+             if p.relative_to(TESTS).as_posix() not in EDITS_SYS_PATH_UNTIL_THE_BENCHMARKS_PACKAGE
+             for line in sys_path_edits(p.read_text(encoding="utf-8"))]
+    assert not edits, f"import through the package `tests` instead of editing sys.path: {edits}"
+
+
+def test_the_test_tree_checks_see_a_misplaced_module_and_each_spelling_of_a_sys_path_edit():
+    files = [Path("core/data/test_formats.py"), Path("core/test_layout.py"), Path("features/rl/test_grpo.py"),
+             Path("cli/test_config.py"), Path("test_stray.py"), Path("features/nofeature/test_x.py"),
+             Path("core/tokenizers/test_y.py"), Path("helpers/test_z.py"), Path("features/rl/deep/test_w.py")]
+    assert misplaced_test_files(files) == ["tests/test_stray.py", "tests/features/nofeature/test_x.py",
+                                           "tests/core/tokenizers/test_y.py", "tests/helpers/test_z.py",
+                                           "tests/features/rl/deep/test_w.py"]
+    source = "import sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']\nfrom sys import path\nimport os.path\n"
+    assert sys_path_edits(source) == [2, 3, 4]
