@@ -5,11 +5,12 @@ config around it (fast tier), and the real 135M default model (slow tier). The p
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.helpers.tiny_models import build_tiny_model_dir
+from tests.helpers.vlm_models import build_vlm_dir
 
 # Keep tests off any hub, and let the two CI cores run one test's maths without oversubscription.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -54,3 +55,19 @@ def chatty_model_dir(tmp_path_factory, tokenizer) -> str:
     # with varied words, a byte token that never completes a character (decoded as U+FFFD), and
     # multiple-choice answers whose log-likelihoods differ.
     return build_tiny_model_dir(tmp_path_factory.mktemp("chatty"), tokenizer, initializer_range=0.2)
+
+
+@pytest.fixture(scope="session")
+def vlm_dir(tmp_path_factory, default_model_path) -> Callable[..., str]:
+    """`vlm_dir(family, seed=0)`: a tiny random vision-language model folder (tests/helpers/vlm_models.py), built
+    once per test process for each family and seed and shared by the modules that ask for it (each used to build its
+    own: 2-3 s a family on 2 cores). The tests read these folders and never write into them."""
+    built: dict[tuple[str, int], str] = {}
+
+    def folder(family: str, seed: int = 0) -> str:
+        if (family, seed) not in built:
+            built[family, seed] = build_vlm_dir(family, tmp_path_factory.mktemp(f"{family}-seed{seed}"),
+                                                default_model_path, seed=seed)
+        return built[family, seed]
+
+    return folder

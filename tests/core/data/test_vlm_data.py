@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers.vlm_models import FAMILIES, build_vlm_dir, image_token_ids, make_picture
+from tests.helpers.vlm_models import FAMILIES, image_token_ids, make_picture
 from tunesmith.constants import IGNORE_INDEX
 from tunesmith.data.dataset import build_sft_dataset
 from tunesmith.data.formats import BadRows, load_conversations
@@ -38,8 +38,8 @@ def pictures(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def vlm_dirs(tmp_path_factory, default_model_path):
-    return {family: build_vlm_dir(family, tmp_path_factory.mktemp(family), default_model_path) for family in FAMILIES}
+def vlm_dirs(vlm_dir):
+    return {family: vlm_dir(family) for family in FAMILIES}
 
 
 def two_image_rows(folder) -> list[dict]:

@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig
 
 from tests.helpers.server import running_server
-from tests.helpers.vlm_models import TEXT, TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, make_picture
+from tests.helpers.vlm_models import TEXT, TRAIN_AND_GENERATE_FAMILIES, make_picture
 from tunesmith.data.images import image_part
 from tunesmith.data.template import encode_prompt
 from tunesmith.generation import Engine, SamplingParams
@@ -30,9 +30,8 @@ NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
-def vlm_dirs(tmp_path_factory, default_model_path):
-    return {family: build_vlm_dir(family, tmp_path_factory.mktemp(family), default_model_path, seed=1)
-            for family in TRAIN_AND_GENERATE_FAMILIES}
+def vlm_dirs(vlm_dir):
+    return {family: vlm_dir(family, seed=1) for family in TRAIN_AND_GENERATE_FAMILIES}
 
 
 @pytest.fixture(scope="module")

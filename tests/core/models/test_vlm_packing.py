@@ -24,8 +24,8 @@ PACKED_FAMILIES = ("idefics3", "qwen2_vl", "qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")
-def vlm_dirs(tmp_path_factory, default_model_path) -> dict[str, str]:
-    return {f: build_vlm_dir(f, tmp_path_factory.mktemp(f), default_model_path) for f in PACKED_FAMILIES}
+def vlm_dirs(vlm_dir) -> dict[str, str]:
+    return {f: vlm_dir(f) for f in PACKED_FAMILIES}
 
 
 @pytest.fixture(scope="module")

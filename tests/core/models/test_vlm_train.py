@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.vlm_models import TRAIN_AND_GENERATE_FAMILIES, build_vlm_dir, write_memorisation_set
+from tests.helpers.vlm_models import TRAIN_AND_GENERATE_FAMILIES, write_memorisation_set
 from tunesmith.data.images import image_part
 from tunesmith.data.template import encode_prompt
 from tunesmith.errors import ConfigError
@@ -30,9 +30,8 @@ def memorise(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def vlm_dirs(tmp_path_factory, default_model_path):
-    return {family: build_vlm_dir(family, tmp_path_factory.mktemp(family), default_model_path)
-            for family in TRAIN_AND_GENERATE_FAMILIES}
+def vlm_dirs(vlm_dir):
+    return {family: vlm_dir(family) for family in TRAIN_AND_GENERATE_FAMILIES}
 
 
 def run_sft(model_dir: str, data: str, out, *extra: str):

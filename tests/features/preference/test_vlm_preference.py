@@ -18,7 +18,6 @@ import torch
 
 from tests.helpers.vlm_models import (
     FAMILIES,
-    build_vlm_dir,
     image_token_ids,
     write_mixed_rows,
     write_preference_set,
@@ -36,8 +35,8 @@ from tunesmith.preference.dpo_trainer import sequence_logps
 
 
 @pytest.fixture(scope="module")
-def vlm_dirs(tmp_path_factory, default_model_path):
-    return {family: build_vlm_dir(family, tmp_path_factory.mktemp(family), default_model_path) for family in FAMILIES}
+def vlm_dirs(vlm_dir):
+    return {family: vlm_dir(family) for family in FAMILIES}
 
 
 @pytest.fixture(scope="module")
