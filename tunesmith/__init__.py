@@ -13,7 +13,7 @@ except importlib.metadata.PackageNotFoundError:  # imported from a source tree t
 
 # bitsandbytes warns at import, on CPUs with AVX512-BF16, that it could not fetch an optional 4-bit kernel
 # from the Hugging Face Hub through the `kernels` package. tunesmith never downloads at run time and
-# bitsandbytes' own CPU kernel is used instead (tests/test_sft_training.py trains QLoRA with it), so
+# bitsandbytes' own CPU kernel is used instead (tests/features/sft/test_sft_training.py trains QLoRA with it), so
 # the warning only alarms. Set before anything imports bitsandbytes.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 

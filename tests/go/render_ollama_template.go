@@ -1,5 +1,5 @@
 // Reads an Ollama Modelfile and renders its TEMPLATE the way Ollama's /api/chat renders a request, for
-// tests/test_ollama_template.py. Standard library only (Go 1.19 or later, no module downloads):
+// tests/features/export/test_ollama_template.py. Standard library only (Go 1.19 or later, no module downloads):
 //
 //	go build -o render render_ollama_template.go && ./render < request.json
 //

@@ -45,7 +45,7 @@ from .paired import compare_runs, markdown_table
 # makes `tunesmith eval` that evaluation.
 POLICY_FLAGS = {"policy", "baseline", "reward_model", "reward_funcs", "prompts", "data_path", "sft", "ppo"}
 # The policy evaluation is the RL feature's command (it reads replies as the rollouts do). Named, not imported: a
-# feature imports no other (tests/test_layout.py), as hparams.run_kinds names each feature's package.
+# feature imports no other (tests/core/test_layout.py), as hparams.run_kinds names each feature's package.
 POLICY_EVALUATION = "tunesmith.rl.evaluate_command"
 
 

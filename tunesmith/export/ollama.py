@@ -7,7 +7,7 @@ when the first message is not a system one: SmolLM2's and Qwen's shape) by rende
 conversations with it and with `render_chatml` below, which renders what the Go template renders
 under Ollama's rules; only when every render is equal is a Modelfile written. Ollama inserts the
 Modelfile's SYSTEM as the first message when a request has no system message, which is what the
-template does with its default. tests/test_ollama_template.py renders the written Modelfile with Go's
+template does with its default. tests/features/export/test_ollama_template.py renders the written Modelfile with Go's
 text/template under Ollama's rules and compares it with the Jinja template's renders.
 
 The Modelfile also sets what the export knows of how the model is meant to run: the stop tokens, the

@@ -5,7 +5,7 @@ parsing and before any weight loads, where transformers would fail later: after 
 package), or at the first step (CUDA calls in galore_torch's 8-bit and lomo_optim's AdaLomo).
 
 Checked against transformers 5.24, bitsandbytes 0.50, galore-torch 1.0, apollo-torch 1.0.3, lomo-optim 0.1.1,
-schedulefree 1.4.1, grokadamw 0.1.2, torch-optimi 0.3.3 (docs/optimizers.md; tests/test_optimizers.py trains two
+schedulefree 1.4.1, grokadamw 0.1.2, torch-optimi 0.3.3 (docs/optimizers.md; tests/core/train/test_optimizers.py trains two
 steps with each that runs on a CPU)."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from .rules import Rule
 # The kinds of run and the feature package of each (the shape in docs/architecture.md): `PACKAGE.args.ARGUMENTS`
 # (or `ARGUMENTS_BY_KIND[kind]` for a feature of several commands), its dataclasses in the order tunesmith_config.json
 # records them, and `PACKAGE.rules.RULES`, its rows, checked after the core's for that command only. Named here, not
-# imported: the core imports no feature (tests/test_layout.py), and a command loads no other feature's code; only
+# imported: the core imports no feature (tests/core/test_layout.py), and a command loads no other feature's code; only
 # what lists every kind (the CLI reference, the web UI's checks) loads them all.
 FEATURE_RUNS: dict[str, str] = {
     "sft": "tunesmith.sft",

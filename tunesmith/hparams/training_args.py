@@ -270,7 +270,7 @@ class TrainingArguments(_HFTrainingArguments):
 @dataclass
 class SFTTrainingArguments(TrainingArguments):
     """SFT's training arguments: --bf16 auto turns bf16 on where the hardware computes it natively
-    (measured against float32 in docs/benchmark.md and tests/test_cpu_speed.py)."""
+    (measured against float32 in docs/benchmark.md and tests/core/train/test_cpu_speed.py)."""
 
     bf16_auto: ClassVar[bool] = True
     checkpointing_auto: ClassVar[bool] = True  # see resolve_checkpointing

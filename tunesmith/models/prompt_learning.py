@@ -9,7 +9,7 @@ prefill gets the virtual embeddings (or the prefix keys and values) in front of 
 step after it finds them in the cache. PEFT's own generate() means to do the same, but peft 0.21.2 looks for the
 cache under `past_key_values`, which transformers 5.24 passes as `cache`: it puts prompt tuning's virtual tokens
 in front again at every decode step, and hands prefix tuning's prefix over where the model no longer reads it.
-The reference is PEFT's forward, the function training optimised (tests/test_prompt_learning.py)."""
+The reference is PEFT's forward, the function training optimised (tests/core/models/test_prompt_learning.py)."""
 
 from __future__ import annotations
 

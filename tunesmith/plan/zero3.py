@@ -3,7 +3,7 @@
 DeepSpeed cannot run on fake tensors (its engine partitions real storages and all-gathers them through a process
 group), so the fake step runs the model whole, with each gradient freed as soon as it is accumulated (ZeRO-3's
 reduce-scatter hook copies it into its bucket and frees it), and the model states are then counted as DeepSpeed
-0.19.8 allocates them with bf16 on (measured on two CPU ranks by tests/test_plan.py):
+0.19.8 allocates them with bf16 on (measured on two CPU ranks by tests/features/plan/test_plan.py):
 
 - every parameter's bf16 bytes (engine._cast_module_mixed_precision casts floating ones; a 4-bit weight's packed
   bytes as they are) over the world size, except those of at most stage3_param_persistence_threshold elements, which

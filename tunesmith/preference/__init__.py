@@ -6,4 +6,4 @@ args: their dataclasses; rules: their refusals and the facts they read; dpo_loss
 checked against a hand calculation; pair_trainer: what the Trainers on pairs share (per-pair evaluation);
 dpo_trainer, kto_trainer, reward_trainer: the Trainers. The pairs and judged replies are read by the core's data/
 (preference.py, unpaired.py), which PPO's reward model and the policy evaluation read too. It imports the core only
-(tests/test_layout.py); nothing is imported here, so that parsing a command's flags loads no Trainer."""
+(tests/core/test_layout.py); nothing is imported here, so that parsing a command's flags loads no Trainer."""

@@ -10,7 +10,7 @@ on CUDA, torch elsewhere), the tiles recomputed in backward and turned into the 
 float32. Memory is the hidden states' size; the price is the head's product run once more in backward.
 
 Used when a forward's logits would hold more than FUSED_HEAD_ELEMENTS values (StageTrainer decides per forward): short
-forwards keep the logits path, whose single head product is faster, and whose loss is the same (tests/test_head_loss.py
+forwards keep the logits path, whose single head product is faster, and whose loss is the same (tests/core/train/test_head_loss.py
 compares loss and gradients on every model type below). Only for model types whose forward does nothing to the logits
 but the transforms below (final soft-capping, a scale): any other model keeps the logits path. Not while the router
 logits of a mixture of experts are asked for (the aux loss is the model's own function of them), nor where the head's

@@ -9,8 +9,8 @@ tokens that input is 256 MB, a copy of about 10 ms each way at PCIe speed, 32 la
 - backward: when a layer's input is taken back for its recomputation, the input of the layer below starts coming
   back on the side stream, so it is on the device when that layer's backward starts. That costs one layer input
   more on the device while a layer recomputes (train/layer_modes.choose_modes counts it).
-The values are the same bytes copied both ways: offloaded layers train exactly as recomputed ones (tests/test_layer_modes.py,
-tests/test_gpu.py).
+The values are the same bytes copied both ways: offloaded layers train exactly as recomputed ones (tests/core/train/test_layer_modes.py,
+tests/system/test_gpu.py).
 
 TRL's (torchtune's) OffloadActivations overlaps the forward copy the same way, but it is made to wrap a whole forward:
 it offloads every saved tensor under one context whose entry clears its state, and brings a tensor back only when

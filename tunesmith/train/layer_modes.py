@@ -16,7 +16,7 @@ whose backward runs and frees them first): it errs on the safe side.
 
 transformers' GradientCheckpointingLayer reads `gradient_checkpointing` and `_gradient_checkpointing_func` per layer
 at every call, so a forward's choice is two attributes a layer, and changes no maths: kept, recomputed and offloaded
-layers give the same gradients (tests/test_layer_modes.py)."""
+layers give the same gradients (tests/core/train/test_layer_modes.py)."""
 
 from __future__ import annotations
 

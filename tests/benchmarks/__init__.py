@@ -1,0 +1,1 @@
+"""The benchmarks package's own tests (benchmarks/)."""

@@ -1,0 +1,1 @@
+"""What the tests share: tiny models of real architectures, data rows, a served process; imported as tests.helpers.*."""
