@@ -8,6 +8,8 @@ the rollouts.
     python -m benchmarks.rl --variants grpo_bf16,gae_bf16   # GRPO vs PPO (value adapter and head, KL in the reward)
     python -m benchmarks.rl --peer trl --variants grpo_bf16,trl_bf16,grpo_fp32,trl_fp32 --loss_type bnpo
     python -m benchmarks.rl --rollout_engine vllm --variants grpo_fp32,grpo_vllm_fp32   # rollouts on a vLLM server
+    VLLM_PY=~/.cache/tunesmith/vllm-venv/bin/python   # vLLM colocated, tunesmith's and TRL's (setup_vllm.sh --colocate)
+    $VLLM_PY -m benchmarks.rl --variants grpo_colocated_fp32,trl_vllm_fp32
 
 Two workloads, each tunesmith's (`grpo_*`) against TRL's (`trl_*`), each a demo config's work:
 - arithmetic (grpo_bf16 / trl_bf16): configs/grpo_demo.yaml. The embedded SmolLM2-135M-Instruct with a fresh LoRA
@@ -43,9 +45,12 @@ LoRA, autocast), float32 is tunesmith's default for RL and TRL's `bf16=False`.
 `--rollout_engine vllm` adds the variant `grpo_vllm_fp32` (or replaces tunesmith's variants' engine): the same run
 with its rollouts on a vLLM server (`--vllm_url`, or one the bench starts before the runs, float32, outside the timed
 steps; scripts/setup_vllm.sh builds its venv), and the table splits each step's time into sampling, weight sync
-(the adapter handed to the server), scoring and update. TRL's GRPOTrainer with `use_vllm` cannot run on a CPU (its
-server mode sends weights over NCCL, its colocated mode needs vLLM importable beside the trainer's transformers,
-which vLLM's pin rules out here): `scripts/gpu_check.sh rl` runs that comparison on a GPU.
+(the adapter handed to the server), scoring and update. Colocated against TRL: `grpo_colocated_fp32` (tunesmith with
+vLLM in its process) and `trl_vllm_fp32` (TRL's GRPOTrainer, `use_vllm=True, vllm_mode="colocate"`, token-truncated
+importance sampling at the same cap), run where vLLM and both trainers share one Python (vLLM's venv after
+`bash scripts/setup_vllm.sh --colocate`):
+    ~/.cache/tunesmith/vllm-venv/bin/python -m benchmarks.rl --variants grpo_colocated_fp32,trl_vllm_fp32 --steps 3
+TRL's server mode sends weights over NCCL, which a CPU cannot: `scripts/gpu_check.sh rl` runs it on a GPU.
 
 Each run is its own process (benchmarks/common.py: the variants take turns, each once the cores are idle, with the other
 processes' share of the CPU recorded). completions/s counts the steps' own wall time, first step included
@@ -90,8 +95,15 @@ OURS = {  # variant: tunesmith's flags on top of its workload's config
     "grpo_tools_bf16": ["--bf16", "true"],
     "grpo_tools_fp32": ["--bf16", "false"],
     "grpo_vllm_fp32": ["--bf16", "false", "--rollout_engine", "vllm"],
+    # colocated: vLLM in the worker's process (no --vllm_url), as TRL's vllm_mode="colocate" below
+    "grpo_colocated_fp32": ["--bf16", "false", "--rollout_engine", "vllm", "--vllm_kv_cache_gib", "2"],
 }
-PEERS = {"trl_bf16": True, "trl_fp32": False, "trl_tools_bf16": True, "trl_tools_fp32": False}  # TRL's bf16
+SERVER_VARIANTS = {"grpo_vllm_fp32"}  # the ones that sample on the server the bench starts (or --vllm_url)
+PEERS = {"trl_bf16": True, "trl_fp32": False, "trl_tools_bf16": True, "trl_tools_fp32": False,  # TRL's bf16
+         "trl_vllm_fp32": False}
+TRL_COLOCATED = {"trl_vllm_fp32"}  # use_vllm=True, vllm_mode="colocate"
+# run only where vLLM and both trainers share one Python (vLLM's venv after scripts/setup_vllm.sh --colocate)
+COLOCATED_VARIANTS = {"grpo_colocated_fp32", *TRL_COLOCATED}
 VARIANTS = [*OURS, *PEERS]
 # Names both trainers give the same loss. Left out: cispo (tunesmith caps the ratio at 1 + epsilon_high, TRL at
 # epsilon_high) and luspo (needs sequence-level ratios, which this bench does not set).
@@ -183,7 +195,7 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> dict:
     argv = [str(config), "--model_name_or_path", args.model, "--max_steps", str(args.steps), "--save_strategy", "no",
             "--rollout_log_samples", "0", "--report_to", "none", "--output_dir", str(workdir / args.worker),
             "--loss_type", args.loss_type, *OURS[args.worker]]
-    if "--rollout_engine" in OURS[args.worker]:
+    if args.worker in SERVER_VARIANTS:
         argv += ["--vllm_url", args.vllm_url]
     trainer = run(argv)
     steps = [r for r in trainer.log_history if "time_generate" in r]
@@ -253,6 +265,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
         gradient_checkpointing=False, bf16=PEERS[args.worker], use_cpu=not torch.cuda.is_available(),
         disable_dropout=True, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
         model_init_kwargs=None if adapter else {"dtype": torch.float32},
+        **(colocated_vllm_config(work) if args.worker in TRL_COLOCATED else {}),
     )
     # tunesmith's LoRA defaults where the config leaves them (r 16, alpha 32, dropout 0.05, every linear layer)
     lora = LoraConfig(r=work.get("lora_r", 16), lora_alpha=work.get("lora_alpha", 32), lora_dropout=0.05,
@@ -283,6 +296,27 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
     calls = [r["tools/call_frequency"] for r in logs if "tools/call_frequency" in r]
     per_step = (span[1] - span[0]) / args.steps
     return summarize([per_step] * args.steps, rewards, work["per_device_train_batch_size"], PEERS[args.worker], calls)
+
+
+def colocated_vllm_config(work: dict) -> dict:
+    """TRL's GRPOConfig for vLLM colocated in its process, set as tunesmith's colocated variant runs: truncated
+    importance sampling per token at tunesmith's cap (--rollout_is_cap 2), and on a CPU vLLM eager with a KV cache of
+    2 GiB (TRL passes vLLM no enforce_eager: its torch.compile took 281 s to load the default model on 2 cores, a cost
+    outside the timed steps either way, but eager is what tunesmith's colocated engine runs on a CPU)."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        import functools
+
+        import trl.generation.vllm_generation as generation
+
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        generation.LLM = functools.partial(generation.LLM, enforce_eager=True, enable_prefix_caching=False)
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": True,
+            "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0,
+            "vllm_max_model_length": 1024}
 
 
 def summarize(step_seconds: list[float], rewards: list[float], completions_per_step: int, bf16: bool,
@@ -322,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
 def vllm_server(args: argparse.Namespace, workdir: Path) -> Iterator[str | None]:
     """The vLLM server the grpo_vllm_* variants sample on: --vllm_url, or one started here for the runs (its start
     is not timed), float32 as those variants train."""
-    if not any("--rollout_engine" in OURS.get(v, ()) for v in args.variants) or args.vllm_url:
+    if not SERVER_VARIANTS & set(args.variants) or args.vllm_url:
         yield args.vllm_url
         return
     from tunesmith.generation.vllm_server import VLLMServer, VLLMServerSettings
@@ -399,6 +433,10 @@ def print_table(results: dict[str, list[dict]], quiet_share: float) -> None:
         if ours32 in rows and trl16 in rows:
             print(f"each at its default precision (tunesmith float32, TRL bf16){label}: completions/s ratio "
                   f"{ratio(ours32, trl16, 'completions_per_s')}")
+    if "grpo_colocated_fp32" in rows and "trl_vllm_fp32" in rows:
+        print(f"vLLM colocated, float32 both: completions/s ratio vs TRL GRPOTrainer (use_vllm colocate) "
+              f"{ratio('grpo_colocated_fp32', 'trl_vllm_fp32', 'completions_per_s')}, peak RSS ratio "
+              f"{ratio('grpo_colocated_fp32', 'trl_vllm_fp32', 'peak_rss_mb')}")
     # Both in bf16, TRL's default: the memory ratios, then the speed ratios as the last lines.
     pairs = [(label, f"grpo_{tools}bf16", f"trl_{tools}bf16") for label, tools in (("", ""), (" (tools)", "tools_"))
              if f"trl_{tools}bf16" in rows]
