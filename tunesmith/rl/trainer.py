@@ -27,11 +27,11 @@ from transformers.trainer_callback import CallbackHandler, ProgressCallback, Tra
 from ..constants import REWARD_PLOT_FILE
 from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
-from ..distributed import zero3_inference_engine
+from ..distributed import zero3_inference_engine, zero_stage
 from ..errors import PathError
 from ..generation.rollout_engines import hand_over_weights, rollout_engine
 from ..generation.vllm_client import VLLMEngine
-from ..hparams import check, save_run_config, zero_stage
+from ..hparams import check, save_run_config
 from ..hparams.rollout_args import RolloutEngineArguments
 from ..train.callbacks import MetricsFileCallback, plot_loss
 from ..train.checkpoints import (
