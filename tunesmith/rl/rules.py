@@ -32,6 +32,7 @@ def _batch(a: Any) -> int:
     """--per_device_train_batch_size, which the mini-batches and the groups of replies divide."""
     return a.training.per_device_train_batch_size
 
+
 # Settings only the value model of --advantage gae reads; under grpo/rloo a value other than the default was
 # set on purpose and would silently do nothing.
 _VALUE_ONLY_FLAGS = ("vf_coef", "cliprange_value", "gamma", "lam", "whiten_rewards")

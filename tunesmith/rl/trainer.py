@@ -70,7 +70,7 @@ from .losses import (
     varied_groups,
 )
 from .models import POLICY, VALUE_DIR, ActorCritic
-from .rewards import RewardFunction, Rewards, load_reward_function
+from .reward_sources import RewardFunction, Rewards, load_reward_function
 from .rollout import (
     Generated,
     RewardFn,
@@ -85,7 +85,7 @@ from .rollout import (
 )
 from .rules import RULES
 from .tool_rollout import tool_rollout
-from .tools import Toolbox
+from .toolbox import Toolbox
 
 logger = logging.getLogger(__name__)
 
