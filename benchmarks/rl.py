@@ -233,8 +233,8 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tunesmith.rl.rewards import load_reward_function
-    from tunesmith.rl.tools import load_tool
+    from tunesmith.rl.reward_sources import load_reward_function
+    from tunesmith.rl.toolbox import load_tool
 
     work = workload(args)
     tools = is_tools(args.worker)

@@ -1,10 +1,12 @@
 """DeepSpeed's and FSDP2's process groups on machines and launch modes that the libraries leave out: CPU
-ranks (gloo), and a single process started without a launcher; and where a run's FSDP settings come from
-(--fsdp_config, or the environment `accelerate launch` exports)."""
+ranks (gloo), and a single process started without a launcher; and where a run's sharding settings come from:
+its DeepSpeed config (--deepspeed, a file or a dict) and its FSDP settings (--fsdp_config, or the environment
+`accelerate launch` exports)."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import socket
 from typing import Any
@@ -84,6 +86,29 @@ def zero3_inference_engine(model: torch.nn.Module, deepspeed_config: dict) -> An
 # ---------------------------------------------------------------------------- FSDP2
 
 FSDP_LAUNCH_VARIABLE = "ACCELERATE_USE_FSDP"  # what `accelerate launch --config_file configs/fsdp2.yaml` sets
+
+
+def deepspeed_config(training_args: Any) -> dict:
+    """The DeepSpeed config a run was given (empty when none); a file path or an inline dict."""
+    ds = getattr(training_args, "deepspeed", None)
+    if not ds:
+        return {}
+    if isinstance(ds, dict):
+        return ds
+    from .errors import ConfigError
+
+    if not os.path.isfile(ds):
+        raise ConfigError(f"--deepspeed {ds}: no such file (shipped configs: configs/ds_zero2.json, configs/ds_zero3.json)")
+    with open(ds, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--deepspeed {ds}: not valid JSON at line {e.lineno}: {e.msg}") from None
+
+
+def zero_stage(training_args: Any) -> int:
+    """The ZeRO stage of the run's DeepSpeed config; 0 without one."""
+    return int(deepspeed_config(training_args).get("zero_optimization", {}).get("stage", 0))
 
 
 def fsdp_requested(training_args: Any) -> bool:

@@ -194,6 +194,49 @@ if __name__ == "__main__":
     assert "imports sft (layer 8)" in problems[2] and "ChatEngine" in problems[3]
 
 
+def private_imports(relative: Path, source: str, package_dirs: Collection[str] | None = None) -> list[str]:
+    """`file:line: import` for each `from X import _name` whose X is a module of another package (folder) than the
+    importing module's: a name with a leading underscore is its module's own, and another package reads a public one
+    (the rules tables' shared helpers are hparams/rule_helpers.py's). `package_dirs`: the dotted packages that are
+    folders (read from the disk when None)."""
+    own = module_package(relative)
+    problems = []
+    for node in imports(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = own[:len(own) - node.level + 1] if node.level else []
+        module = [*base, *(node.module.split(".") if node.module else [])]
+        if module[:1] != ["tunesmith"]:
+            continue
+        is_dir = (".".join(module) in package_dirs if package_dirs is not None
+                  else PACKAGE.parent.joinpath(*module).is_dir())
+        if (module if is_dir else module[:-1]) == own:
+            continue
+        for alias in node.names:
+            if alias.name.startswith("_") and not alias.name.startswith("__"):
+                problems.append(f"tunesmith/{relative}:{node.lineno}: imports {alias.name}, private to "
+                                f"{'.'.join(module)}")
+    return problems
+
+
+def test_no_module_imports_a_private_name_of_another_package():
+    problems = [p for m in modules() for p in private_imports(m, (PACKAGE / m).read_text(encoding="utf-8"))]
+    assert not problems, "import a public name (make it public where it is shared):\n" + "\n".join(problems)
+
+
+def test_the_private_import_check_sees_another_packages_private_name_only():
+    source = """
+from ..hparams.rules import Rule, _problem
+from .gguf_llama_cpp import _quiet_stderr
+from . import _local
+from ..hparams import _shared
+import tunesmith.hparams.rules
+"""
+    problems = private_imports(Path("export/fake.py"), source, package_dirs={"tunesmith.hparams", "tunesmith.export"})
+    assert [p.split(": ", 1)[0] for p in problems] == ["tunesmith/export/fake.py:2", "tunesmith/export/fake.py:5"]
+    assert problems[0].endswith("imports _problem, private to tunesmith.hparams.rules")
+
+
 def test_only_the_generation_engine_generates_or_samples_tokens():
     """One home for generation: no module outside tunesmith/generation/ calls a model's generate() or draws
     a token (`engine.generate(...)`, the engine's own method, is the way to generate)."""

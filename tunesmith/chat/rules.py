@@ -4,8 +4,8 @@ too, are there) for this command only; chat's own is the bound of its prompt's l
 
 from __future__ import annotations
 
-# The core table's helpers that its own rows share with these (as rl/rules.py takes them).
-from ..hparams.rules import Rule, _bound_rule
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import bound_rule
 from ..hparams.value_bounds import Bound, at_least
 
 # The values' bounds: `--FIELD must be NEED (got VALUE); ADVICE.` (hparams/value_bounds.py's form).
@@ -13,4 +13,4 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("chat", "max_prompt_length", at_least(1), "at least 1 token"),
 )
 
-RULES: list[Rule] = [*map(_bound_rule, BOUNDS)]
+RULES: list[Rule] = [*map(bound_rule, BOUNDS)]

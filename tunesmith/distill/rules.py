@@ -7,20 +7,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..distributed import fsdp_requested
+from ..distributed import fsdp_requested, zero_stage
 from ..errors import PathError
-
-# The core table's helpers that its own rows share with these (private there until the other features' rows move).
-from ..hparams.rules import (
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import (
     STREAMING_IS_SFTS,
-    Rule,
-    _first,
-    _missing_dir,
-    _problem,
-    _prompt_method,
-    _sequence_parallel,
-    _vision_folder,
-    zero_stage,
+    first_problem,
+    missing_dir,
+    problem_values,
+    prompt_method,
+    sequence_parallel_size,
+    vision_folder,
 )
 from ..utils.paths import problem_with_model_dir
 from ..utils.vocabulary import vocabulary_difference
@@ -46,6 +43,12 @@ def _teacher_dtype_overridden(distill: Any, training: Any) -> dict | None:
     return {"held": held} if distill.teacher_dtype != held else None
 
 
+def _vision_student_or_teacher(a: Any) -> dict | None:
+    """{"path", "problem"}: the student or the teacher that is a vision-language model (its type as the problem)."""
+    return first_problem([p for p in (a.model.model_name_or_path, a.distill.teacher_model_name_or_path) if p],
+                         vision_folder)
+
+
 RULES: list[Rule] = [
     # SFT's data flags, read whole: --streaming is what `tunesmith sft` alone reads (the core refuses it elsewhere)
     Rule("distill_streaming", ("data", "distill"), lambda a: a.data.streaming, STREAMING_IS_SFTS),
@@ -53,10 +56,10 @@ RULES: list[Rule] = [
          "--teacher_model_name_or_path is required: the model to distill from, a model folder or an adapter folder "
          "(e.g. outputs/sft_demo after the quickstart) that shares the student's tokenizer."),
     Rule("distill_teacher_path", ("distill",),
-         lambda a: _problem(problem_with_model_dir(a.distill.teacher_model_name_or_path)),
+         lambda a: problem_values(problem_with_model_dir(a.distill.teacher_model_name_or_path)),
          "--teacher_model_name_or_path {distill.teacher_model_name_or_path}: {problem}; give a local model folder "
          "or an adapter folder.", PathError),
-    Rule("distill_teacher_adapter_path", ("distill",), lambda a: _missing_dir(a.distill.teacher_adapter_name_or_path),
+    Rule("distill_teacher_adapter_path", ("distill",), lambda a: missing_dir(a.distill.teacher_adapter_name_or_path),
          "--teacher_adapter_name_or_path {path}: {problem} (an adapter folder on the teacher's model).", PathError),
     Rule("distill_vocabulary", ("model", "distill"), lambda a: _teacher_vocabulary_differs(a.model, a.distill),
          "the teacher {teacher} and the student {student} do not share a vocabulary ({difference}): distillation "
@@ -83,12 +86,10 @@ RULES: list[Rule] = [
     Rule("distill_on_policy_tokens", ("distill",), lambda a: a.distill.lmbda > 0 and a.distill.on_policy_max_new_tokens < 1,
          "--on_policy_max_new_tokens must be at least 1 (got {distill.on_policy_max_new_tokens}) with --lmbda "
          "{distill.lmbda}: the longest reply the student samples."),
-    Rule("distill_prompt_learning", ("distill", "model", "finetuning"), _prompt_method,
+    Rule("distill_prompt_learning", ("distill", "model", "finetuning"), prompt_method,
          "--finetuning_type {kind} cannot be distilled into: the student's logits would include the virtual tokens "
          "the teacher never sees; use --finetuning_type lora or full."),
-    Rule("distill_vision", ("distill", "model"),
-         lambda a: _first([p for p in (a.model.model_name_or_path, a.distill.teacher_model_name_or_path) if p],
-                          _vision_folder),
+    Rule("distill_vision", ("distill", "model"), _vision_student_or_teacher,
          "tunesmith distill trains text models only ({path} is a vision-language model, of type {problem}); "
          "give a text model as the student and the teacher."),
     # 4 bits: measured with DeepSpeed 0.19.8 and bitsandbytes 0.50.2, the teacher's first forward in its ZeRO-3
@@ -107,7 +108,7 @@ RULES: list[Rule] = [
     Rule("distill_label_smoothing", ("distill", "training"), lambda a: a.training.label_smoothing_factor != 0,
          "--label_smoothing_factor {training.label_smoothing_factor} would do nothing in tunesmith distill, whose "
          "targets are the teacher's distributions (already soft); leave it out, or raise --distill_temperature."),
-    Rule("distill_sequence_parallel", ("distill", "training"), lambda a: _sequence_parallel(a) > 1,
+    Rule("distill_sequence_parallel", ("distill", "training"), lambda a: sequence_parallel_size(a) > 1,
          "--sequence_parallel_size {training.sequence_parallel_size}: tunesmith distill does not cut rows across "
          "ranks (the teacher would need the same cut); leave it at 1."),
     Rule("distill_vllm_without_on_policy", ("distill", "rollout"),

@@ -25,11 +25,10 @@ import torch
 
 from ..constants import IGNORE_INDEX
 from ..data.packing import FORWARD_SPLITS
-from ..distributed import zero3_inference_engine
+from ..distributed import zero3_inference_engine, zero_stage
 from ..generation import SamplingParams
 from ..generation.rollout_engines import hand_over_weights, rollout_engine
 from ..generation.vllm_client import VLLMRollouts
-from ..hparams import zero_stage
 from ..hparams.rollout_args import RolloutEngineArguments
 from ..train.stage_trainer import StageTrainer
 from .args import DistillArguments

@@ -9,16 +9,15 @@ import re
 from types import SimpleNamespace
 
 from ..errors import PathError
-
-# The core table's helpers that its own rows share with these (as export/rules.py and rl/rules.py take them).
-from ..hparams.rules import Rule, _bound_rule, _missing_dir, _problem, _prompt_adapter
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import bound_rule, missing_dir, problem_values, prompt_adapter
 from ..hparams.value_bounds import Bound, at_least
 from ..utils.paths import problem_with_model_dir
 
 
 def _prompt_adapter_at(path: str | None) -> dict | None:
     """{"path", "kind"} when the second model (compare's --baseline, eval's --compare_to) is a prompt-based adapter."""
-    return _prompt_adapter(SimpleNamespace(adapter_name_or_path=path, model_name_or_path=None))
+    return prompt_adapter(SimpleNamespace(adapter_name_or_path=path, model_name_or_path=None))
 
 
 # The values' bounds: `--FIELD must be NEED (got VALUE); ADVICE.` (hparams/value_bounds.py's form).
@@ -28,19 +27,19 @@ BOUNDS: tuple[Bound, ...] = (
 )
 
 RULES: list[Rule] = [
-    *map(_bound_rule, BOUNDS),
+    *map(bound_rule, BOUNDS),
     # -- compare
     Rule("compare_adapter_given", ("compare", "model"),
          lambda a: not a.model.adapter_name_or_path and not a.compare.baseline,
          "--adapter_name_or_path is required: the fine-tuned LoRA adapter to compare with its base (or give "
          "--baseline, the model or adapter to compare the --model_name_or_path one with)."),
     Rule("compare_baseline", ("compare",),
-         lambda a: a.compare.baseline and _problem(problem_with_model_dir(a.compare.baseline)),
+         lambda a: a.compare.baseline and problem_values(problem_with_model_dir(a.compare.baseline)),
          "--baseline {compare.baseline}: {problem}; give a model folder or an adapter folder.", PathError),
     Rule("compare_beams", ("compare",), lambda a: a.compare.num_beams < 1,
          "--num_beams must be at least 1 (got {compare.num_beams}); 1 is greedy decoding."),
     Rule("compare_prompt_adapter_beams", ("compare", "model"),
-         lambda a: a.compare.num_beams > 1 and (_prompt_adapter(a.model) or _prompt_adapter_at(a.compare.baseline)),
+         lambda a: a.compare.num_beams > 1 and (prompt_adapter(a.model) or _prompt_adapter_at(a.compare.baseline)),
          "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
          "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
     # -- eval (lm-evaluation-harness)
@@ -48,7 +47,7 @@ RULES: list[Rule] = [
          "--tasks is required: lm-eval task or group names, comma-separated, e.g. --tasks tunesmith_knowledge "
          "(shipped offline: tunesmith_identity, tunesmith_arithmetic, tunesmith_tool_calls, tunesmith_knowledge)."),
     Rule("harness_prompt_adapter", ("harness", "model"),
-         lambda a: _prompt_adapter(a.model) or _prompt_adapter_at(a.harness.compare_to),
+         lambda a: prompt_adapter(a.model) or _prompt_adapter_at(a.harness.compare_to),
          "--tasks: {path} is a {kind} adapter, and lm-eval scores and generates through the model's own forward "
          "and PEFT's generate(), which do not line up with its virtual tokens; compare it with tunesmith compare "
          "or tunesmith eval --policy instead."),
@@ -57,9 +56,10 @@ RULES: list[Rule] = [
          "--compare_to base compares an adapter with the model under it: give --adapter_name_or_path (or compare "
          "two models with --compare_to PATH)."),
     Rule("harness_compare_path", ("harness",),
-         lambda a: a.harness.compare_to not in (None, "base") and _problem(problem_with_model_dir(a.harness.compare_to)),
+         lambda a: a.harness.compare_to not in (None, "base")
+         and problem_values(problem_with_model_dir(a.harness.compare_to)),
          "--compare_to {harness.compare_to}: {problem}; give `base`, a model folder or an adapter folder.", PathError),
-    Rule("harness_include_path", ("harness",), lambda a: _missing_dir(a.harness.include_path),
+    Rule("harness_include_path", ("harness",), lambda a: missing_dir(a.harness.include_path),
          "--include_path {path}: {problem} (a folder of lm-eval task YAML files).", PathError),
     Rule("harness_limit", ("harness",), lambda a: a.harness.limit is not None and not a.harness.limit > 0,
          "--limit must be > 0 (got {harness.limit}): a number of documents per task, or a share below 1."),

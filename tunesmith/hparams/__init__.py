@@ -11,7 +11,7 @@ from .finetuning_args import FinetuningArguments, QATArguments
 from .generating_args import GenerationArguments
 from .model_args import ModelArguments
 from .parser import ParsedRun, parse_args
-from .rules import check, deepspeed_config, zero_stage
+from .rules import check
 from .run_config import save_run_config
 from .run_kinds import RUN_ARGUMENTS, feature_rules
 from .training_args import SFTTrainingArguments, TrainingArguments
@@ -25,7 +25,7 @@ def parse_run(kind: str, argv: Sequence[str] | None = None, description: str | N
 
 
 __all__ = [
-    "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check", "deepspeed_config", "zero_stage",
+    "RUN_ARGUMENTS", "parse_run", "parse_args", "ParsedRun", "check",
     "save_run_config", "ModelArguments", "DataArguments", "TrainDataArguments", "SFTDataArguments",
     "PromptDataArguments", "FinetuningArguments", "QATArguments", "GenerationArguments", "SFTTrainingArguments", "TrainingArguments",
 ]

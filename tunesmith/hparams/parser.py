@@ -29,7 +29,8 @@ from ..utils.hub_data import resolve_hub_data
 from ..utils.paths import adapter_base_model, adapter_config, is_adapter_dir
 from ..utils.threads import warn_about_cpu_threads
 from .optimizers import check_optimizer
-from .rules import Rule, check
+from .rule_engine import Rule
+from .rules import check
 from .training_args import resolve_checkpointing, resolve_eval_schedule
 
 logger = logging.getLogger(__name__)

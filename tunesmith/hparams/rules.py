@@ -5,26 +5,27 @@ generation); each command's own roles and rows are its feature package's (its ru
 for ppo, tunesmith/preference/rules.py for dpo, reward and score; hparams/run_kinds.FEATURE_RUNS names the package
 of each command). `check(**roles)` runs this table, then the command's feature's rows.
 
-A row declares what it reads (Rule: its roles, and the fields only some commands' dataclasses have, e.g.
-"data.packing", which DataArguments lacks and SFTDataArguments has), so `check` applies it to exactly the runs that
-have those, and its test needs no guard: a row that reads what it did not declare raises, never skips."""
+The rules kit is three modules: the engine (rule_engine.py: `Rule`, one row, and `check_rows`), this table, and the
+helpers the tables share (rule_helpers.py, public names, which the features' tables import). A row declares what it
+reads (Rule: its roles, and the fields only some commands' dataclasses have, e.g. "data.packing", which
+DataArguments lacks and SFTDataArguments has), so `check` applies it to exactly the runs that have those, and its
+test needs no guard: a row that reads what it did not declare raises, never skips. A row whose test is more than one
+expression is a named function above the table, so a traceback names it."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from ..constants import MUON
-from ..distributed import fsdp_requested, fsdp_setting
-from ..errors import ConfigError, PathError
-from ..families import family, reward_model_types, types_where, vision_model_type
+from ..distributed import fsdp_requested, fsdp_setting, zero_stage
+from ..errors import PathError
+from ..families import family, types_where
 from ..utils.hardware import flash_attention_usable, liger_kernel_usable, trains_on_cpu
 from ..utils.hub_data import is_hub_dataset, problem_with_data_source
 from ..utils.paths import (
@@ -41,78 +42,19 @@ from ..utils.paths import (
 from .data_args import SPLIT_STAGES, numbers
 from .finetuning_args import is_known_init, splits_base
 from .rollout_args import colocation_problem
-from .value_bounds import BOUNDS, Bound
-
-
-def deepspeed_config(training_args: Any) -> dict:
-    """The DeepSpeed config a run was given (empty when none); a file path or an inline dict."""
-    ds = getattr(training_args, "deepspeed", None)
-    if not ds:
-        return {}
-    if isinstance(ds, dict):
-        return ds
-    if not os.path.isfile(ds):
-        raise ConfigError(f"--deepspeed {ds}: no such file (shipped configs: configs/ds_zero2.json, configs/ds_zero3.json)")
-    with open(ds, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--deepspeed {ds}: not valid JSON at line {e.lineno}: {e.msg}") from None
-
-
-def zero_stage(training_args: Any) -> int:
-    return int(deepspeed_config(training_args).get("zero_optimization", {}).get("stage", 0))
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One row. `broken(run)` is falsy when the settings are fine; otherwise True, or a dict of values for the
-    message's {placeholders} (which may also name any role's fields, e.g. {model.quantization_bit}).
-
-    The row applies to the runs that have all of `roles` and none of `without`. Each is a role ("model": the run has
-    a model) or a role's field ("data.packing": the run's data dataclass has a `packing` field; the data of
-    `tunesmith score` has none). `broken` reads only those: any field of a role it names that every command's
-    dataclass of that role has, and the fields it names. A read of anything else raises AttributeError (a bug in the
-    row), so a row is never skipped by accident. A feature's row with `first` is checked before the core's: a
-    refusal of what the command cannot do at all, which would make the core's advice on the same settings moot (DPO
-    with a prompt-tuning adapter: "DPO cannot train it", not "continue it with --finetuning_type prompt_tuning")."""
-
-    name: str
-    roles: tuple[str, ...]
-    broken: Callable[[SimpleNamespace], Any]
-    message: str
-    error: type[Exception] = ConfigError
-    without: tuple[str, ...] = ()
-    first: bool = False
-
-    def applies(self, roles: Mapping[str, Any]) -> bool:
-        """Whether a run of these roles (a role's dataclass by its name) has what the row reads."""
-        return all(_has(roles, need) for need in self.roles) and not any(_has(roles, need) for need in self.without)
-
-
-def _has(roles: Mapping[str, Any], need: str) -> bool:
-    """Whether the run has `need`: "ROLE" (given, not None), or "ROLE.FIELD" (a role whose dataclass has FIELD)."""
-    role, _, field = need.partition(".")
-    config = roles.get(role)
-    return config is not None and (not field or hasattr(config, field))
-
-
-def _first(values: list[str], problem: Callable[[str], str | None]) -> dict | None:
-    for value in values:
-        found = problem(value)
-        if found:
-            return {"path": value, "problem": found}
-    return None
-
-
-def _missing_dir(path: str | None) -> dict | None:
-    if path and not os.path.isdir(path):
-        return {"path": path, "problem": "is a file, not a directory" if os.path.exists(path) else "no such directory"}
-    return None
-
-
-def _problem(found: str | None) -> dict | None:
-    return {"problem": found} if found else None
+from .rule_engine import Rule, check_rows
+from .rule_helpers import (
+    STREAMING_IS_SFTS,
+    bound_rule,
+    first_problem,
+    missing_dir,
+    problem_values,
+    prompt_adapter,
+    prompt_method,
+    sequence_parallel_size,
+    vision_model,
+)
+from .value_bounds import BOUNDS
 
 
 def _merged_from_this_adapter(model: Any) -> dict | None:
@@ -125,15 +67,6 @@ def _merged_from_this_adapter(model: Any) -> dict | None:
     merged = record.get("ModelArguments", {}) if "MergeArguments" in record else {}
     if merged.get("adapter_name_or_path") and os.path.realpath(merged["adapter_name_or_path"]) == os.path.realpath(adapter):
         return {"base": merged.get("model_name_or_path") or "the one its adapter_config.json records"}
-    return None
-
-
-def _prompt_adapter(model: Any) -> dict | None:
-    """{"path", "kind"} when the adapter given (as --adapter_name_or_path, or as the model) is prompt-based."""
-    for path in (model.adapter_name_or_path, model.model_name_or_path):
-        kind = prompt_adapter_kind(path)
-        if kind:
-            return {"path": path, "kind": kind}
     return None
 
 
@@ -155,14 +88,6 @@ def _colocate_flags_with_server(a: Any) -> dict | None:
     return {"flags": ", ".join(flags)} if flags else None
 
 
-def _prompt_method(a: SimpleNamespace) -> dict | None:
-    """{"kind"}: the prompt-based method a training run trains, by --finetuning_type or by the adapter it continues."""
-    if a.finetuning.prompt_learning:
-        return {"kind": a.finetuning.finetuning_type}
-    found = _prompt_adapter(a.model)
-    return {"kind": found["kind"]} if found else None
-
-
 def _adapter_kind_differs(a: SimpleNamespace) -> dict | None:
     """{"path", "kind", "wanted"} when the adapter a training run continues is not of --finetuning_type's kind."""
     path = a.model.adapter_name_or_path
@@ -170,12 +95,6 @@ def _adapter_kind_differs(a: SimpleNamespace) -> dict | None:
         return None
     kind = prompt_adapter_kind(path) or "lora"
     return {"path": path, "kind": kind} if kind != a.finetuning.finetuning_type else None
-
-
-# What a prompt-based adapter cannot be merged or exported into, and why.
-_NOTHING_TO_MERGE = ("{path} is a {kind} adapter: its virtual tokens go in front of the input and change no weight, "
-                     "so there is nothing to merge into the weights; use it as it is with tunesmith chat, serve or "
-                     "compare, or train a LoRA adapter (--finetuning_type lora) to merge.")
 
 
 _VARIANT_FLAGS = (("use_dora", False), ("use_rslora", False), ("init_lora_weights", "true"),
@@ -201,79 +120,13 @@ def _adapter_variant_differs(a: SimpleNamespace) -> dict | None:
     return {"flag": flag} if flag else None
 
 
-# What a training stage not built for pictures says to a vision-language model: all but SFT, DPO's paired losses and
-# the reward model of a type with a sequence-classification class (KTO's unpaired replies and PPO's rollouts take no
-# pictures yet). The rows are the stages' features' (preference/rules.py, rl/rules.py), with vision_stage_not_built.
-VISION_STAGE_NOT_BUILT = (
-    "{stage} on a vision-language model ({model_type}): not built (SFT, DPO with the sigmoid, ipo, simpo and orpo "
-    "losses, and reward models of {reward_types} train on pictures; chat, serve, merge and eval take them); train it "
-    "with one of those, or on its text with the language model alone.")
-
-
-def vision_stage_not_built(model: Any, stage: str) -> dict | None:
-    """VISION_STAGE_NOT_BUILT's values when the model is a vision-language model ({"model_type", "stage",
-    "reward_types"}), None for a text model."""
-    vision = _vision(model)
-    return vision and {**vision, "stage": stage, "reward_types": ", ".join(reward_model_types())}
-
-
-def router_loss_is_sfts(stage: str) -> Rule:
-    """The row of a training stage other than SFT (`stage`, the role of its own arguments) that refuses
-    --router_aux_loss_coef; the stage's feature lists it."""
-    return Rule("router_aux_loss_coef_sft_only", ("finetuning", stage),
-                lambda a: a.finetuning.router_aux_loss_coef is not None and {"stage": stage},
-                "--router_aux_loss_coef weighs a mixture-of-experts router loss that only SFT adds, and this is a "
-                "{stage} run: drop it.")
-
-
-def _vision_folder(path: str) -> str | None:
-    """The model type of a vision-language model folder, or of an adapter's base; None otherwise."""
-    if is_adapter_dir(path):
-        path = adapter_config(path).get("base_model_name_or_path")
-    return vision_model_type(path)
-
-
-def _vision(model: Any) -> dict | None:
-    """{"model_type": ...} when the model (the base, for an adapter) is a local vision-language model folder."""
-    model_type = vision_model_type(model.model_name_or_path)
-    return {"model_type": model_type} if model_type else None
-
-
-def _sequence_parallel(a: SimpleNamespace) -> int:
-    """--sequence_parallel_size, of the training dataclass that has it (SFTTrainingArguments: sft, pt, distill, plan)."""
-    return a.training.sequence_parallel_size
-
-
-# What a run that reads its data whole says to --streaming, which only `tunesmith sft` reads: this table's row, for
-# the commands without SFT's data or a training loop, and the rows of the features that parse SFT's data but read it
-# whole (the memory plan, distillation).
-STREAMING_IS_SFTS = ("--streaming reads SFT conversations as training takes them (tunesmith sft); this command reads "
-                     "its --data_path whole: drop the flag.")
-
-
 def _world_size() -> int:
     """The launch's process count (torchrun and accelerate export WORLD_SIZE); 1 without a launcher."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _bound_rule(bound: Bound) -> Rule:
-    """The row of one value's bound: `--FIELD must be NEED (got VALUE); ADVICE.`"""
-
-    def broken(a: SimpleNamespace) -> bool:
-        value = getattr(getattr(a, bound.role), bound.field)  # the role and field the bound names
-        return value is not None and (bound.when is None or bound.when(a)) and not bound.ok(value)
-
-    advice = f"; {bound.advice}" if bound.advice else ""
-    return Rule(f"{bound.role}_{bound.field}_value", (f"{bound.role}.{bound.field}",), broken,
-                f"--{bound.field} must be {bound.need} (got {{{bound.role}.{bound.field}}}){advice}.")
-
-
 NO_HUB_DATASET = ("--data_revision {data.data_revision} is the revision of a Hugging Face Hub dataset, and --data_path "
                   "names none (org/name, org/name:split): drop the flag, or name the dataset.")
-
-
-def _batch(a: SimpleNamespace) -> int:
-    return a.training.per_device_train_batch_size
 
 
 def _torchao_dtype_differs(model: Any) -> dict | None:
@@ -291,14 +144,66 @@ def _qat_sharded(training: Any) -> str | None:
     return "ZeRO-3" if zero_stage(training) == 3 else "FSDP" if fsdp_requested(training) else None
 
 
+def _fsdp_state_dict_not_full(a: SimpleNamespace) -> dict | None:
+    """{"kind"}: the state dict type of an FSDP2 run when it is not FULL_STATE_DICT."""
+    if not fsdp_requested(a.training) or fsdp_setting(a.training, "version", "1") != "2":
+        return None
+    kind = fsdp_setting(a.training, "state_dict_type", "SHARDED_STATE_DICT")
+    return {"kind": kind} if kind.upper() != "FULL_STATE_DICT" else None
+
+
+def _vision_packing_inexact(a: SimpleNamespace) -> dict | None:
+    """{"model_type"}: --packing on a vision-language model whose family does not pack exactly."""
+    if not a.data.packing:
+        return None
+    vision = vision_model(a.model)
+    return vision if vision and not family(vision["model_type"]).packable else None
+
+
+def _data_selection_flag(a: SimpleNamespace) -> dict | None:
+    """{"flag"}: --data_split, or else --data_weights, when given (to a command that reads its data whole)."""
+    if a.data.data_split:
+        return {"flag": "data_split"}
+    return {"flag": "data_weights"} if a.data.data_weights else None
+
+
+def _shares_unusable(values: list[str]) -> bool:
+    """Whether shares (--data_weights, --data_split) hold something not a number, a negative one, or only zeros."""
+    shares = numbers(values)
+    return shares is None or min(shares) < 0 or not sum(shares)
+
+
+def _data_weights_unusable(a: SimpleNamespace) -> dict | None:
+    """{"value"}: --data_weights as given, when they are not usable shares."""
+    weights = a.data.data_weights
+    return {"value": ",".join(weights)} if weights and _shares_unusable(weights) else None
+
+
+def _data_split_unusable(a: SimpleNamespace) -> dict | None:
+    """{"value"}: --data_split as given, when it is not one usable share per stage."""
+    split = a.data.data_split
+    if not split or (len(split) == len(SPLIT_STAGES) and not _shares_unusable(split)):
+        return None
+    return {"value": ",".join(split)}
+
+
+def _whole_embedding_module(a: SimpleNamespace) -> dict | None:
+    """{"module"}: embed_tokens or lm_head trained whole (--lora_modules_to_save) beside --lora_trainable_tokens."""
+    if not a.finetuning.lora_trainable_tokens:
+        return None
+    module = next((m for m in a.finetuning.lora_modules_to_save if m in ("embed_tokens", "lm_head")), None)
+    return {"module": module} if module else None
+
+
 RULES: list[Rule] = [
     # -- paths, checked before anything loads
     Rule("data_path_given", ("data",), lambda a: not a.data.data_path,
          "--data_path is required: one or more data files or folders (JSONL, JSON, Parquet; raw .txt for tunesmith "
          "pt), e.g. data/demo/sft.jsonl."),
-    Rule("data_files", ("data",), lambda a: _first(a.data.data_path, problem_with_data_source),
+    Rule("data_files", ("data",), lambda a: first_problem(a.data.data_path, problem_with_data_source),
          "data file {path}: {problem}.", PathError),
-    Rule("eval_data_files", ("data.eval_data_path",), lambda a: _first(a.data.eval_data_path, problem_with_data_source),
+    Rule("eval_data_files", ("data.eval_data_path",),
+         lambda a: first_problem(a.data.eval_data_path, problem_with_data_source),
          "data file {path}: {problem}.", PathError),
     Rule("data_revision_without_hub_dataset", ("data.data_revision", "data.eval_data_path"),
          lambda a: a.data.data_revision and not any(map(is_hub_dataset, a.data.data_path + a.data.eval_data_path)),
@@ -308,10 +213,10 @@ RULES: list[Rule] = [
          message=NO_HUB_DATASET),
     Rule("model_path", ("model",),
          lambda a: a.model.model_name_or_path and looks_local(a.model.model_name_or_path)
-         and _first([a.model.model_name_or_path], problem_with_model_dir),
+         and first_problem([a.model.model_name_or_path], problem_with_model_dir),
          "--model_name_or_path {path}: {problem}. Give a local model directory (one with config.json), "
          "or leave it out for the embedded default model.", PathError),
-    Rule("adapter_path", ("model",), lambda a: _missing_dir(a.model.adapter_name_or_path),
+    Rule("adapter_path", ("model",), lambda a: missing_dir(a.model.adapter_name_or_path),
          "--adapter_name_or_path {path}: {problem}.", PathError),
     Rule("adapter_is_adapter", ("model",),
          lambda a: a.model.adapter_name_or_path and os.path.isdir(a.model.adapter_name_or_path)
@@ -327,10 +232,10 @@ RULES: list[Rule] = [
          "--model_name_or_path {model.model_name_or_path} already has {model.adapter_name_or_path} merged into it "
          "(its tunesmith_config.json records that merge): adding the adapter again would apply it twice. Use the "
          "merged model alone, or the adapter on its original base ({base})."),
-    Rule("output_dir", ("training",), lambda a: _problem(problem_with_output_dir(a.training.output_dir)),
+    Rule("output_dir", ("training",), lambda a: problem_values(problem_with_output_dir(a.training.output_dir)),
          "--output_dir {training.output_dir}: {problem}; choose another directory.", PathError),
     # -- single values out of their range (value_bounds.py), before any row computes with them
-    *map(_bound_rule, BOUNDS),
+    *map(bound_rule, BOUNDS),
     Rule("length_of_run", ("training",), lambda a: a.training.max_steps <= 0 and not a.training.num_train_epochs > 0,
          "--num_train_epochs {training.num_train_epochs} with --max_steps {training.max_steps} trains nothing: set "
          "--max_steps N (optimizer steps; for PPO/GRPO/RLOO, rollout batches) or --num_train_epochs above 0."),
@@ -359,10 +264,7 @@ RULES: list[Rule] = [
          "FSDP version {version}: tunesmith runs FSDP2 (torch's fully_shard) only; set fsdp_version: 2 in the FSDP "
          "config (configs/fsdp2.yaml does)."),
     Rule("fsdp_full_state_dict", ("training",),
-         lambda a: fsdp_requested(a.training)
-         and (fsdp_setting(a.training, "version", "1") == "2"
-              and fsdp_setting(a.training, "state_dict_type", "SHARDED_STATE_DICT").upper() != "FULL_STATE_DICT")
-         and {"kind": fsdp_setting(a.training, "state_dict_type", "SHARDED_STATE_DICT")},
+         _fsdp_state_dict_not_full,
          "fsdp_state_dict_type {kind}: tunesmith's saves gather the whole model on the first process, so that "
          "outputs load with plain transformers/peft; set fsdp_state_dict_type: FULL_STATE_DICT (configs/fsdp2.yaml "
          "does)."),
@@ -386,43 +288,44 @@ RULES: list[Rule] = [
          "are Triton, GPU only): drop the flag on CPU."),
     # -- vision-language models (models/vision.py)
     Rule("vision_packing", ("model", "data.packing"),
-         lambda a: a.data.packing and (v := _vision(a.model))
-         and not family(v["model_type"]).packable and v,
+         _vision_packing_inexact,
          "--packing with a vision-language model ({model_type}): packed exactly for "
          + ", ".join(types_where("packable")) + " only (Gemma 3's picture tokens attend to each other both ways, "
          "which a causal packed row does not compute; Qwen3-VL's positions are not checked); use --packing false."),
     Rule("vision_packing_forward_tokens", ("model", "data.packing", "data.max_forward_tokens"),
-         lambda a: a.data.max_forward_tokens and a.data.packing and _vision(a.model),
+         lambda a: a.data.max_forward_tokens and a.data.packing and vision_model(a.model),
          "--max_forward_tokens {data.max_forward_tokens} with a vision-language model: a packed row runs in one "
          "forward (a split would cut its pictures' inputs); drop it, or lower --per_device_train_batch_size."),
     Rule("vision_prompt_learning", ("model", "finetuning"),
-         lambda a: a.finetuning.prompt_learning and _vision(a.model),
+         lambda a: a.finetuning.prompt_learning and vision_model(a.model),
          "--finetuning_type {finetuning.finetuning_type} with a vision-language model ({model_type}): its virtual "
          "tokens would go in front of the image tokens its processor places; use --finetuning_type lora or full."),
     Rule("vision_flags_text_model", ("model", "finetuning"),
-         lambda a: (a.finetuning.train_vision_tower or a.finetuning.train_projector) and not _vision(a.model),
+         lambda a: (a.finetuning.train_vision_tower or a.finetuning.train_projector) and not vision_model(a.model),
          "--train_vision_tower / --train_projector: {model.model_name_or_path} is not a vision-language model (no "
          "vision_config in its config.json, or no processor in its folder); leave them out."),
     # -- sequence parallelism (train/sequence_parallel.py)
-    Rule("sequence_parallel_size_value", ("training.sequence_parallel_size",), lambda a: _sequence_parallel(a) < 1,
+    Rule("sequence_parallel_size_value", ("training.sequence_parallel_size",), lambda a: sequence_parallel_size(a) < 1,
          "--sequence_parallel_size must be at least 1 (got {training.sequence_parallel_size}); 1 is off."),
-    Rule("sequence_parallel_deepspeed", ("training.sequence_parallel_size",), lambda a: _sequence_parallel(a) > 1 and not a.training.deepspeed,
+    Rule("sequence_parallel_deepspeed", ("training.sequence_parallel_size",),
+         lambda a: sequence_parallel_size(a) > 1 and not a.training.deepspeed,
          "--sequence_parallel_size {training.sequence_parallel_size} runs on DeepSpeed's Ulysses: add --deepspeed "
          "configs/ds_zero2.json (or ds_zero3.json); FSDP does not cut sequences."),
     Rule("sequence_parallel_packing", ("data.packing", "training.sequence_parallel_size"),
-         lambda a: _sequence_parallel(a) > 1 and not a.data.packing,
+         lambda a: sequence_parallel_size(a) > 1 and not a.data.packing,
          "--sequence_parallel_size {training.sequence_parallel_size} needs --packing true: the ranks cut one "
          "padding-free row, whose conversations keep their boundaries across the cut."),
     Rule("sequence_parallel_world", ("training.sequence_parallel_size",),
-         lambda a: _sequence_parallel(a) > 1 and _world_size() % _sequence_parallel(a) and {"world": _world_size()},
+         lambda a: sequence_parallel_size(a) > 1 and _world_size() % sequence_parallel_size(a)
+         and {"world": _world_size()},
          "--sequence_parallel_size {training.sequence_parallel_size}: this launch has {world} process(es), not a "
          "multiple of it; launch N x {training.sequence_parallel_size} (torchrun --nproc_per_node, --nnodes)."),
     Rule("sequence_parallel_vision", ("model", "training.sequence_parallel_size"),
-         lambda a: _sequence_parallel(a) > 1 and _vision(a.model),
+         lambda a: sequence_parallel_size(a) > 1 and vision_model(a.model),
          "--sequence_parallel_size with a vision-language model ({model_type}): its pictures cannot be cut across "
          "ranks; train on one rank per row (leave the flag out)."),
     Rule("sequence_parallel_label_smoothing", ("training.sequence_parallel_size",),
-         lambda a: _sequence_parallel(a) > 1 and a.training.label_smoothing_factor,
+         lambda a: sequence_parallel_size(a) > 1 and a.training.label_smoothing_factor,
          "--label_smoothing_factor {training.label_smoothing_factor} with --sequence_parallel_size: each rank "
          "computes its tokens' plain cross-entropy; drop one of them."),
     # -- data
@@ -451,23 +354,18 @@ RULES: list[Rule] = [
     Rule("max_seq_length", ("data.max_seq_length",), lambda a: a.data.max_seq_length < 8,
          "--max_seq_length must be at least 8 tokens (got {data.max_seq_length})."),
     Rule("data_selection_in_training", ("data",),
-         lambda a: (a.data.data_weights or a.data.data_split)
-         and {"flag": "data_split" if a.data.data_split else "data_weights"},
+         _data_selection_flag,
          "--{flag} chooses the rows a training stage (or inspect) uses; this command reads its --data_path whole: "
          "drop the flag.", without=("training", "inspect")),
     Rule("data_weights_numbers", ("data",),
-         lambda a: a.data.data_weights and (numbers(a.data.data_weights) is None or min(numbers(a.data.data_weights)) < 0
-                                            or not sum(numbers(a.data.data_weights)))
-         and {"value": ",".join(a.data.data_weights)},
+         _data_weights_unusable,
          "--data_weights {value}: give a number >= 0 per --data_path file, not all 0 (e.g. --data_weights 0.7,0.3)."),
     Rule("data_weights_count", ("data",),
          lambda a: a.data.data_weights and len(a.data.data_weights) != len(a.data.data_path)
          and {"weights": len(a.data.data_weights), "paths": len(a.data.data_path)},
          "--data_weights has {weights} values for {paths} --data_path files: give one weight per file, in order."),
     Rule("data_split_numbers", ("data",),
-         lambda a: a.data.data_split and (len(a.data.data_split) != len(SPLIT_STAGES) or numbers(a.data.data_split) is None
-                                          or min(numbers(a.data.data_split)) < 0 or not sum(numbers(a.data.data_split)))
-         and {"value": ",".join(a.data.data_split)},
+         _data_split_unusable,
          "--data_split {value}: give three numbers >= 0, not all 0, the shares of SFT, reward/DPO and PPO (e.g. "
          "--data_split 2,4,4)."),
     Rule("data_split_stage_part", ("data",),
@@ -550,8 +448,7 @@ RULES: list[Rule] = [
          "{finetuning.finetuning_type} trains none (full trains every row already; a prompt-based method changes no "
          "weight of the model): drop it, or use --finetuning_type lora."),
     Rule("lora_trainable_tokens_with_whole_embeddings", ("finetuning",),
-         lambda a: a.finetuning.lora_trainable_tokens
-         and next(({"module": m} for m in a.finetuning.lora_modules_to_save if m in ("embed_tokens", "lm_head")), None),
+         _whole_embedding_module,
          "--lora_trainable_tokens trains some rows of the embeddings and the head, and --lora_modules_to_save {module} "
          "trains the whole matrix: keep one."),
     Rule("lora_trainable_tokens_adapter", ("model", "finetuning"),
@@ -625,7 +522,7 @@ RULES: list[Rule] = [
     Rule("generation_beams", ("generation",), lambda a: a.generation.num_beams < 1,
          "--num_beams must be at least 1 (got {generation.num_beams}); 1 is no beam search."),
     Rule("prompt_adapter_beams", ("model", "generation"),
-         lambda a: a.generation.num_beams > 1 and _prompt_adapter(a.model),
+         lambda a: a.generation.num_beams > 1 and prompt_adapter(a.model),
          "--num_beams with the {kind} adapter {path}: beam search runs PEFT's generate(), which in this version "
          "does not continue a prompt-based adapter's replies as its own forward does; use --num_beams 1."),
     # -- the rollout engine (ppo's rollouts, distill's on-policy replies: hparams/rollout_args.py)
@@ -649,7 +546,7 @@ RULES: list[Rule] = [
          lambda a: a.rollout.rollout_engine == "tunesmith" and a.rollout.vllm_url is not None,
          "--vllm_url is the vLLM server's, and --rollout_engine tunesmith samples in the trainer: drop one of them."),
     Rule("rollout_vllm_prompt_method", ("rollout", "model", "finetuning"),
-         lambda a: a.rollout.uses_vllm and _prompt_method(a),
+         lambda a: a.rollout.uses_vllm and prompt_method(a),
          "--rollout_engine vllm with --finetuning_type {kind}: vLLM serves LoRA adapters, not prompt-based ones; use "
          "--finetuning_type lora or full, or --rollout_engine tunesmith."),
     Rule("rollout_vllm_timeout", ("rollout",), lambda a: a.rollout.vllm_timeout <= 0,
@@ -695,18 +592,5 @@ def check(check_paths: bool = True, feature_rules: Sequence[Rule] = (), **roles:
     marked `first` go before this table's.
     check_paths=False leaves out the rows about files and folders (for settings read on another machine than the
     run's). A row that reads what it did not declare raises its AttributeError, with the row's name."""
-    namespace = SimpleNamespace(**roles)
-    for rule in (*[r for r in feature_rules if r.first], *RULES, *[r for r in feature_rules if not r.first]):
-        if not rule.applies(roles):
-            continue
-        if not check_paths and rule.error is PathError:
-            continue
-        try:
-            found = rule.broken(namespace)
-        except AttributeError as e:
-            e.add_note(f"in the rule {rule.name!r}, whose roles are {rule.roles}: a field only some commands' "
-                       "dataclasses have is named as ROLE.FIELD")
-            raise
-        if found:
-            values = found if isinstance(found, dict) else {}
-            raise rule.error(rule.message.format(**roles, **values))
+    check_rows((*[r for r in feature_rules if r.first], *RULES, *[r for r in feature_rules if not r.first]), roles,
+               check_paths)

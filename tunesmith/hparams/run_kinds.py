@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from .rules import Rule
+from .rule_engine import Rule
 
 # The kinds of run and the feature package of each (the shape in docs/architecture.md): `PACKAGE.args.ARGUMENTS`
 # (or `ARGUMENTS_BY_KIND[kind]` for a feature of several commands), its dataclasses in the order tunesmith_config.json

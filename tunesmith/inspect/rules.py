@@ -4,12 +4,12 @@ reads SFT's data arguments as `tunesmith sft` does."""
 
 from __future__ import annotations
 
-# The core table's helpers that its own rows share with these (as rl/rules.py takes them).
-from ..hparams.rules import Rule, _bound_rule
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import bound_rule
 from ..hparams.value_bounds import Bound, at_least
 
 BOUNDS: tuple[Bound, ...] = (
     Bound("inspect", "show", at_least(-1), "-1 or more", "-1 shows every example, 0 none"),
 )
 
-RULES: list[Rule] = [*map(_bound_rule, BOUNDS)]
+RULES: list[Rule] = [*map(bound_rule, BOUNDS)]

@@ -8,13 +8,11 @@ from __future__ import annotations
 import importlib.util
 import os
 from types import SimpleNamespace
+from typing import Any
 
 from ..errors import PathError
-
-# The core table's helpers that its own rows share with these (as export/rules.py and rl/rules.py take them);
-# _NOTHING_TO_MERGE is export's refusal of a prompt-based adapter too.
-from ..hparams.rules import _NOTHING_TO_MERGE as NOTHING_TO_MERGE
-from ..hparams.rules import Rule, _bound_rule, _first, _problem, _prompt_adapter
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import NOTHING_TO_MERGE, bound_rule, first_problem, problem_values, prompt_adapter
 from ..hparams.value_bounds import Bound, in_range
 from ..utils.paths import (
     adapter_config,
@@ -73,8 +71,15 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("merge", "slerp_t", in_range(0, 1, high_included=True), "in [0, 1]", "0 is the first model, 1 the second"),
 )
 
+
+def _torchao_model(a: Any) -> dict | None:
+    """{"problem"}: the first model to merge (the base, or one of --models) that is torchao-quantized."""
+    models = [a.model.model_name_or_path, *(a.merge.models or [])]
+    return problem_values(next((p for p in models if is_torchao_quantized(p)), None))
+
+
 RULES: list[Rule] = [
-    *map(_bound_rule, BOUNDS),
+    *map(bound_rule, BOUNDS),
     Rule("merge_models_need_method", ("merge",), lambda a: a.merge.models and not a.merge.method,
          "--models needs --method (linear, ties, dare_ties or slerp): how to merge them."),
     Rule("merge_adapter_given", ("merge", "model"), lambda a: not a.merge.method and not a.model.adapter_name_or_path,
@@ -93,7 +98,7 @@ RULES: list[Rule] = [
          "--method {merge.method} merges two or more --models (got {count}): give the model or adapter folders "
          "after --models."),
     Rule("merge_models_paths", ("merge",),
-         lambda a: a.merge.method and _first(list(a.merge.models), problem_with_model_dir),
+         lambda a: a.merge.method and first_problem(list(a.merge.models), problem_with_model_dir),
          "--models {path}: {problem}; give model or LoRA adapter folders.", PathError),
     Rule("merge_models_lora", ("merge",), lambda a: a.merge.method and _unmergeable_adapter(list(a.merge.models)),
          "--models {path} is a {kind} adapter: --method merges chat models' weights, so give full models or LoRA "
@@ -118,7 +123,7 @@ RULES: list[Rule] = [
          "dare_ties do); list the models to merge in --models and leave it out."),
     Rule("merge_base_path", ("merge", "model"),
          lambda a: a.merge.method in METHODS_WITH_BASE and a.model.model_name_or_path
-         and _problem(problem_with_model_dir(a.model.model_name_or_path)),
+         and problem_values(problem_with_model_dir(a.model.model_name_or_path)),
          "--model_name_or_path {model.model_name_or_path} (the base of --method {merge.method}): {problem}.", PathError),
     Rule("merge_density_unread", ("merge",),
          lambda a: a.merge.density is not None and a.merge.method not in METHODS_WITH_BASE,
@@ -131,17 +136,16 @@ RULES: list[Rule] = [
     Rule("merge_shapes", ("merge", "model"), lambda a: a.merge.method and _merge_shape_difference(a),
          "--models: {first} and {other} differ in config.json's {field} ({a} vs {b}): models merge weight by weight "
          "only with one architecture and shape; give fine-tunes of the same base (an adapter has its base's)."),
-    Rule("merge_prompt_learning", ("merge", "model"), lambda a: _prompt_adapter(a.model),
+    Rule("merge_prompt_learning", ("merge", "model"), lambda a: prompt_adapter(a.model),
          "merge: " + NOTHING_TO_MERGE),
-    Rule("merge_torchao", ("merge", "model"),
-         lambda a: _problem(next((p for p in [a.model.model_name_or_path, *(a.merge.models or [])]
-                                  if is_torchao_quantized(p)), None)),
+    Rule("merge_torchao", ("merge", "model"), _torchao_model,
          "merge: {problem} is torchao-quantized (a --qat run's quantized/): merging into its int4 weights would round "
          "the sum again; merge into the float base (a LoRA --qat run's quantized/ already holds its adapter merged "
          "and converted)."),
     Rule("merge_output_given", ("merge",), lambda a: not a.merge.output_dir,
          "--output_dir is required: where the merged model goes."),
-    Rule("merge_output_dir", ("merge",), lambda a: a.merge.output_dir and _problem(problem_with_output_dir(a.merge.output_dir)),
+    Rule("merge_output_dir", ("merge",),
+         lambda a: a.merge.output_dir and problem_values(problem_with_output_dir(a.merge.output_dir)),
          "--output_dir {merge.output_dir}: {problem}; choose another directory.", PathError),
     Rule("merge_unquantized", ("merge", "model"), lambda a: a.model.quantization_bit is not None,
          "--quantization_bit cannot be used with merge: the base is always loaded unquantized (merging into "

@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from ..data.template import apply_chat_template_override
+from ..distributed import zero_stage
 from ..errors import PathError
 from ..families import VisionParts, is_vision_language
-from ..hparams import FinetuningArguments, ModelArguments, zero_stage
+from ..hparams import FinetuningArguments, ModelArguments
 from ..hparams.parser import resolve_adapter_base
 from ..utils.config_facts import fill_pad_token_id
 from ..utils.hardware import flash_attention_usable, native_bf16, trains_on_cpu

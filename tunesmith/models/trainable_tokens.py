@@ -12,9 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..distributed import fsdp_requested
+from ..distributed import fsdp_requested, zero_stage
 from ..errors import ConfigError
-from ..hparams import zero_stage
 
 logger = logging.getLogger(__name__)
 

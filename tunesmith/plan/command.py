@@ -29,10 +29,10 @@ from unittest import mock
 import torch
 
 from ..boundary import entry_point
+from ..distributed import zero_stage
 from ..errors import ConfigError
 from ..hparams import ParsedRun, parse_run, rules
 from ..hparams.parser import parse_namespace
-from ..hparams.rules import zero_stage
 from ..hparams.training_args import AUTO, OFFLOAD, resolve_checkpointing
 from ..models.attention import FLASH_VARLEN, use_varlen_attention
 from ..models.tiled_mlp import use_tiled_mlp

@@ -4,7 +4,8 @@ them after the core's rows, hparams/rules.py, for this command only). The plan's
 
 from __future__ import annotations
 
-from ..hparams.rules import STREAMING_IS_SFTS, Rule
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import STREAMING_IS_SFTS
 
 RULES: list[Rule] = [
     # the plan opens no data (it plans packed rows of --plan_tokens), and refuses the flag only SFT's training reads

@@ -32,7 +32,7 @@ from typing import Any
 
 from torch import nn
 
-from ..hparams.rules import deepspeed_config
+from ..distributed import deepspeed_config
 from .model import quant_state_tensors
 from .report import mb
 from .step import StepMemory, allocated
@@ -59,7 +59,7 @@ class Zero3Settings:
 
     @classmethod
     def read(cls, deepspeed: Any, hidden_size: int, world_size: int) -> Zero3Settings:
-        """From --deepspeed (a config file's path, or the config itself), as hparams.rules reads it."""
+        """From --deepspeed (a config file's path, or the config itself), as distributed.deepspeed_config reads it."""
         zero = deepspeed_config(types.SimpleNamespace(deepspeed=deepspeed)).get("zero_optimization", {})
         auto = {"reduce_bucket_size": hidden_size * hidden_size,
                 "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),

@@ -5,18 +5,18 @@ rows to dpo, the reward model's to reward), so each reads its command's roles wi
 
 from __future__ import annotations
 
-from ..families import reward_model_types
+from typing import Any
 
-# The core table's helpers that its own rows share with these (as rl/rules.py takes them).
+from ..distributed import zero_stage
+from ..families import reward_model_types
 from ..hparams.finetuning_args import splits_base
-from ..hparams.rules import (
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import (
     VISION_STAGE_NOT_BUILT,
-    Rule,
-    _bound_rule,
-    _prompt_method,
+    bound_rule,
+    prompt_method,
     router_loss_is_sfts,
     vision_stage_not_built,
-    zero_stage,
 )
 from ..hparams.value_bounds import Bound, at_least
 
@@ -25,20 +25,26 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("score", "batch_size", at_least(1), "at least 1"),
 )
 
+
+def _vision_reward_model_not_built(a: Any) -> dict | None:
+    """VISION_STAGE_NOT_BUILT's values: a reward model of a vision-language type transformers has no
+    sequence-classification class for."""
+    found = vision_stage_not_built(a.model, "reward")
+    return found if found and found["model_type"] not in reward_model_types() else None
+
+
 RULES: list[Rule] = [
     # -- the stages on a vision-language model: a reward model of a type with a score head that reads pictures, and
     # DPO's paired losses (KTO's unpaired replies take none)
-    Rule("vision_reward", ("model", "reward", "training"),
-         lambda a: (found := vision_stage_not_built(a.model, "reward")) and found["model_type"] not in reward_model_types()
-         and found, VISION_STAGE_NOT_BUILT),
+    Rule("vision_reward", ("model", "reward", "training"), _vision_reward_model_not_built, VISION_STAGE_NOT_BUILT),
     Rule("vision_kto", ("model", "dpo", "training"),
          lambda a: a.dpo.loss_type == "kto" and vision_stage_not_built(a.model, "DPO with --loss_type kto"),
          VISION_STAGE_NOT_BUILT),
     router_loss_is_sfts("reward"),
     router_loss_is_sfts("dpo"),
-    *map(_bound_rule, BOUNDS),
+    *map(bound_rule, BOUNDS),
     # -- the reward model
-    Rule("reward_prompt_learning", ("reward", "model", "finetuning"), _prompt_method,
+    Rule("reward_prompt_learning", ("reward", "model", "finetuning"), prompt_method,
          "--finetuning_type {kind} cannot train a reward model: its score head is a new layer that a prompt-based "
          "adapter does not train; use --finetuning_type lora or full.", first=True),
     Rule("center_rewards", ("reward",),
@@ -46,7 +52,7 @@ RULES: list[Rule] = [
          "--center_rewards_coefficient must be >= 0 (got {reward.center_rewards_coefficient}); leave it unset to "
          "train without centring."),
     # -- DPO and KTO
-    Rule("dpo_prompt_learning", ("dpo", "model", "finetuning"), _prompt_method,
+    Rule("dpo_prompt_learning", ("dpo", "model", "finetuning"), prompt_method,
          "--finetuning_type {kind} cannot be used with DPO: its pairs run as packed rows, where PEFT's virtual tokens "
          "would precede only the first sequence of each row; use --finetuning_type lora or full.", first=True),
     Rule("init_residual_dpo_reference", ("dpo", "finetuning"),

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..data.text_documents import BLANK_LINE, WHOLE_FILE
-from ..hparams.rules import Rule
+from ..hparams.rule_engine import Rule
 
 RULES: list[Rule] = [
     Rule("pt_stride", ("data",), lambda a: not 0 <= a.data.stride < a.data.max_seq_length,

@@ -30,9 +30,9 @@ from ..models.loader import (
 from ..train.muon import mark_muon_weights
 from ..train.run_setup import prepare_training_run
 from . import PPOTrainer, RewardModelScorer, build_actor_critic, critic_start
-from .rewards import load_reward_function
+from .reward_sources import load_reward_function
 from .tool_rollout import encode_tool_prompts
-from .tools import Toolbox
+from .toolbox import Toolbox
 
 
 def run(argv: Sequence[str] | None = None) -> PPOTrainer:

@@ -42,10 +42,10 @@ from ..utils.io import atomic_write_jsonl
 from ..utils.paths import adapter_base_model
 from ..utils.stats import paired_change
 from .policy_eval import answer, reply_logprobs, summarize
-from .rewards import Rewards, load_reward_function
+from .reward_sources import Rewards, load_reward_function
 from .rollout import RewardModelScorer
 from .tool_rollout import encode_tool_prompts
-from .tools import Toolbox
+from .toolbox import Toolbox
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, float]:

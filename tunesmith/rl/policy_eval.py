@@ -17,7 +17,7 @@ from .losses import logprobs_from_logits
 from .models import response_logits
 from .rollout import generate_responses, pad_replies, reply_tokens, rollout_sampling, sequence_inputs
 from .tool_rollout import Trajectory, tool_rollout
-from .tools import Toolbox
+from .toolbox import Toolbox
 
 
 class Answers:

@@ -8,28 +8,30 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..distributed import fsdp_requested
+from ..distributed import fsdp_requested, zero_stage
 from ..errors import PathError
-
-# The core table's helpers that its own rows share with these (as export/rules.py takes them).
 from ..hparams.finetuning_args import splits_base
-from ..hparams.rules import (
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import (
     VISION_STAGE_NOT_BUILT,
-    Rule,
-    _batch,
-    _bound_rule,
-    _first,
-    _missing_dir,
-    _problem,
-    _prompt_method,
-    _vision_folder,
+    bound_rule,
+    first_problem,
+    missing_dir,
+    problem_values,
+    prompt_method,
     router_loss_is_sfts,
+    vision_folder,
     vision_stage_not_built,
-    zero_stage,
 )
 from ..hparams.value_bounds import Bound, at_least, in_range, positive
 from ..utils.hub_data import problem_with_data_source
 from ..utils.paths import is_adapter_dir
+
+
+def _batch(a: Any) -> int:
+    """--per_device_train_batch_size, which the mini-batches and the groups of replies divide."""
+    return a.training.per_device_train_batch_size
+
 
 # Settings only the value model of --advantage gae reads; under grpo/rloo a value other than the default was
 # set on purpose and would silently do nothing.
@@ -47,8 +49,30 @@ def _value_only_flags_set(ppo: Any) -> dict | None:
 
 
 def _missing_dir_problem(path: str) -> str | None:
-    found = _missing_dir(path)
+    found = missing_dir(path)
     return found["problem"] if found else None
+
+
+def _sft_only_lora_flag(a: Any) -> dict | None:
+    """{"problem"}: --loraplus_lr_ratio, or an --init_lora_weights that splits the base, given to an RL run."""
+    if a.finetuning.loraplus_lr_ratio is not None:
+        return problem_values("--loraplus_lr_ratio")
+    if splits_base(a.finetuning.init_lora_weights):
+        return problem_values(f"--init_lora_weights {a.finetuning.init_lora_weights}")
+    return None
+
+
+def _delta_within_clip(a: Any) -> bool:
+    """Whether --delta is given at or below the clip's ceiling, 1 + --epsilon_high (or --cliprange)."""
+    if a.ppo.delta is None:
+        return False
+    return a.ppo.delta <= 1 + (a.ppo.cliprange if a.ppo.epsilon_high is None else a.ppo.epsilon_high)
+
+
+def _model_dir_problem(a: Any) -> dict | None:
+    """{"path", "problem"}: the first of --baseline, --policy and --reward_model that is not an output directory."""
+    given = [p for p in (a.evaluation.baseline, a.evaluation.policy, a.evaluation.reward_model) if p]
+    return first_problem(given, _missing_dir_problem)
 
 
 # The values' bounds: `--FIELD must be NEED (got VALUE); ADVICE.` (hparams/value_bounds.py's form).
@@ -73,14 +97,11 @@ RULES: list[Rule] = [
     Rule("vision_ppo", ("model", "ppo", "training"), lambda a: vision_stage_not_built(a.model, "ppo"),
          VISION_STAGE_NOT_BUILT),  # the rollouts take no pictures yet
     router_loss_is_sfts("ppo"),
-    *map(_bound_rule, BOUNDS),
-    Rule("ppo_prompt_learning", ("ppo", "model", "finetuning"), _prompt_method,
+    *map(bound_rule, BOUNDS),
+    Rule("ppo_prompt_learning", ("ppo", "model", "finetuning"), prompt_method,
          "--finetuning_type {kind} cannot be used with PPO/GRPO/RLOO: the value model is a second adapter on the "
          "policy's model, and PEFT holds one prompt-based adapter per model; use --finetuning_type lora or full."),
-    Rule("lora_variant_ppo", ("ppo", "finetuning"),
-         lambda a: _problem("--loraplus_lr_ratio" if a.finetuning.loraplus_lr_ratio is not None else
-                            f"--init_lora_weights {a.finetuning.init_lora_weights}"
-                            if splits_base(a.finetuning.init_lora_weights) else None),
+    Rule("lora_variant_ppo", ("ppo", "finetuning"), _sft_only_lora_flag,
          "{problem} is for SFT, reward and DPO runs, not PPO/GRPO: drop it (a PiSSA/OLoRA SFT adapter is saved as a "
          "plain LoRA, which PPO continues)."),
     # -- PPO (the reward-model rows need "data" too: they are the recipe's, not the trainer's, which
@@ -93,13 +114,13 @@ RULES: list[Rule] = [
          and {"weights": len(a.ppo.reward_weights), "funcs": len(a.ppo.reward_funcs)},
          "--reward_weights has {weights} values for {funcs} --reward_funcs: give one weight per function, in order "
          "(the reward model's is --reward_model_weight)."),
-    Rule("ppo_reward_model_path", ("ppo", "data"), lambda a: _missing_dir(a.ppo.reward_model),
+    Rule("ppo_reward_model_path", ("ppo", "data"), lambda a: missing_dir(a.ppo.reward_model),
          "--reward_model {path}: {problem} (train one with reward/train.py).", PathError),
-    Rule("ptx_files", ("ppo", "data"), lambda a: _first(a.ppo.ptx_data_path, problem_with_data_source),
+    Rule("ptx_files", ("ppo", "data"), lambda a: first_problem(a.ppo.ptx_data_path, problem_with_data_source),
          "--ptx_data_path {path}: {problem}.", PathError),
     Rule("ppo_vision_reward_model", ("ppo", "data"),
-         lambda a: a.ppo.reward_model and _vision_folder(a.ppo.reward_model)
-         and {"path": a.ppo.reward_model, "model_type": _vision_folder(a.ppo.reward_model)},
+         lambda a: a.ppo.reward_model and vision_folder(a.ppo.reward_model)
+         and {"path": a.ppo.reward_model, "model_type": vision_folder(a.ppo.reward_model)},
          "--reward_model {path} is a vision-language reward model ({model_type}): PPO's rollouts are text, with no "
          "pictures to show it; give a text reward model, or score with `tunesmith score`."),
     Rule("ptx_coef_without_data", ("ppo", "data"), lambda a: a.ppo.ptx_coef is not None and not a.ppo.ptx_data_path,
@@ -117,7 +138,7 @@ RULES: list[Rule] = [
          "--critic_model_name_or_path starts PPO's value model, and --advantage {ppo.advantage} has none: drop it, "
          "or use --advantage gae."),
     Rule("critic_path", ("ppo", "data"),
-         lambda a: a.ppo.critic_model_name_or_path != "base" and _missing_dir(a.ppo.critic_model_name_or_path),
+         lambda a: a.ppo.critic_model_name_or_path != "base" and missing_dir(a.ppo.critic_model_name_or_path),
          "--critic_model_name_or_path {path}: {problem} (a reward model from reward/train.py, or `base`).",
          PathError),
     Rule("ppo_lora_checkpointing", ("ppo", "finetuning", "training"),
@@ -168,9 +189,7 @@ RULES: list[Rule] = [
          lambda a: a.ppo.delta is not None and a.ppo.loss_type not in ("dapo", "bnpo", "grpo", "dr_grpo", "luspo"),
          "--delta caps the unclipped ratio of PPO's clipped surrogate; --loss_type {ppo.loss_type} has none: drop "
          "--delta, or use dapo, bnpo, grpo, dr_grpo or luspo."),
-    Rule("ppo_delta", ("ppo",),
-         lambda a: a.ppo.delta is not None and a.ppo.delta <= 1 + (a.ppo.cliprange if a.ppo.epsilon_high is None
-                                                                    else a.ppo.epsilon_high),
+    Rule("ppo_delta", ("ppo",), _delta_within_clip,
          "--delta {ppo.delta} must exceed the clip's ceiling 1 + --epsilon_high (or --cliprange), or it would cut "
          "ratios the clip lets through; INTELLECT-2 uses 4."),
     Rule("ppo_scale_rewards", ("ppo",), lambda a: a.ppo.scale_rewards != "group" and a.ppo.advantage != "grpo",
@@ -224,8 +243,6 @@ RULES: list[Rule] = [
          lambda a: a.evaluation.reward_weights and len(a.evaluation.reward_weights) != len(a.evaluation.reward_funcs)
          and {"weights": len(a.evaluation.reward_weights), "funcs": len(a.evaluation.reward_funcs)},
          "--reward_weights has {weights} values for {funcs} --reward_funcs: give one weight per function, in order."),
-    Rule("eval_model_paths", ("evaluation",),
-         lambda a: _first([p for p in (a.evaluation.baseline, a.evaluation.policy, a.evaluation.reward_model) if p],
-                          _missing_dir_problem),
+    Rule("eval_model_paths", ("evaluation",), _model_dir_problem,
          "{path}: {problem} (--baseline, --policy and --reward_model take output directories).", PathError),
 ]

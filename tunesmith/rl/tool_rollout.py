@@ -2,7 +2,7 @@
 appended as a `tool` message and the policy goes on, up to `max_tool_calls` calls per trajectory.
 
 Rounds: every active row is generated in one engine call (the engine batches them; a row that finishes
-early leaves the batch at once), the calls the replies make run together (rl/tools.py: time limit, errors
+early leaves the batch at once), the calls the replies make run together (rl/toolbox.py: time limit, errors
 as text), and the rows that called continue in the next round while the others are done. The calls are
 parsed in the format the chat template teaches (data/tool_calls.py), against the tools the prompt offers.
 
@@ -34,7 +34,7 @@ from ..errors import TemplateError
 from ..generation import Completion, Engine, SamplingParams
 from .args import RESULT_TOKENS
 from .rollout import completion_tokens
-from .tools import Toolbox
+from .toolbox import Toolbox
 
 logger = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from transformers.trainer_callback import ProgressCallback, TrainerControl, Trai
 from ..constants import REWARD_PLOT_FILE
 from ..data.collator import PaddingCollator
 from ..data.prompts import Prompt, left_pad
-from ..distributed import zero3_inference_engine
+from ..distributed import zero3_inference_engine, zero_stage
 from ..generation.rollout_engines import hand_over_weights, rollout_engine
 from ..generation.vllm_client import VLLMRollouts
-from ..hparams import check, save_run_config, zero_stage
+from ..hparams import check, save_run_config
 from ..hparams.rollout_args import RolloutEngineArguments
 from ..train.callbacks import plot_loss
 from ..train.checkpoints import empty_tensors, read_state
@@ -69,7 +69,7 @@ from .losses import (
     varied_groups,
 )
 from .models import POLICY, VALUE_DIR, ActorCritic
-from .rewards import RewardFunction, Rewards, load_reward_function
+from .reward_sources import RewardFunction, Rewards, load_reward_function
 from .rollout import (
     Generated,
     RewardFn,
@@ -84,7 +84,7 @@ from .rollout import (
 )
 from .rules import RULES
 from .tool_rollout import tool_rollout
-from .tools import Toolbox
+from .toolbox import Toolbox
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ checked against the context, and handed to the engine's worker thread (generatio
 events come back through an asyncio queue, so the loop never waits on the model, nor on a request's parsing,
 rendering and tokenizing (a thread of their own). A client that leaves cancels its request, streamed or
 not; a shutdown cancels every request, so the process exits within seconds. A reply comes back
-split into reasoning, content and tool calls (reply.py, tools.py), with its log-probabilities when
+split into reasoning, content and tool calls (reply.py, data/tool_calls.py), with its log-probabilities when
 asked (logprobs.py)."""
 
 from __future__ import annotations

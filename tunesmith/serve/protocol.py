@@ -34,7 +34,8 @@ from pydantic import (
 
 from ..constants import ASSISTANT, LOSS_FLAG, TOOL, USER
 from ..data.formats import Message, Row, check_role_order, link_tool_results, openai_messages
-from .tools import ToolChoice, tool_names
+from ..data.tool_calls import tool_names
+from .tool_choice import ToolChoice
 
 ERROR_CODES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                405: "invalid_request_error", 413: "invalid_request_error"}

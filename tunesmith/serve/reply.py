@@ -1,5 +1,5 @@
 """A reply's text split into what OpenAI clients read apart: the reasoning (a template's `<think>`
-block, as `reasoning_content`), the content, and the tool calls (tools.py parses them), the same way
+block, as `reasoning_content`), the content, and the tool calls (data/tool_calls.py parses them), the same way
 whether the reply comes whole or streamed.
 
 Streamed, the text is held back only where the split is not yet known: a tail that may grow into
@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tools import CLOSE, OPEN, CallFormat, ToolCall, ToolChoice, parse_calls, tool_names
+from ..data.tool_calls import CLOSE, OPEN, CallFormat, ToolCall, parse_calls, tool_names
+from .tool_choice import ToolChoice
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # What tool_choice none bans. The call tag's opening without its ">": a model tuned to call, refused the exact

@@ -5,39 +5,59 @@ search with a prompt-based adapter, serve reads too) for this command only."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ..errors import PathError
 from ..generation.vllm_server import vllm_adapter_problem
-
-# The core table's helpers that its own rows share with these (as export/rules.py takes them).
-from ..hparams.rules import Rule, _missing_dir, _problem, _prompt_adapter
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import missing_dir, problem_values, prompt_adapter
 from ..utils.network import LOOPBACK_HOSTS
 from ..utils.paths import is_adapter_dir, is_torchao_quantized, prompt_adapter_kind
 from .args import ServeArguments
 
+
+def _adapter_paths(a: Any) -> list[str]:
+    """The PATH of each --adapter NAME=PATH."""
+    return [spec.split("=", 1)[1] for spec in a.serve.adapter if "=" in spec]
+
+
+def _adapter_spec_problem(a: Any) -> dict | None:
+    """{"problem"}: an --adapter not of the form NAME=PATH, or two --adapter with one NAME."""
+    malformed = next((f"{spec!r} is not NAME=PATH" for spec in a.serve.adapter
+                      if not re.fullmatch(r"[^=\s]+=.+", spec)), None)
+    if malformed:
+        return problem_values(malformed)
+    names = {spec.split("=", 1)[0] for spec in a.serve.adapter}
+    return problem_values("two adapters share a NAME") if len(names) < len(a.serve.adapter) else None
+
+
+def _adapter_path_not_adapter(a: Any) -> dict | None:
+    """{"problem"}: the first --adapter PATH that is not an adapter folder."""
+    return problem_values(next((path for path in _adapter_paths(a) if not is_adapter_dir(path)), None))
+
+
+def _prompt_adapter_beside_others(a: Any) -> dict | None:
+    """{"path", "kind"}: a prompt-based adapter (the model's, or an --adapter's) on a server of several adapters."""
+    if not a.serve.adapter:
+        return None
+    return prompt_adapter(a.model) or next(({"path": p, "kind": prompt_adapter_kind(p)} for p in _adapter_paths(a)
+                                            if prompt_adapter_kind(p)), None)
+
+
 RULES: list[Rule] = [
-    Rule("serve_image_root", ("serve",), lambda a: _missing_dir(a.serve.image_root),
+    Rule("serve_image_root", ("serve",), lambda a: missing_dir(a.serve.image_root),
          "--image_root {path}: {problem}; give the folder whose pictures requests may name.", PathError),
     Rule("serve_port", ("serve",), lambda a: not 0 <= a.serve.port <= 65535,
          "--port must be in 0..65535 (got {serve.port}); 0 takes any free port."),
     Rule("serve_batch", ("serve",), lambda a: a.serve.max_batch_size < 1 or a.serve.batch_wait_ms < 0,
          "--max_batch_size must be at least 1 and --batch_wait_ms at least 0 (got {serve.max_batch_size} and "
          "{serve.batch_wait_ms})."),
-    Rule("serve_adapter_spec", ("serve",),
-         lambda a: _problem(next((f"{spec!r} is not NAME=PATH" for spec in a.serve.adapter
-                                  if not re.fullmatch(r"[^=\s]+=.+", spec)), None)
-                            or (len({s.split("=", 1)[0] for s in a.serve.adapter}) < len(a.serve.adapter)
-                                and "two adapters share a NAME") or None),
+    Rule("serve_adapter_spec", ("serve",), _adapter_spec_problem,
          "--adapter: {problem}; give each adapter as NAME=PATH, each NAME once."),
-    Rule("serve_adapter_path", ("serve",),
-         lambda a: _problem(next((path for path in (s.split("=", 1)[1] for s in a.serve.adapter if "=" in s)
-                                  if not is_adapter_dir(path)), None)),
+    Rule("serve_adapter_path", ("serve",), _adapter_path_not_adapter,
          "--adapter: {problem}: not a LoRA adapter folder (no adapter_config.json); give NAME=PATH with PATH an "
          "adapter folder that training wrote.", PathError),
-    Rule("serve_prompt_adapter_alone", ("serve", "model"),
-         lambda a: a.serve.adapter and (_prompt_adapter(a.model) or next(
-             ({"path": p, "kind": prompt_adapter_kind(p)} for p in (s.split("=", 1)[1] for s in a.serve.adapter
-                                                                    if "=" in s) if prompt_adapter_kind(p)), None)),
+    Rule("serve_prompt_adapter_alone", ("serve", "model"), _prompt_adapter_beside_others,
          "--adapter: {path} is a {kind} adapter, which PEFT does not load beside other adapters: serve it alone "
          "(--model_name_or_path {path}), or serve LoRA adapters side by side."),
     Rule("serve_torchao_adapter", ("serve", "model"),
@@ -56,10 +76,11 @@ RULES: list[Rule] = [
          "set TUNESMITH_API_KEY), or keep the default --host 127.0.0.1 (--allow_no_api_key: serve it open anyway)."),
     Rule("serve_context", ("serve",), lambda a: a.serve.context_length is not None and a.serve.context_length < 8,
          "--context_length must be at least 8 tokens (got {serve.context_length}); leave it out to use the model's."),
-    Rule("serve_vllm_adapter", ("serve", "model"), lambda a: a.serve.engine == "vllm" and _problem(next(
+    Rule("serve_vllm_adapter", ("serve", "model"), lambda a: a.serve.engine == "vllm" and problem_values(next(
         filter(None, map(vllm_adapter_problem, _served_adapters(a))), None)),
          "--engine vllm: {problem}."),
-    Rule("serve_vllm_flags", ("serve", "model"), lambda a: a.serve.engine == "vllm" and _problem(_tunesmith_only(a)),
+    Rule("serve_vllm_flags", ("serve", "model"),
+         lambda a: a.serve.engine == "vllm" and problem_values(_tunesmith_only(a)),
          "--engine vllm: {problem} is tunesmith's engine only; leave it out, or serve with --engine tunesmith."),
     Rule("serve_vllm_args_alone", ("serve",), lambda a: a.serve.engine != "vllm" and a.serve.vllm_args,
          "--vllm_args is for --engine vllm; add --engine vllm, or leave --vllm_args out."),

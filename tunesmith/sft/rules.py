@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hparams.rules import Rule
+from ..hparams.rule_engine import Rule
 
 
 def _whole_set_flag(data: Any) -> str | None:

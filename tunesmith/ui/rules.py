@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from ..errors import PathError
-
-# The core table's helpers that its own rows share with these (as export/rules.py takes them).
-from ..hparams.rules import Rule, _problem
+from ..hparams.rule_engine import Rule
+from ..hparams.rule_helpers import problem_values
 from ..utils.network import LOOPBACK_HOSTS
+
+
+def _root_is_a_file(a: Any) -> dict | None:
+    """{"problem"} when --root is a file, not a folder (a missing one is created)."""
+    return problem_values("is a file, not a directory") if os.path.isfile(a.ui.root) else None
+
 
 RULES: list[Rule] = [
     Rule("ui_port", ("ui",), lambda a: not 1 <= a.ui.port <= 65535, "--port must be in 1..65535 (got {ui.port})."),
@@ -19,6 +25,6 @@ RULES: list[Rule] = [
     Rule("ui_auth_needed", ("ui",), lambda a: a.ui.host not in LOOPBACK_HOSTS and not a.ui.auth,
          "--host {ui.host} shows the page, and the commands it runs, to every machine that can reach this one: "
          "give --auth user:password too, or keep the default --host 127.0.0.1."),
-    Rule("ui_root", ("ui",), lambda a: _problem("is a file, not a directory" if os.path.isfile(a.ui.root) else None),
+    Rule("ui_root", ("ui",), _root_is_a_file,
          "--root {ui.root} {problem}: give the folder of runs (it is created when missing).", PathError),
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..generation.vllm_server import LOOPBACK
-from ..hparams.rules import Rule
+from ..hparams.rule_engine import Rule
 
 RULES: list[Rule] = [
     Rule("vllm_serve_api_key", ("vllm_serve",), lambda a: a.vllm_serve.host not in LOOPBACK and not a.vllm_serve.key(),

@@ -35,7 +35,7 @@ from tunesmith.hparams import FinetuningArguments, ModelArguments, TrainingArgum
 from tunesmith.rl import PPOTrainer, build_actor_critic
 from tunesmith.rl.args import PPOArguments
 from tunesmith.rl.losses import group_advantages, truncate_after_eos
-from tunesmith.rl.rewards import Rewards, load_reward_function
+from tunesmith.rl.reward_sources import Rewards, load_reward_function
 from tunesmith.rl.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -18,7 +18,7 @@ from tunesmith.data.tool_calls import ToolCall
 from tunesmith.generation import Engine
 from tunesmith.rl.args import ToolUseArguments
 from tunesmith.rl.tool_funcs import calculate
-from tunesmith.rl.tools import Toolbox, load_tool
+from tunesmith.rl.toolbox import Toolbox, load_tool
 
 one_thread, policy_dir = test_grpo.one_thread, test_grpo.policy_dir  # their fixtures
 tools_tokenizer = test_tool_rollout.tools_tokenizer

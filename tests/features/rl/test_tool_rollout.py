@@ -1,4 +1,4 @@
-"""Agent rollouts with tools (tunesmith/rl/tools.py, tunesmith/rl/tool_rollout.py), on the real SmolLM2 tokenizer
+"""Agent rollouts with tools (tunesmith/rl/toolbox.py, tunesmith/rl/tool_rollout.py), on the real SmolLM2 tokenizer
 with tunesmith's chatml_tools template and the one generation engine.
 
 The engine's model is scripted: after each assistant header it writes the reply `script(conversation so far)`
@@ -34,7 +34,7 @@ from tunesmith.rl.tool_rollout import (
     encode_tool_prompts,
     tool_rollout,
 )
-from tunesmith.rl.tools import Tool, Toolbox, load_tool, result_text
+from tunesmith.rl.toolbox import Tool, Toolbox, load_tool, result_text
 
 HEADER = "<|im_start|>assistant\n"
 RAN: list[tuple] = []  # the calls the tools below received, in order

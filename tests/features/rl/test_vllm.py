@@ -265,7 +265,7 @@ def test_tool_trajectories_through_vllm_are_the_own_engines_token_for_token(tmp_
 
     from tunesmith.data.template import BUILTIN_TEMPLATES
     from tunesmith.rl.tool_rollout import encode_tool_prompts, tool_rollout
-    from tunesmith.rl.tools import Toolbox
+    from tunesmith.rl.toolbox import Toolbox
 
     url, model_dir = served
     tools_tokenizer = type(tokenizer).from_pretrained(model_dir)

@@ -32,10 +32,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from tests.helpers.server import running_server, wait_until_healthy
 from tunesmith.data.call_scores import first_call
 from tunesmith.data.template import apply_chat_template_override, encode_prompt, render_text
+from tunesmith.data.tool_calls import CallFormat, parse_calls
 from tunesmith.generation.bans import Bans
 from tunesmith.serve.logprobs import TokenTexts
 from tunesmith.serve.reply import BARE_CALL_STARTS, CALL_TAG_START, ReplyShape, ReplySplitter, template_text
-from tunesmith.serve.tools import CallFormat, ToolChoice, parse_calls
+from tunesmith.serve.tool_choice import ToolChoice
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY = "test-key"

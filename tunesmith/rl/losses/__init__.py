@@ -21,7 +21,7 @@ The modules
 * ``masked``: means, variances and whitening over the real tokens;
 * ``tokens``: log-probabilities and entropies from logits, where each reply ends, the high-entropy tokens;
 * ``kl``: the KL estimators (k1, abs, mse, k3), the KL as a loss term, the fixed and adaptive KL coefficient;
-* ``rewards``: per-token rewards (the KL penalty, the score on the last token), DAPO's overlong penalty;
+* ``reward_shaping``: per-token rewards (the KL penalty, the score on the last token), DAPO's overlong penalty;
 * ``advantages``: GAE, and the group baselines of GRPO, RLOO, Dr. GRPO and GDPO, DAPO's filter of tied groups;
 * ``policy``: PPO's clipped surrogate and the GRPO loss family (DAPO, BNPO, Dr. GRPO, GSPO/LUSPO, CISPO, SAPO,
   VESPO), and how each averages its tokens;
@@ -55,7 +55,7 @@ from .policy import (
     sapo_surrogate,
     vespo_weights,
 )
-from .rewards import compute_rewards, overlong_penalty
+from .reward_shaping import compute_rewards, overlong_penalty
 from .tokens import (
     entropy_from_logits,
     first_true_indices,

@@ -15,7 +15,7 @@ import torch
 from ..data.prompts import Prompt
 from ..errors import ConfigError, DataError
 from ..utils.imports import import_function
-from .args import SHIPPED_REWARD_FUNCS_MODULE, RewardSourceArguments
+from .args import SHIPPED_REWARD_FUNCS_MODULE
 from .rollout import RewardModelScorer
 
 # Row fields that hold the prompt itself; every other field is passed to the reward functions.
@@ -119,12 +119,6 @@ class Rewards:
         self.weights = torch.tensor([*(weights or [1.0] * len(self.functions)),
                                      *([reward_model_weight] if reward_model is not None else [])])
         self.names = [f.name for f in self.functions] + ([REWARD_MODEL] if reward_model is not None else [])
-
-    @classmethod
-    def from_args(cls, args: RewardSourceArguments, tokenizer: Any,
-                  reward_model: RewardModelScorer | None = None) -> Rewards:
-        return cls(tokenizer, [load_reward_function(s) for s in args.reward_funcs], args.reward_weights,
-                   reward_model, args.reward_model_weight)
 
     def __call__(self, prompts: Sequence[Prompt], responses: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         columns = []

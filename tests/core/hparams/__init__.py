@@ -1,0 +1,1 @@
+"""The hparams layer: the rules kit."""
