@@ -74,9 +74,10 @@ class DistillTrainer(StageTrainer):
         self.on_policy_steps = 0  # of this train() call
         # vLLM (a server, or colocated) for the on-policy replies (--rollout_engine); None: tunesmith's engine
         self.server: VLLMRollouts | None = None
-        if self.lmbda and rollout is not None and rollout.uses_vllm:
-            self.server = rollout_engine(rollout, self.model, self.processing_class, self.args.output_dir,
-                                         dtype=torch.bfloat16 if self.args.bf16 else None)
+        if self.lmbda and rollout is not None:
+            engine = rollout_engine(rollout, self.model, self.processing_class, self.args.output_dir,
+                                    synced=self.zero3, dtype=torch.bfloat16 if self.args.bf16 else None)
+            self.server = engine if isinstance(engine, VLLMRollouts) else None
         self._server_checked = False
         self._eval_divergences = torch.zeros(2, dtype=torch.float64)  # this evaluation: summed KL, summed divergence
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..hparams.rollout_args import SERVER_HINT, RolloutEngineArguments, colocation_problem
+from ..hparams.rollout_args import SERVER_HINT, RolloutEngineArguments, colocation_problem, cuda_with_vllm
 from .engine import Engine
 from .vllm_client import VLLMEngine, VLLMRollouts
 
@@ -32,7 +32,12 @@ def rollout_engine(args: RolloutEngineArguments, model: torch.nn.Module, tokeniz
     """tunesmith's engine on `model`, a vLLM server (--vllm_url), or vLLM colocated in this process; one log line
     says which. `dtype`: the precision the run computes in (colocated vLLM samples in it)."""
     if not args.uses_vllm:
-        why = "--rollout_engine tunesmith" if args.rollout_engine == "tunesmith" else "auto, no --vllm_url given"
+        why = "--rollout_engine tunesmith" if args.rollout_engine == "tunesmith" else auto_colocation_blocker(model,
+                                                                                                             synced)
+        if why is None:  # auto, on a CUDA device with vLLM beside the trainer
+            logger.info("rollout engine: auto, no --vllm_url given, a CUDA device and vLLM beside the trainer")
+            return colocated_engine(args, model, tokenizer, args.vllm_sync_dir or os.path.join(output_dir, SYNC_FOLDER),
+                                    dtype)
         logger.info("rollout engine: tunesmith's own, on the trainer's devices (%s)", why)
         return Engine(model, tokenizer, synced=synced)
     if not hasattr(model, "peft_config") and tied_output_head(model):
@@ -48,6 +53,27 @@ def rollout_engine(args: RolloutEngineArguments, model: torch.nn.Module, tokeniz
     logger.info("rollout engine: vLLM at %s (serving %s); the policy's weights go through %s after each optimizer "
                 "step", args.vllm_url, engine.base_root, sync_dir)
     return engine
+
+
+def auto_colocation_blocker(model: torch.nn.Module, synced: bool) -> str | None:
+    """Why --rollout_engine auto keeps tunesmith's engine rather than colocating vLLM (None: nothing does). auto
+    colocates only where nothing would refuse it: a CUDA device, vLLM beside the trainer's transformers, one process,
+    weights whole (not ZeRO-3's shards), a LoRA or full policy vLLM can load."""
+    if not cuda_with_vllm():
+        return "auto, no --vllm_url given" + ("" if torch.cuda.is_available() else ", no CUDA device")
+    problem = colocation_problem()
+    if problem:
+        return "auto: vLLM is installed but cannot colocate: " + problem.split(":", 1)[0]
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        return "auto: several processes, each of which would hold a vLLM; --vllm_url names a server they share"
+    if synced:
+        return "auto: ZeRO-3 shards the weights"
+    peft_types = {str(c.peft_type) for c in getattr(model, "peft_config", {}).values()}
+    if peft_types - {"LORA", "PeftType.LORA"}:
+        return "auto: a prompt-based adapter, which vLLM does not serve"
+    if not peft_types and tied_output_head(model):
+        return "auto: a full fine-tune of a tied output head, which vLLM's reload leaves behind"
+    return None
 
 
 def colocated_engine(args: RolloutEngineArguments, model: torch.nn.Module, tokenizer: Any, sync_dir: str,

@@ -69,7 +69,8 @@ class RolloutEngineArguments:
                   "venv of its own (`tunesmith vllm-serve`); without it, vLLM colocated in the trainer's process and "
                   "device (vLLM installed beside the trainer, one process); either way the policy's weights reach it "
                   "after every optimizer step. auto: a server when --vllm_url is given, colocated on a CUDA device "
-                  "where vLLM is installed, else tunesmith; the run's log says which."},
+                  "where vLLM is installed beside the trainer and the run allows it (one process, no ZeRO-3, a LoRA "
+                  "or full policy), else tunesmith; the run's log says which and why."},
     )
     vllm_url: str | None = field(
         default=None,
@@ -107,9 +108,9 @@ class RolloutEngineArguments:
 
     @property
     def uses_vllm(self) -> bool:
-        if self.rollout_engine != "auto":
-            return self.rollout_engine == "vllm"
-        return self.vllm_url is not None or cuda_with_vllm()
+        """vLLM asked for: --rollout_engine vllm, or a server's --vllm_url. (auto may still colocate where the run
+        allows it: generation/rollout_engines.auto_colocation_blocker decides once the model is loaded.)"""
+        return self.rollout_engine == "vllm" or (self.rollout_engine == "auto" and self.vllm_url is not None)
 
     @property
     def colocated(self) -> bool:

@@ -232,6 +232,37 @@ def test_a_full_fine_tune_of_a_tied_head_on_vllm_is_refused_before_training(tmp_
                      finetuning={"finetuning_type": "full"})
 
 
+def test_auto_colocates_only_where_nothing_would_refuse_it_and_says_why_not(tiny_model_dir, tokenizer, tmp_path,
+                                                                           monkeypatch, caplog):
+    """--rollout_engine auto without --vllm_url: tunesmith's engine on a CPU, saying why; on a CUDA device with vLLM
+    beside the trainer, colocated vLLM unless the run has something it would refuse."""
+    import logging
+
+    from peft import LoraConfig, PromptTuningConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.generation import rollout_engines
+    from tunesmith.generation.rollout_engines import auto_colocation_blocker, rollout_engine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with caplog.at_level(logging.INFO, logger=rollout_engines.__name__):
+        engine = rollout_engine(RolloutEngineArguments(), model, tokenizer, str(tmp_path))
+    assert isinstance(engine, Engine)
+    assert "tunesmith's own, on the trainer's devices (auto, no --vllm_url given, no CUDA device)" in caplog.text
+    monkeypatch.setattr(rollout_engines, "cuda_with_vllm", lambda: True)
+    monkeypatch.setattr(rollout_engines, "colocation_problem", lambda: None)
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
+    assert auto_colocation_blocker(lora, synced=False) is None  # would colocate
+    assert "ZeRO-3" in auto_colocation_blocker(lora, synced=True)
+    prompt = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                            PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
+    assert "prompt-based adapter" in auto_colocation_blocker(prompt, synced=False)
+    tied = AutoModelForCausalLM.from_pretrained(vllm_sized_model(tmp_path / "tied", tokenizer, tied=True))
+    assert "tied output head" in auto_colocation_blocker(tied, synced=False)
+    monkeypatch.setattr(rollout_engines, "colocation_problem", lambda: "the vLLM in this Python requires x: no")
+    assert "cannot colocate" in auto_colocation_blocker(lora, synced=False)
+
+
 @needs_vllm
 @pytest.mark.vllm
 def test_async_rollouts_sample_a_step_ahead_and_the_correction_shows_it(tmp_path, served, tokenizer, prompts):
