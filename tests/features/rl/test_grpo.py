@@ -182,7 +182,7 @@ def test_grpo_resume_repeats_the_next_step_exactly(tmp_path, policy_dir, tokeniz
 def test_reward_functions_get_the_rows_fields_and_are_logged_per_source(tmp_path, policy_dir, tokenizer, prompts):
     CALLS.clear()
     trainer = make_grpo_trainer(tmp_path, policy_dir, tokenizer, prompts, ppo={
-        "reward_funcs": ["test_grpo:short_replies", "answer_format"], "reward_weights": [2.0, 1.0]}, reward_fn=None)
+        "reward_funcs": ["tests.features.rl.test_grpo:short_replies", "answer_format"], "reward_weights": [2.0, 1.0]}, reward_fn=None)
     row = trainer.train_step()
     call = CALLS[0]
     batch = trainer.batch_prompts(0)

@@ -39,6 +39,8 @@ from tunesmith.rl.toolbox import Tool, Toolbox, load_tool, result_text
 HEADER = "<|im_start|>assistant\n"
 RAN: list[tuple] = []  # the calls the tools below received, in order
 
+HERE = "tests.features.rl.test_tool_rollout"  # this module, as --tool_funcs names it (package.module)
+
 
 def add(a: int, b: int) -> int:
     """Add two whole numbers.
@@ -176,7 +178,7 @@ def pieces(tokenizer, trajectory, trained: bool) -> str:
 
 def test_a_call_runs_and_the_model_answers_from_its_result(tools_tokenizer):
     RAN.clear()
-    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add")])
     [t] = rollout(tools_tokenizer, answer_from_result(call("add", '{"a": 2, "b": 3}')), ["What is 2 + 3?"], toolbox)
     assert RAN == [("add", 2, 3)]
     assert (t.finish_reason, t.ended, t.tool_calls, t.failed_calls, t.respliced) == (STOP, True, 1, 0, 0)
@@ -193,7 +195,7 @@ def test_a_call_runs_and_the_model_answers_from_its_result(tools_tokenizer):
 
 
 def test_the_prompt_lists_the_functions_schemas(tools_tokenizer):
-    toolbox = Toolbox([load_tool("test_tool_rollout:add"), load_tool("test_tool_rollout:divide")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add"), load_tool(f"{HERE}:divide")])
     [t] = rollout(tools_tokenizer, lambda text: "No tools needed.", ["Hi"], toolbox)
     prompt = tools_tokenizer.decode(t.prompt_ids)
     assert '"name": "add"' in prompt and '"description": "Divide a by b."' in prompt
@@ -205,7 +207,7 @@ def test_a_call_written_unlike_the_template_keeps_the_sampled_tokens(tools_token
     """The model writes compact JSON; the template re-serialises the call with spaces. The trajectory keeps the
     model's tokens (they are what it produced and what trains), and the template's text after that turn's end."""
     compact = '<tool_call>{"name":"add","arguments":{"a":2,"b":3}}</tool_call>'
-    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add")])
     [t] = rollout(tools_tokenizer, answer_from_result(compact), ["What is 2 + 3?"], toolbox)
     assert (t.finish_reason, t.tool_calls, t.respliced) == (STOP, 1, 1)
     assert pieces(tools_tokenizer, t, True) == compact + "<|im_end|>The answer is 5.<|im_end|>"
@@ -218,8 +220,8 @@ def test_a_call_written_unlike_the_template_keeps_the_sampled_tokens(tools_token
 
 
 def test_errors_and_timeouts_become_the_tool_messages_text(tools_tokenizer):
-    toolbox = Toolbox([load_tool("test_tool_rollout:divide"), load_tool("test_tool_rollout:sleepy"),
-                       load_tool("test_tool_rollout:add")], timeout=0.3)
+    toolbox = Toolbox([load_tool(f"{HERE}:divide"), load_tool(f"{HERE}:sleepy"),
+                       load_tool(f"{HERE}:add")], timeout=0.3)
     replies = {"a": call("divide", '{"a": 1, "b": 0}'), "b": call("sleepy", '{"seconds": 5}'),
                "c": call("add", '{"a": "two", "b": 3}'), "d": call("add", '{"a": 1, "c": 3}')}
 
@@ -239,7 +241,7 @@ def test_errors_and_timeouts_become_the_tool_messages_text(tools_tokenizer):
 
 def test_max_tool_calls_ends_the_loop(tools_tokenizer):
     RAN.clear()
-    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add")])
     [t] = rollout(tools_tokenizer, lambda text: call("add", '{"a": 1, "b": 1}'), ["Again and again"], toolbox,
                   max_tool_calls=2)
     assert len(RAN) == 2 and (t.tool_calls, t.finish_reason, t.ended) == (2, MAX_TOOL_CALLS, True)
@@ -249,7 +251,7 @@ def test_max_tool_calls_ends_the_loop(tools_tokenizer):
 
 
 def test_the_trajectory_budget_and_the_turn_limit_cut(tools_tokenizer):
-    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add")])
     looping = lambda text: call("add", '{"a": 1, "b": 1}')  # noqa: E731
     [t] = rollout(tools_tokenizer, looping, ["Loop"], toolbox, max_tool_calls=10, max_trajectory_tokens=60)
     assert t.finish_reason == LENGTH and not t.ended and len(t.token_ids) <= 60 and 1 <= t.tool_calls < 10
@@ -258,7 +260,7 @@ def test_the_trajectory_budget_and_the_turn_limit_cut(tools_tokenizer):
 
 
 def test_rows_continue_independently_in_one_batch(tools_tokenizer):
-    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add")])
 
     def script(text: str) -> str:
         calls = text.count("<|im_start|>tool")
@@ -296,7 +298,7 @@ def _synced_rank(rank: int, port: int, model_path: str, out: str) -> None:
     try:
         tok = load_tokenizer(ModelArguments(model_name_or_path=model_path))
         apply_chat_template_override(tok, "chatml_tools")
-        toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+        toolbox = Toolbox([load_tool(f"{HERE}:add")])
         script = lambda text: ("Four." if "direct" in text else  # noqa: E731
                                call("add", '{"a": 1, "b": 1}') if text.count("<|im_start|>tool") < 2 else "Done.")
         engine = Engine(ScriptedLM(tok, script), tok, synced=True)
@@ -325,7 +327,7 @@ def test_synced_ranks_run_as_many_rounds_as_the_busiest(tmp_path, default_model_
 
 
 def test_prompts_must_be_encoded_with_their_tools(tools_tokenizer):
-    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add")])
     messages = [{"role": "user", "content": "Hi"}]
     plain = Prompt(Row("q.jsonl", 1, {"prompt": "Hi"}), messages, tuple(encode_prompt(tools_tokenizer, messages)))
     engine = Engine(ScriptedLM(tools_tokenizer, lambda text: "Hello."), tools_tokenizer)
@@ -338,7 +340,7 @@ def test_prompts_must_be_encoded_with_their_tools(tools_tokenizer):
 
 
 def test_a_rows_own_tools_are_offered_and_must_be_loaded(tools_tokenizer):
-    toolbox = Toolbox([load_tool("test_tool_rollout:add"), load_tool("test_tool_rollout:divide")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add"), load_tool(f"{HERE}:divide")])
     own = [{"type": "function", "function": {"name": "add", "description": "Adds.", "parameters": {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
     [prompt] = prompts_for(tools_tokenizer, toolbox, "What is 2 + 3?", tools=own)
@@ -352,7 +354,7 @@ def test_a_rows_own_tools_are_offered_and_must_be_loaded(tools_tokenizer):
 
 def test_a_template_that_shows_no_tools_is_refused(tokenizer, tools_tokenizer):
     """SmolLM2's own template ignores `tools`: the policy would never see the functions."""
-    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    toolbox = Toolbox([load_tool(f"{HERE}:add")])
     with pytest.raises(TemplateError, match="does not render tools .*--chat_template chatml_tools"):
         prompts_for(tokenizer, toolbox, "What is 2 + 3?")
     no_calls = copy.deepcopy(tools_tokenizer)
@@ -379,7 +381,7 @@ def test_a_template_that_rewrites_the_turns_before_a_call_is_refused(tools_token
 
 
 def test_a_function_becomes_the_schema_transformers_writes():
-    tool = load_tool("test_tool_rollout:add")
+    tool = load_tool(f"{HERE}:add")
     assert tool.name == "add" and tool.fn is add and tool.schema == get_json_schema(add)
     assert tool.schema["function"]["parameters"]["required"] == ["a", "b"]
 
@@ -388,12 +390,11 @@ def test_a_function_becomes_the_schema_transformers_writes():
     ("add", r"--tool_funcs add: expected package.module:function"),
     ("no_such_module_here:f", r"--tool_funcs no_such_module_here:f: cannot import no_such_module_here \(No module "
                               r"named 'no_such_module_here'\); is its folder on PYTHONPATH\?"),
-    ("test_tool_rollout:subtract", r"--tool_funcs test_tool_rollout:subtract: test_tool_rollout has no function "
-                                   r"'subtract' \(it has: .*\badd\b.*\)"),
-    ("test_tool_rollout:NOT_A_FUNCTION", r"test_tool_rollout.NOT_A_FUNCTION is a int, not a function"),
-    ("test_tool_rollout:undocumented", r"--tool_funcs test_tool_rollout:undocumented: cannot describe it to the "
-                                       r"model: .*no docstring.* \(give it a docstring"),
-    ("test_tool_rollout:unhinted", r"cannot describe it to the model: Argument a is missing a type hint"),
+    (f"{HERE}:subtract", rf"--tool_funcs {HERE}:subtract: {HERE} has no function 'subtract' \(it has: .*\badd\b.*\)"),
+    (f"{HERE}:NOT_A_FUNCTION", r"test_tool_rollout.NOT_A_FUNCTION is a int, not a function"),
+    (f"{HERE}:undocumented", rf"--tool_funcs {HERE}:undocumented: cannot describe it to the model: .*no docstring.* "
+                             r"\(give it a docstring"),
+    (f"{HERE}:unhinted", r"cannot describe it to the model: Argument a is missing a type hint"),
 ])
 def test_a_function_that_cannot_be_a_tool_is_named(spec, message):
     with pytest.raises(ConfigError, match=message):
@@ -401,16 +402,15 @@ def test_a_function_that_cannot_be_a_tool_is_named(spec, message):
 
 
 def test_two_functions_of_one_name_are_refused():
-    with pytest.raises(ConfigError, match=r"--tool_funcs test_tool_rollout:add and other:add: two functions named "
-                                          r"'add'"):
-        Toolbox([load_tool("test_tool_rollout:add"), Tool("other:add", add, get_json_schema(add))])
+    with pytest.raises(ConfigError, match=rf"--tool_funcs {HERE}:add and other:add: two functions named 'add'"):
+        Toolbox([load_tool(f"{HERE}:add"), Tool("other:add", add, get_json_schema(add))])
 
 
 def test_a_calls_result_is_text():
     assert [result_text(v) for v in ("plain", 5, 2.5, None, True, {"t": "18°C"}, [1, 2])] == [
         "plain", "5", "2.5", "null", "true", '{"t": "18°C"}', "[1, 2]"]
     assert result_text(object).startswith("<class")
-    tool = load_tool("test_tool_rollout:add")
+    tool = load_tool(f"{HERE}:add")
     assert tool('{"a": 1, "b": 2}').text == "3" and not tool({"a": 1, "b": 2}).failed
     assert tool("[1]").text == "error: the arguments must be a JSON object, not list"
     assert tool("{oops").text.startswith("error: the arguments are not JSON")
@@ -460,7 +460,7 @@ def test_eval_policy_runs_the_tool_loop_and_scores_the_trajectory(tmp_path, tool
     from tunesmith.rl import evaluate_command as eval_policy
 
     reply = '<tool_call>{"name": "clock"}'  # unclosed: a chain model writes each token once
-    toolbox = Toolbox([load_tool("test_tool_rollout:clock")])
+    toolbox = Toolbox([load_tool(f"{HERE}:clock")])
     asked = render_text(tools_tokenizer, [{"role": "user", "content": "Time?"}], add_generation_prompt=True,
                         tools=toolbox.schemas)
     policy = chain_model_dir(tmp_path / "policy", tools_tokenizer, reply, [(asked, reply)])
@@ -468,7 +468,7 @@ def test_eval_policy_runs_the_tool_loop_and_scores_the_trajectory(tmp_path, tool
     data.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in ("Time?", "What time is it?")))
     RAN.clear()
     result = eval_policy.run(["--baseline", tiny_model_dir, "--policy", policy, "--data_path", str(data),
-                              "--reward_funcs", "test_tool_rollout:saw_noon", "--tool_funcs", "test_tool_rollout:clock",
+                              "--reward_funcs", f"{HERE}:saw_noon", "--tool_funcs", f"{HERE}:clock",
                               "--max_tool_calls", "1", "--max_new_tokens", "12", "--output_file",
                               str(tmp_path / "e.jsonl")])
     assert (result["policy_tool_calls"], result["policy_failed_tool_calls"], result["baseline_tool_calls"]) == (2, 0, 0)
