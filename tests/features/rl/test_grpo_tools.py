@@ -35,14 +35,14 @@ def noisy_reward(tokenizer):
 
 
 def tool_trainer(tmp_path, policy_dir, tokenizer, advantage="grpo"):
-    toolbox = Toolbox([load_tool("test_tool_rollout:add")])
+    toolbox = Toolbox([load_tool("tests.features.rl.test_tool_rollout:add")])
     prompts = prompts_for(tokenizer, toolbox, "What is 2 + 3?", "What is 4 + 4?")
     ppo = {"advantage": advantage, "max_new_tokens": 40}
     if advantage == "gae":
         ppo |= {"kl_in_loss": False, "samples_per_prompt": 1}
     trainer = make_grpo_trainer(tmp_path, policy_dir, tokenizer, prompts, ppo=ppo,
                                 reward_fn=noisy_reward(tokenizer), toolbox=toolbox,
-                                tool_use=ToolUseArguments(tool_funcs=["test_tool_rollout:add"]))
+                                tool_use=ToolUseArguments(tool_funcs=["tests.features.rl.test_tool_rollout:add"]))
 
     def script(text: str) -> str:
         a, b = (int(x) for x in text.rsplit("What is ", 1)[1].split("?")[0].split(" + "))
