@@ -73,11 +73,17 @@ def mlp_chunks(tokens: int, hidden_size: int) -> int:
     return max(1, math.ceil(tokens / hidden_size))
 
 
-def tiled(mlp_forward: types.MethodType, hidden_size: int) -> types.MethodType:
-    """`mlp_forward` (a position-wise MLP's bound forward on [..., hidden]) run over chunks of its tokens, bound to the
-    same module. Its function is called on `self`, not closed over bound: a deep copy of the model (a quantized copy, a
-    DPO reference) then runs its own MLPs, not the original's."""
-    function = mlp_forward.__func__
+def tiled(module: nn.Module, hidden_size: int) -> types.MethodType:
+    """`module`'s forward (a position-wise MLP's or norm's, on [..., hidden]) run over chunks of its tokens, bound to
+    the module. Its function is called on `self`, not closed over bound: a deep copy of the model (a quantized copy, a
+    DPO reference) then runs its own MLPs, not the original's. A forward that is not a bound method (a hook's wrapper)
+    is called as it is."""
+    mlp_forward = module.forward
+    if isinstance(mlp_forward, types.MethodType):
+        function = mlp_forward.__func__
+    else:
+        def function(_: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+            return mlp_forward(hidden_states)
 
     @functools.wraps(function)
     def forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -92,7 +98,7 @@ def tiled(mlp_forward: types.MethodType, hidden_size: int) -> types.MethodType:
         return torch.cat(outputs).view(*hidden_states.shape[:-1], -1)
 
     forward.tiled_mlp = True
-    return types.MethodType(forward, mlp_forward.__self__)
+    return types.MethodType(forward, module)
 
 
 def install_tiled_mlp(model: nn.Module) -> int:
@@ -109,7 +115,7 @@ def install_tiled_mlp(model: nn.Module) -> int:
     final_norms = [m for m in decoder.children() if is_norm(m)]  # before the head: a row too
     for module in [layer.mlp for layer in layers] + [n for layer in layers for n in layer_norms(layer)] + final_norms:
         if not getattr(module.forward, "tiled_mlp", False):
-            module.forward = tiled(module.forward, hidden_size)
+            module.forward = tiled(module, hidden_size)
     return len(layers)
 
 
