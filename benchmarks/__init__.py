@@ -17,5 +17,5 @@ root as `.venv/bin/python -m benchmarks.<name> [flags]` (its docstring has the c
     optimizer_memory  optimizer-state bytes per trained parameter, per --optim
 
 Not installed with tunesmith (setup.cfg packages tunesmith* only): the package is found from the repository root, and
-pytest puts that root on sys.path (pyproject.toml's pythonpath) for tests/test_bench_*.py.
+pytest puts that root on sys.path (pyproject.toml's pythonpath) for tests/benchmarks/.
 """

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import tempfile
+import time
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -58,6 +59,7 @@ def main() -> None:
               "--lora_dropout", "0", "--max_seq_length", str(cli.max_seq_length), "--save_strategy", "no", "--eval_strategy", "no",
               "--plot_loss", "false", "--report_to", "none", "--seed", "0", "--overwrite_output_dir", "true"]
 
+    start = time.perf_counter()
     plain = run(common + ["--output_dir", os.path.join(root, "plain")])
     plain_model = plain.accelerator.unwrap_model(plain.model)
     results = {"trained without QAT, unquantized": held_out_loss(plain_model, plain),
@@ -81,7 +83,8 @@ def main() -> None:
     print(json.dumps({"scheme": cli.scheme, "finetuning_type": cli.finetuning_type, "steps": cli.steps,
                       "val_size": cli.val_size, "batch_size": cli.batch_size, "max_seq_length": cli.max_seq_length, "learning_rate": lr, "group_size": cli.group_size, "held_out_loss": results,
                       "gap_without_qat": gap_ptq, "gap_with_qat": gap_qat,
-                      "gap_recovered": (gap_ptq - gap_qat) / gap_ptq if gap_ptq else None}, indent=2))
+                      "gap_recovered": (gap_ptq - gap_qat) / gap_ptq if gap_ptq else None,
+                      "seconds": round(time.perf_counter() - start)}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What the rows of several rules tables read or say, the core's (hparams/rules.py) and the features' (their
 rules.py): the message values of a path's problem, a value's bound as a row, the prompt-based adapter or the
 vision-language model a run has, and the messages and rows more than one stage shares. Public names, so a feature's
-table imports them as the core's API (tests/test_layout.py refuses a private name imported across packages)."""
+table imports them as the core's API (tests/core/test_layout.py refuses a private name imported across packages)."""
 
 from __future__ import annotations
 

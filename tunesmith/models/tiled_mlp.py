@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
+import types
 from typing import Any
 
 import torch
@@ -73,23 +73,32 @@ def mlp_chunks(tokens: int, hidden_size: int) -> int:
     return max(1, math.ceil(tokens / hidden_size))
 
 
-def tiled(mlp_forward: Callable[[torch.Tensor], torch.Tensor], hidden_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`mlp_forward` (a position-wise MLP's forward on [..., hidden]) run over chunks of its tokens."""
+def tiled(module: nn.Module, hidden_size: int) -> types.MethodType:
+    """`module`'s forward (a position-wise MLP's or norm's, on [..., hidden]) run over chunks of its tokens, bound to
+    the module. Its function is called on `self`, not closed over bound: a deep copy of the model (a quantized copy, a
+    DPO reference) then runs its own MLPs, not the original's. A forward that is not a bound method (a hook's wrapper)
+    is called as it is."""
+    mlp_forward = module.forward
+    if isinstance(mlp_forward, types.MethodType):
+        function = mlp_forward.__func__
+    else:
+        def function(_: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+            return mlp_forward(hidden_states)
 
-    @functools.wraps(mlp_forward)
-    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+    @functools.wraps(function)
+    def forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
         rows = hidden_states.reshape(-1, hidden_states.shape[-1])  # a padded batch's tokens are position-wise too
         chunks = mlp_chunks(rows.shape[0], hidden_size)
         if chunks == 1:
-            return mlp_forward(hidden_states)
+            return function(self, hidden_states)
         if torch.is_grad_enabled():
-            outputs = [checkpoint(mlp_forward, piece, use_reentrant=False) for piece in rows.chunk(chunks)]
+            outputs = [checkpoint(function, self, piece, use_reentrant=False) for piece in rows.chunk(chunks)]
         else:  # nothing is kept for a backward: the chunks only bound the forward's intermediates
-            outputs = [mlp_forward(piece) for piece in rows.chunk(chunks)]
+            outputs = [function(self, piece) for piece in rows.chunk(chunks)]
         return torch.cat(outputs).view(*hidden_states.shape[:-1], -1)
 
     forward.tiled_mlp = True
-    return forward
+    return types.MethodType(forward, module)
 
 
 def install_tiled_mlp(model: nn.Module) -> int:
@@ -106,7 +115,7 @@ def install_tiled_mlp(model: nn.Module) -> int:
     final_norms = [m for m in decoder.children() if is_norm(m)]  # before the head: a row too
     for module in [layer.mlp for layer in layers] + [n for layer in layers for n in layer_norms(layer)] + final_norms:
         if not getattr(module.forward, "tiled_mlp", False):
-            module.forward = tiled(module.forward, hidden_size)
+            module.forward = tiled(module, hidden_size)
     return len(layers)
 
 

@@ -69,13 +69,17 @@ def install_fused_head(model: nn.Module) -> bool:
     base = causal_lm(model)
     if getattr(base.forward, "fused_head", False):
         return True
-    original = base.forward
+    if not isinstance(base.forward, types.MethodType):
+        return False
+    # The unbound function, called on `self`: a closure over the bound method would make a deep copy of the model
+    # (a quantized copy, a DPO reference) run the original model's layers, not its own.
+    original = base.forward.__func__
     softcap, scale = head_transform(base.config)
 
     @functools.wraps(original)
     def forward(self, *args: Any, fused_head: bool = False, **kwargs: Any):
         if not fused_head:
-            return original(*args, **kwargs)
+            return original(self, *args, **kwargs)
         positions, targets = kwargs.pop("logits_to_keep"), kwargs.pop("shift_labels")
         num_items = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("labels", None)
