@@ -137,6 +137,7 @@ def test_a_bug_keeps_its_traceback(capsys):
         entry_point(run)([])
 
 
+@pytest.mark.heavy  # the deprecated spellings, each a process (~1.7 min loaded); -m heavy
 def test_the_old_evaluation_commands_still_run_and_help_lists_only_eval():
     listed = tunesmith("--help").stdout
     assert "\n  eval " in listed and "eval-policy" not in listed and "eval-rl" not in listed

@@ -77,7 +77,8 @@ def train(model_dir: str, data: str, out: Path, ranks: int, *extra: str, launche
     # ZeRO-2 with torchrun: heavy tier (92 s of a two-process default run); the default tier's reward, DPO and
     # GRPO runs save LoRA adapters under ZeRO-2 with torchrun.
     [pytest.param("ds_zero2.json", "torchrun", (), marks=pytest.mark.heavy), ("ds_zero3.json", "deepspeed", ()),
-     ("ds_zero3.json", "torchrun", ("--quantization_bit", "4")),
+     # QLoRA under ZeRO-3: heavy tier (~2 min loaded); ZeRO-3's adapter save is the deepspeed-launcher row's
+     pytest.param("ds_zero3.json", "torchrun", ("--quantization_bit", "4"), marks=pytest.mark.heavy),
      # Offload on a CPU machine: the Trainer's own AdamW steps in CPU memory (transformers sets
      # zero_force_ds_cpu_optimizer false). DeepSpeed still builds its cpu_adam op on the first offload run of a
      # fresh environment (about 50 s on 2 cores, then cached in ~/.cache/torch_extensions), which is most of

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the real 135M model trains (~4 min loaded; scripts/test_floors.sh runs it on the floors); -m heavy
 def test_lora_sft_on_real_model_lowers_loss(tmp_path, default_model_path):
     data = tmp_path / "demo24.jsonl"
     data.write_text("".join((ROOT / "data/demo/sft.jsonl").read_text().splitlines(keepends=True)[:24]))

@@ -285,6 +285,7 @@ def streamed_peak_rss(model_dir: str, data: str, out) -> int:
     return json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_kib"] * 1024
 
 
+@pytest.mark.heavy  # subprocesses over growing files (~1.7 min loaded); -m heavy
 def test_peak_memory_is_flat_in_the_file_size(tiny_model_dir, tmp_path):
     """A streamed run of 10 steps on a 300 MB file peaks within 64 MiB of the same run on a 30 MB file: the file
     is never held, nor tokenized ahead of the steps (holding it would add more than the margin). About 40 s, most

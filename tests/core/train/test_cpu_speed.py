@@ -267,6 +267,7 @@ def test_sft_trainer_computes_the_loss_chunked_on_cpu(tiny_model_dir, tmp_path, 
 LOSS_TOLERANCE = 0.01
 
 
+@pytest.mark.heavy  # a training curve twice (~2 min loaded); the fast path's pieces are exact in seconds above; -m heavy
 def test_the_fast_path_follows_the_float32_loss_curve(tokenizer, tmp_path, monkeypatch):
     from tests.helpers.tiny_models import build_tiny_model_dir
     from tunesmith.sft.command import run

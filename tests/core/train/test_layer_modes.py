@@ -228,6 +228,7 @@ def test_the_budget_probes_then_each_forward_takes_what_it_planned(tokenizer, ro
     assert "forwards of at most" in caplog.text and "recomputed" in caplog.text
 
 
+@pytest.mark.heavy  # one long forward timed (~2 min loaded); the probe's other tests are seconds; -m heavy
 def test_the_probe_reads_the_rate_of_a_long_forward_when_gradients_are_large(monkeypatch):
     """What an H100 caught, at this CPU's scale: full fine-tuning of a model whose gradients (96 MB) outweigh what a
     probe-sized forward's loss takes (64 KB a token over a 4,096-token vocabulary), so the probes' peaks come from

@@ -383,6 +383,7 @@ def assert_the_students_adapter_only(out, student: str) -> None:
     assert {k: v.shape for k, v in saved.items()} == {k: loaded[k].shape for k in saved} and len(loaded) == len(saved)
 
 
+@pytest.mark.heavy  # ~2.5 min loaded; the default tier's two-rank distill runs cover ZeRO-3; -m heavy
 def test_one_process_under_zero3_trains_as_without_deepspeed(tiny_model_dir, teacher_dir, data, tmp_path):
     """`python distill/train.py --deepspeed configs/ds_zero3.json`: the teacher in its own ZeRO-3 engine and the
     student's on-policy replies generated from its sharded weights give the losses, trained tokens and held-out KL

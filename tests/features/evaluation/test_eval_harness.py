@@ -142,6 +142,7 @@ def test_without_lm_eval_the_command_says_which_extra_to_install(tiny_model_dir,
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the real model over every shipped task (~2.5 min loaded); -m heavy
 def test_the_embedded_default_model_knows_its_facts_well_above_chance(tmp_path):
     """No model given: the embedded SmolLM2-135M-Instruct. On the shipped knowledge set (4 choices, chance
     0.25) it scores about 0.57 in full; a broken prompt, scoring or model load would fall to chance."""

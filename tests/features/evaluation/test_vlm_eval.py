@@ -31,6 +31,7 @@ def results(out: Path) -> dict:
     return json.loads(found.read_text())["results"]["tunesmith_shapes"]
 
 
+@pytest.mark.heavy  # the real model with lm-eval twice (~1.7 min loaded); -m heavy
 def test_tunesmith_eval_answers_the_picture_task_as_lm_eval_does(tmp_path, default_model_path):
     from tunesmith.evaluation import command as evaluation
 

@@ -176,6 +176,7 @@ def test_8bit_weights_are_int8_rows_and_a_float32_scale_a_row(tmp_path):
     assert plan.step(256).peak > weights.eight_bit
 
 
+@pytest.mark.heavy  # ~1.5 min loaded; -m heavy
 def test_sequence_parallel_plans_one_ranks_share_of_the_row(tmp_path, capsys):
     """--sequence_parallel_size N: each row's lines are one rank's, whose step is the one-rank plan of ceil(T/N)
     tokens (Ulysses' attention holds all the tokens for 1/N of the heads: the same bytes); the longest conversation is
