@@ -15,7 +15,11 @@ VENV="${FLOORS_VENV:-$ROOT/.venv-floors}"
 # and setup.cfg's ranges allow (pip's newest).
 FLOORED=(transformers peft trl accelerate datasets)
 TESTS=(tests/features/sft/test_sft_training.py tests/core/data/test_packing.py tests/features/preference/test_dpo.py
-       tests/features/preference/test_reward.py tests/system/test_e2e_sft.py)
+       tests/features/preference/test_reward.py tests/system/test_e2e_sft.py
+       # the RL loop on the lifecycle it shares with the Trainer stages (train/lifecycle.py): saves, kills, resumes
+       tests/features/rl/test_ppo_trainer.py)
+# The real-model runs are marked slow (and heavy, so that the default suite leaves them out): run them here.
+MARKERS=(-m "(not heavy or slow) and not vllm and not llama_cpp")
 # The real-model reward run is most of the time and tests nothing of the libraries that the tiny-model reward
 # tests and the real-model SFT run (test_e2e_sft) do not.
 [[ "${FLOORS_LONG:-0}" == 1 ]] || TESTS+=(--deselect tests/features/preference/test_reward.py::test_short_lora_run_on_the_demo_pairs_raises_held_out_accuracy)
@@ -68,4 +72,4 @@ fi
 import importlib.metadata as md, sys
 print("floors:", ", ".join(f"{name} {md.version(name)}" for name in ["torch", *sys.argv[1:]]))
 EOF
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=10 "${TESTS[@]}" "$@"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=10 "${MARKERS[@]}" "${TESTS[@]}" "$@"

@@ -182,7 +182,8 @@ def test_grpo_resume_repeats_the_next_step_exactly(tmp_path, policy_dir, tokeniz
 def test_reward_functions_get_the_rows_fields_and_are_logged_per_source(tmp_path, policy_dir, tokenizer, prompts):
     CALLS.clear()
     trainer = make_grpo_trainer(tmp_path, policy_dir, tokenizer, prompts, ppo={
-        "reward_funcs": ["tests.features.rl.test_grpo:short_replies", "answer_format"], "reward_weights": [2.0, 1.0]}, reward_fn=None)
+        "reward_funcs": ["tests.features.rl.test_grpo:short_replies", "answer_format"],
+        "reward_weights": [2.0, 1.0]}, reward_fn=None)
     row = trainer.train_step()
     call = CALLS[0]
     batch = trainer.batch_prompts(0)
@@ -250,8 +251,9 @@ def not_a_number(prompts, replies, **fields):
 @pytest.mark.parametrize("name, match", [("wrong_length", r"returned 1 values for 2 replies"),
                                          ("not_a_number", r"returned 'high' among its values")])
 def test_reward_functions_returning_the_wrong_thing_are_named(prompts, name, match):
-    fn = load_reward_function(f"test_grpo:{name}")
-    with pytest.raises(ConfigError, match=rf"reward function test_grpo:{name} {match} \(batch from words.jsonl:line 1\)"):
+    fn = load_reward_function(f"tests.features.rl.test_grpo:{name}")
+    with pytest.raises(ConfigError, match=rf"reward function tests.features.rl.test_grpo:{name} {match} "
+                                          r"\(batch from words.jsonl:line 1\)"):
         fn(prompts[:2], ["a", "b"])
 
 
