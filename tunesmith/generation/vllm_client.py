@@ -104,8 +104,16 @@ class VLLMRollouts:
         weights as vLLM holds them now, at temperature 1."""
         raise NotImplementedError
 
-    def stop_ids_of(self, params: SamplingParams) -> list[int]:
-        return sorted(self.stop_ids | set(params.stop_token_ids))
+    def sampling_fields(self, params: SamplingParams) -> dict[str, Any]:
+        """The settings of `params` under vLLM's names (its SamplingParams and its OpenAI server's request take the
+        same), with the replies' log-probabilities and the tokenizer's end-of-turn ids as stops."""
+        return {"n": params.n, "max_tokens": params.max_new_tokens, "temperature": params.temperature,
+                "top_p": params.top_p, "top_k": params.top_k or -1, "min_p": params.min_p,
+                "repetition_penalty": params.repetition_penalty, "presence_penalty": params.presence_penalty,
+                "frequency_penalty": params.frequency_penalty,
+                "stop_token_ids": sorted(self.stop_ids | set(params.stop_token_ids)),
+                "stop": list(params.stop) or None, "logprobs": 0, "skip_special_tokens": True,
+                "spaces_between_special_tokens": False}
 
     def sync(self, model: torch.nn.Module, step: int, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Hand the policy's current weights to vLLM: a PEFT model's active adapter as a new LoRA (saved in
@@ -207,14 +215,7 @@ class VLLMEngine(VLLMRollouts):
     # ------------------------------------------------------------------ sampling
 
     def _complete(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        body = {
-            "model": self.model_name, "prompt": prompts, "n": params.n, "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
-            "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
-            "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
-            "stop_token_ids": self.stop_ids_of(params), "stop": list(params.stop) or None, "logprobs": 0,
-            "return_token_ids": True, "skip_special_tokens": True, "spaces_between_special_tokens": False,
-        }
+        body = {"model": self.model_name, "prompt": prompts, "return_token_ids": True, **self.sampling_fields(params)}
         choices = self._post("/v1/completions", body)["choices"]
         out: list[list[Completion]] = [[None] * params.n for _ in prompts]  # type: ignore[list-item]
         for choice in choices:

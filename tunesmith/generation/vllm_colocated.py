@@ -16,9 +16,10 @@ update has the memory back."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,9 @@ from ..utils.network import free_port
 from .results import Completion
 from .sampling import SamplingParams
 from .vllm_client import VLLMRollouts, adapter_name, completion_of, is_peft
+from .vllm_server import vllm_lora_rank
 
 logger = logging.getLogger(__name__)
-
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM 0.32's max_lora_rank accepts
-
 
 class ColocatedVLLM(VLLMRollouts):
     """vLLM's engine on `model_path` (the policy's base) in this process. `lora`: the policy is a PEFT model whose
@@ -46,8 +45,6 @@ class ColocatedVLLM(VLLMRollouts):
                  gpu_memory_utilization: float = 0.3, kv_cache_gib: int = 1, sleep: bool = False,
                  quantization: str | None = None, seed: int = 0) -> None:
         super().__init__(tokenizer, sync_dir)
-        if max_lora_rank not in LORA_RANKS:
-            max_lora_rank = min(r for r in LORA_RANKS if r >= max_lora_rank)
         # vLLM's worker joins a torch.distributed world of this process alone (TRL sets the same variables)
         for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(name, value)
@@ -62,7 +59,7 @@ class ColocatedVLLM(VLLMRollouts):
         else:
             options.update(enforce_eager=True)  # torch.compile: 281 s against 69 s to load the default model, 2 cores
         if lora:
-            options.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=2)
+            options.update(enable_lora=True, max_lora_rank=vllm_lora_rank([max_lora_rank]), max_loras=2)
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                        distributed_executor_backend="external_launcher", logprobs_mode="processed_logprobs",
                        enable_prefix_caching=False, quantization=quantization, **options)
@@ -79,34 +76,31 @@ class ColocatedVLLM(VLLMRollouts):
         self.llm.sleep(level=1)  # weights to host memory, KV cache dropped: the update has the device
         self.asleep = True
 
-    def _wake(self) -> None:
+    @contextlib.contextmanager
+    def _awake(self) -> Iterator[None]:
+        """vLLM's memory back for the block (with sleep mode), given up again after it."""
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+        try:
+            yield
+        finally:
+            if self.sleep:
+                self._fall_asleep()
 
     # ------------------------------------------------------------------ sampling
 
     def _sampling(self, params: SamplingParams, **overrides: Any) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
 
-        settings = dict(n=params.n, max_tokens=params.max_new_tokens, temperature=params.temperature,
-                        top_p=params.top_p, top_k=params.top_k or -1, min_p=params.min_p,
-                        repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
-                        frequency_penalty=params.frequency_penalty, stop_token_ids=self.stop_ids_of(params),
-                        stop=list(params.stop) or None, logprobs=0, skip_special_tokens=True,
-                        spaces_between_special_tokens=False)
-        return VLLMSamplingParams(**(settings | overrides))
+        return VLLMSamplingParams(**(self.sampling_fields(params) | overrides))
 
     def _run(self, prompts: list[list[int]], sampling: Any) -> list[Any]:
         from vllm.inputs import TokensPrompt
 
-        self._wake()
-        try:
+        with self._awake():
             return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling,
                                      lora_request=self.lora_request, use_tqdm=False)
-        finally:
-            if self.sleep:
-                self._fall_asleep()
 
     def _complete(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         out = []
@@ -143,12 +137,11 @@ class ColocatedVLLM(VLLMRollouts):
 
     def _load_full(self, model: torch.nn.Module, folder: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         weights = state_dict if state_dict is not None else model.state_dict()
-        self._wake()
         # vLLM's in-place reload from the trainer's tensors (checkpoint names, as model.state_dict() has them): its
         # layers repack their weights after loading (on a CPU too), which a plain load_weights would miss
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
-        if self.sleep:
-            self._fall_asleep()
+        with self._awake():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+
 
 def colocated_engine_for(policy: torch.nn.Module, tokenizer: Any, sync_dir: str, max_model_len: int | None,
                          gpu_memory_utilization: float, kv_cache_gib: int, sleep: bool,
@@ -162,6 +155,6 @@ def colocated_engine_for(policy: torch.nn.Module, tokenizer: Any, sync_dir: str,
     dtype = dtype or next(p.dtype for p in base.parameters() if p.is_floating_point())
     name = "auto" if quantized else str(dtype).removeprefix("torch.")
     return ColocatedVLLM(base.config._name_or_path, tokenizer, sync_dir, dtype=name, lora=is_peft(policy),
-                         max_lora_rank=max(rank, 8), max_model_len=max_model_len,
+                         max_lora_rank=rank, max_model_len=max_model_len,
                          gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib, sleep=sleep,
                          quantization="bitsandbytes" if quantized else None, seed=seed)
